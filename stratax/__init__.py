@@ -1,0 +1,103 @@
+"""stratax: TensorFlow's ``tf.distribute`` strategies on JAX, with Keras 3 as the model API.
+
+Port a TensorFlow program by changing two import lines::
+
+    import keras
+    import stratax as sx
+
+    strategy = sx.MirroredStrategy()
+    with strategy.scope():
+        model = keras.Sequential([keras.layers.Dense(128, activation="relu"),
+                                  keras.layers.Dense(10, activation="softmax")])
+        model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    model.fit(x_train, y_train, epochs=5, batch_size=64)   # 64 = global batch
+
+Importing stratax selects Keras' JAX backend (import stratax before keras) and applies
+``STRATAX_CPU_DEVICES`` if set.
+"""
+
+from stratax._src.keras.backend import ensure_jax_backend as _ensure_jax_backend
+
+_ensure_jax_backend()
+
+from stratax import cluster_resolver  # noqa: E402
+from stratax._src.core.context import (  # noqa: E402
+    get_replica_context,
+    get_strategy,
+    has_strategy,
+    in_cross_replica_context,
+)
+from stratax._src.core.errors import (  # noqa: E402
+    CollectiveTimeoutError,
+    MixedStrategyError,
+    StrataxError,
+    WorkerUnavailableError,
+)
+from stratax._src.core.reduce_op import ReduceOp  # noqa: E402
+from stratax._src.data.distributed_dataset import (  # noqa: E402
+    DistributedDataset,
+    DistributedIterator,
+)
+from stratax._src.data.input_context import (  # noqa: E402
+    AutoShardPolicy,
+    InputContext,
+    InputOptions,
+    ValueContext,
+)
+from stratax._src.data.values import Mirrored, PerReplica  # noqa: E402
+from stratax._src.runtime.devices import apply_cpu_device_env as _apply_cpu_device_env  # noqa: E402
+from stratax._src.runtime.devices import set_cpu_device_count  # noqa: E402
+from stratax._src.strategies.base import Strategy  # noqa: E402
+from stratax._src.strategies.cross_device_ops import (  # noqa: E402
+    CrossDeviceOps,
+    HierarchicalCopyAllReduce,
+    NcclAllReduce,
+    ReductionToOneDevice,
+)
+from stratax._src.strategies.losses import (  # noqa: E402
+    compute_average_loss,
+    scale_regularization_loss,
+)
+from stratax._src.strategies.mirrored import MirroredStrategy  # noqa: E402
+from stratax._src.strategies.one_device import OneDeviceStrategy  # noqa: E402
+from stratax._src.strategies.replica_context import ReplicaContext  # noqa: E402
+
+_apply_cpu_device_env()
+
+from stratax._src.keras import bridge as _bridge  # noqa: E402
+
+_bridge.install()
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AutoShardPolicy",
+    "CollectiveTimeoutError",
+    "CrossDeviceOps",
+    "DistributedDataset",
+    "DistributedIterator",
+    "HierarchicalCopyAllReduce",
+    "InputContext",
+    "InputOptions",
+    "Mirrored",
+    "MirroredStrategy",
+    "MixedStrategyError",
+    "NcclAllReduce",
+    "OneDeviceStrategy",
+    "PerReplica",
+    "ReduceOp",
+    "ReductionToOneDevice",
+    "ReplicaContext",
+    "Strategy",
+    "StrataxError",
+    "ValueContext",
+    "WorkerUnavailableError",
+    "cluster_resolver",
+    "compute_average_loss",
+    "get_replica_context",
+    "get_strategy",
+    "has_strategy",
+    "in_cross_replica_context",
+    "scale_regularization_loss",
+    "set_cpu_device_count",
+]

@@ -1,0 +1,58 @@
+"""Every environment variable stratax reads or writes, named in one place.
+
+Resolution order everywhere in stratax: explicit argument, then the environment variable named
+here, then auto-detection.
+"""
+
+# Keras / JAX start-up.
+KERAS_BACKEND = "KERAS_BACKEND"
+XLA_FLAGS = "XLA_FLAGS"
+# Number of forced CPU replicas (``--xla_force_host_platform_device_count``) set by stratax helpers.
+STRATAX_CPU_DEVICES = "STRATAX_CPU_DEVICES"
+
+# Cluster membership.
+TF_CONFIG = "TF_CONFIG"
+
+# Process-group contract written by ``stratax launch`` for each child (read by the resolvers).
+# "host:port" of the jax.distributed coordinator (the process with global rank 0).
+STRATAX_COORDINATOR_ADDRESS = "STRATAX_COORDINATOR_ADDRESS"
+# Total number of processes in the job (all nodes).
+STRATAX_NUM_PROCESSES = "STRATAX_NUM_PROCESSES"
+# Global rank of this process, 0 .. STRATAX_NUM_PROCESSES - 1.
+STRATAX_PROCESS_ID = "STRATAX_PROCESS_ID"
+# Rank of this process among the processes of its node.
+STRATAX_LOCAL_RANK = "STRATAX_LOCAL_RANK"
+# 0 on first start, k after k restarts of the whole process group by ``stratax launch``.
+STRATAX_RESTART_COUNT = "STRATAX_RESTART_COUNT"
+# Set to 1 by ``stratax launch`` so children's output reaches the launcher line by line.
+PYTHONUNBUFFERED = "PYTHONUNBUFFERED"
+
+# Slurm (set by srun / sbatch; read by SlurmClusterResolver). STEP_* values describe the current
+# srun step and win over the allocation-wide ones.
+SLURM_PROCID = "SLURM_PROCID"
+SLURM_NTASKS = "SLURM_NTASKS"
+SLURM_STEP_NUM_TASKS = "SLURM_STEP_NUM_TASKS"
+SLURM_JOB_NODELIST = "SLURM_JOB_NODELIST"
+SLURM_STEP_NODELIST = "SLURM_STEP_NODELIST"
+SLURM_TASKS_PER_NODE = "SLURM_TASKS_PER_NODE"
+SLURM_STEP_TASKS_PER_NODE = "SLURM_STEP_TASKS_PER_NODE"
+SLURM_LOCALID = "SLURM_LOCALID"
+SLURM_GPUS_ON_NODE = "SLURM_GPUS_ON_NODE"
+SLURM_GPUS_PER_TASK = "SLURM_GPUS_PER_TASK"
+# GPUs visible to this process; SlurmClusterResolver(auto_set_gpu=True) writes it.
+CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
+
+# Kubernetes Indexed Job (read by KubernetesClusterResolver). Kubernetes sets the first two; the
+# pod spec sets the STRATAX_K8S_* ones (see the resolver's docstring for a pod-spec example).
+JOB_COMPLETION_INDEX = "JOB_COMPLETION_INDEX"
+HOSTNAME = "HOSTNAME"
+# Number of pods of the Indexed Job (= .spec.completions); its presence opts in to detection.
+STRATAX_K8S_NUM_WORKERS = "STRATAX_K8S_NUM_WORKERS"
+# Name of the headless Service that is the pods' subdomain (.spec.template.spec.subdomain).
+STRATAX_K8S_SERVICE = "STRATAX_K8S_SERVICE"
+# Name of the Job; defaults to $HOSTNAME without its "-<index>" suffix.
+STRATAX_K8S_JOB_NAME = "STRATAX_K8S_JOB_NAME"
+# Port every pod's task listens on (default 8888).
+STRATAX_K8S_PORT = "STRATAX_K8S_PORT"
+# How many compiled steps the host may dispatch ahead on multi-device CPU (0 = unbounded).
+STRATAX_MAX_STEPS_IN_FLIGHT = "STRATAX_MAX_STEPS_IN_FLIGHT"

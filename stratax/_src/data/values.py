@@ -1,0 +1,91 @@
+"""Distributed values: ``PerReplica`` (one value per replica) and ``Mirrored`` (one value, everywhere).
+
+Both are JAX pytrees, so they pass through ``jax.jit``, ``jax.tree.map`` and ``strategy.run``.
+
+A ``PerReplica`` holds its components *stacked*: one ``jax.Array`` of shape
+``(num_replicas, *component_shape)`` whose leading axis is sharded over the strategy's
+``"replica"`` mesh axis, so component ``i`` lives on replica ``i``'s device and stacking costs no
+copy. A ``Mirrored`` holds one array replicated on every replica's device. Where TensorFlow's
+``strategy.run`` returns a ``Mirrored``, stratax returns the replicated ``jax.Array`` itself, which
+is usable everywhere a JAX array is; ``Mirrored`` marks such a value explicitly.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+
+
+@jax.tree_util.register_pytree_node_class
+class PerReplica:
+    """One value per replica, e.g. each replica's loss or its slice of the batch.
+
+    Example:
+        >>> per_replica_losses = strategy.run(step, args=(batch,))      # doctest: +SKIP
+        >>> strategy.reduce(sx.ReduceOp.SUM, per_replica_losses, axis=None)  # doctest: +SKIP
+    """
+
+    __slots__ = ("stacked",)
+
+    def __init__(self, stacked: Any) -> None:
+        self.stacked = stacked
+
+    @property
+    def values(self) -> tuple[Any, ...]:
+        """The components, one per replica, in replica order."""
+        return tuple(self.stacked[i] for i in range(self.stacked.shape[0]))
+
+    @property
+    def num_replicas(self) -> int:
+        return int(self.stacked.shape[0])
+
+    def tree_flatten(self) -> tuple[tuple[Any], None]:
+        return (self.stacked,), None
+
+    @classmethod
+    def tree_unflatten(cls, aux: None, children: tuple[Any]) -> "PerReplica":
+        del aux
+        return cls(children[0])
+
+    def __repr__(self) -> str:
+        shape = getattr(self.stacked, "shape", None)
+        if shape is None:
+            return f"PerReplica({self.stacked!r})"
+        return f"PerReplica(num_replicas={shape[0]}, component_shape={tuple(shape[1:])})"
+
+
+@jax.tree_util.register_pytree_node_class
+class Mirrored:
+    """One value that is identical on every replica (a replicated ``jax.Array``).
+
+    Example:
+        >>> lr = sx.Mirrored(jnp.float32(0.1))                       # doctest: +SKIP
+        >>> strategy.run(step, args=(lr, batch))                     # doctest: +SKIP
+    """
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    @property
+    def primary(self) -> Any:
+        """The value (every replica holds the same)."""
+        return self.value
+
+    def tree_flatten(self) -> tuple[tuple[Any], None]:
+        return (self.value,), None
+
+    @classmethod
+    def tree_unflatten(cls, aux: None, children: tuple[Any]) -> "Mirrored":
+        del aux
+        return cls(children[0])
+
+    def __repr__(self) -> str:
+        return f"Mirrored({self.value!r})"
+
+
+def is_distributed_leaf(value: Any) -> bool:
+    """``is_leaf`` for ``jax.tree`` functions that must stop at distributed values."""
+    return isinstance(value, (PerReplica, Mirrored))

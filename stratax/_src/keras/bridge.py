@@ -1,0 +1,200 @@
+"""Plugs stratax strategies into Keras: mirrored variables under ``scope()``, data-parallel ``fit``.
+
+Keras 3 on JAX already knows how to train over a device mesh (``keras.distribution``: variables
+replicated, batches sharded, XLA inserts the gradient all-reduce). What TensorFlow users expect on
+top, and what this module adds:
+
+- a model remembers the strategy it was built or compiled under, so ``fit``/``evaluate``/
+  ``predict`` called *outside* ``scope()`` (as in TensorFlow's guides) still run distributed;
+- ``batch_size`` is the global batch and must split over the replicas (clear error otherwise);
+- the last, partial batch of an epoch is not dropped: it runs whole on every replica;
+- on several CPU devices of one process, the host dispatches at most a few steps ahead, which
+  avoids XLA's CPU all-reduce deadlock (see ``stratax._src.runtime.throttle``);
+- mixing the scopes of two strategies is an error.
+
+The Keras methods are wrapped once, on ``import stratax``; a model that has no strategy runs
+exactly as plain Keras.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import jax
+import keras
+import numpy as np
+from keras.src.backend.jax import trainer as jax_trainer
+
+from stratax._src.core import context
+from stratax._src.core.errors import MixedStrategyError
+from stratax._src.keras.distribution import StrategyDistribution
+from stratax._src.runtime.throttle import DispatchWindow
+from stratax._src.strategies.base import Strategy
+from stratax._src.strategies.default import DefaultStrategy
+
+_STRATEGY_ATTR = "_stratax_strategy"
+_KERAS_DEFAULT_BATCH = 32
+_WRAPPED_MODEL_METHODS = (
+    "compile", "fit", "evaluate", "predict", "train_on_batch", "test_on_batch", "predict_on_batch",
+)
+_BATCHED_METHODS = ("fit", "evaluate", "predict")
+
+_distributions: "weakref.WeakKeyDictionary[Strategy, StrategyDistribution]" = (
+    weakref.WeakKeyDictionary()
+)
+_strategy_by_mesh: "weakref.WeakValueDictionary[Any, Strategy]" = weakref.WeakValueDictionary()
+_installed = False
+
+
+def distribution_for(strategy: Strategy) -> StrategyDistribution:
+    """The Keras distribution of ``strategy`` (one per strategy, created on first use)."""
+    dist = _distributions.get(strategy)
+    if dist is None:
+        dist = StrategyDistribution(strategy)
+        _distributions[strategy] = dist
+        _strategy_by_mesh[strategy.mesh] = strategy
+    return dist
+
+
+@contextlib.contextmanager
+def _keras_scope(strategy: Any) -> Iterator[None]:
+    """Scope hook: inside ``strategy.scope()`` Keras lays variables out with the strategy's mesh."""
+    if isinstance(strategy, DefaultStrategy) or not isinstance(strategy, Strategy):
+        yield
+        return
+    with distribution_for(strategy).scope():
+        yield
+
+
+def model_strategy(model: Any) -> Strategy | None:
+    """The strategy ``model`` belongs to: the one it was compiled or built under, else the scope's.
+
+    Raises:
+        MixedStrategyError: the model belongs to one strategy and another's scope is active.
+    """
+    bound = getattr(model, _STRATEGY_ATTR, None) or _strategy_from_variables(model)
+    scoped = context.current_scope_strategy()
+    if bound is not None and scoped is not None and bound is not scoped:
+        raise MixedStrategyError(
+            f"This model was created under {bound!r} but is used inside the scope of "
+            f"{scoped!r}; create, compile and train a model under one strategy."
+        )
+    strategy = bound or scoped
+    if isinstance(strategy, DefaultStrategy):
+        return None
+    if strategy is not None and bound is None:
+        object.__setattr__(model, _STRATEGY_ATTR, strategy)
+    return strategy
+
+
+def _strategy_from_variables(model: Any) -> Strategy | None:
+    for variable in getattr(model, "variables", ())[:1]:
+        sharding = getattr(getattr(variable, "value", None), "sharding", None)
+        mesh = getattr(sharding, "mesh", None)
+        if mesh is not None:
+            strategy = _strategy_by_mesh.get(mesh)
+            if strategy is not None:
+                object.__setattr__(model, _STRATEGY_ATTR, strategy)
+            return strategy
+    return None
+
+
+def _check_batch_size(strategy: Strategy, method: Callable[..., Any], name: str,
+                      args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    if name not in _BATCHED_METHODS:
+        return
+    bound = inspect.signature(method).bind_partial(None, *args, **kwargs).arguments
+    x = bound.get("x")
+    batch_size = bound.get("batch_size")
+    if batch_size is None and isinstance(x, (np.ndarray, jax.Array)):
+        batch_size = _KERAS_DEFAULT_BATCH
+    replicas = strategy.num_replicas_in_sync
+    if batch_size is not None and batch_size % replicas:
+        raise ValueError(
+            f"Global batch size {batch_size} does not split over {replicas} replicas; use a "
+            f"multiple of {replicas}, e.g. `model.{name}(..., batch_size="
+            f"{max(replicas, batch_size // replicas * replicas)})`."
+        )
+
+
+def _wrap_model_method(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        strategy = model_strategy(self)
+        if strategy is None:
+            return original(self, *args, **kwargs)
+        if name == "compile":
+            object.__setattr__(self, _STRATEGY_ATTR, strategy)
+        _check_batch_size(strategy, original, name, args, kwargs)
+        with distribution_for(strategy).scope():
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                strategy.dispatch_window.drain()
+
+    wrapper.__stratax_wrapped__ = original  # type: ignore[attr-defined]
+    return wrapper
+
+
+def _bounded(step: Callable[..., Any], window: DispatchWindow) -> Callable[..., Any]:
+    def bounded_step(state: Any, data: Any) -> Any:
+        result = step(state, data)
+        window.admit(result[0])
+        return result
+
+    return bounded_step
+
+
+def _wrap_make_function(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def _make_function(self: Any, step_function: Callable[..., Any], *args: Any, **kw: Any) -> Any:
+        strategy = getattr(self, _STRATEGY_ATTR, None)
+        if isinstance(strategy, Strategy) and strategy.dispatch_window.size > 0:
+            step_function = _bounded(step_function, strategy.dispatch_window)
+        return original(self, step_function, *args, **kw)
+
+    return _make_function
+
+
+def _wrap_distributed_iterator(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def _get_distributed_iterator(self: Any, distribution: Any) -> Iterator[Any]:
+        if not isinstance(distribution, StrategyDistribution):
+            yield from original(self, distribution)
+            return
+        layouts, shapes = None, None
+        for data in self.data_adapter.get_jax_iterator():
+            key = tuple(tuple(leaf.shape) for leaf in jax.tree.leaves(data))
+            if key != shapes:
+                layouts = keras.tree.map_structure(
+                    lambda d: None if d is None
+                    else distribution.get_data_layout(d.shape).backend_layout,
+                    data,
+                )
+                shapes = key
+            yield jax_trainer._distribute_data(data, layouts)
+
+    return _get_distributed_iterator
+
+
+def install() -> None:
+    """Wraps the Keras methods stratax extends and registers the scope hook (idempotent)."""
+    global _installed
+    if _installed:
+        return
+    context.register_scope_hook(_keras_scope)
+    for name in _WRAPPED_MODEL_METHODS:
+        original = getattr(keras.Model, name)
+        setattr(keras.Model, name, _wrap_model_method(name, original))
+    trainer_cls = jax_trainer.JAXTrainer
+    trainer_cls._make_function = _wrap_make_function(trainer_cls._make_function)
+    iterator_cls = jax_trainer.JAXEpochIterator
+    iterator_cls._get_distributed_iterator = _wrap_distributed_iterator(
+        iterator_cls._get_distributed_iterator
+    )
+    _installed = True

@@ -1,0 +1,42 @@
+"""A Keras ``Distribution`` made from a strategy's mesh: how Keras lays out variables and data."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from keras import distribution as keras_distribution
+
+from stratax._src.strategies.base import Strategy
+from stratax._src.strategies.replica_context import REPLICA_AXIS
+
+
+class StrategyDistribution(keras_distribution.DataParallel):
+    """Keras' ``DataParallel`` over a stratax strategy's ``"replica"`` axis.
+
+    Variables are replicated on every replica (mirrored). A batch whose size splits over the
+    replicas is sharded along its first axis; one that does not (the last, partial batch of an
+    epoch) is given whole to every replica, so each computes the same update as one device
+    would — slower for that one step, never wrong. In a multi-process run every batch must split.
+    """
+
+    def __init__(self, strategy: Strategy) -> None:
+        devices = np.array(list(strategy.mesh.devices.flat), dtype=object)
+        mesh = keras_distribution.DeviceMesh(
+            shape=(devices.size,), axis_names=[REPLICA_AXIS], devices=devices
+        )
+        super().__init__(device_mesh=mesh, auto_shard_dataset=False)
+        self.strategy = strategy
+
+    def get_data_layout(self, data_shape: Any) -> keras_distribution.TensorLayout:
+        shape = tuple(data_shape)
+        replicas = self.strategy.num_replicas_in_sync
+        if shape and shape[0] is not None and shape[0] % replicas == 0:
+            return super().get_data_layout(shape)
+        if self.num_processes > 1:
+            raise ValueError(
+                f"A batch of {shape[0] if shape else 'unknown'} examples does not split over "
+                f"{replicas} replicas in a multi-process run; use a batch size that is a "
+                f"multiple of {replicas}."
+            )
+        return keras_distribution.TensorLayout([None] * len(shape), self.device_mesh)

@@ -1,0 +1,149 @@
+"""Naming, finding and forcing the devices a strategy runs on.
+
+Devices are given as JAX devices or as strings in TensorFlow's spellings: ``"cpu:0"``,
+``"gpu:1"``, ``"/gpu:1"``, ``"/device:GPU:1"``, ``"/job:worker/task:0/device:CPU:0"``. The number is
+the index among this process's devices of that platform, as in TensorFlow.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Sequence
+from typing import Union
+
+import jax
+from jax._src import xla_bridge
+
+from stratax._src.core import env
+
+DeviceLike = Union[str, jax.Device]
+
+_DEVICE_RE = re.compile(r"(?:^|/)(?:device:)?(?P<kind>[A-Za-z]+):(?P<index>\d+)$")
+_PLATFORM_ALIASES = {"cpu": "cpu", "gpu": "gpu", "cuda": "gpu", "rocm": "gpu", "tpu": "tpu"}
+_FORCE_FLAG = "--xla_force_host_platform_device_count"
+
+
+def jax_started() -> bool:
+    """True once JAX has initialised its backends (device counts are then fixed)."""
+    return bool(xla_bridge.backends_are_initialized())
+
+
+def set_cpu_device_count(count: int) -> None:
+    """Splits the host CPU into ``count`` JAX devices, so ``MirroredStrategy`` gets ``count`` replicas.
+
+    Must run before JAX starts (before the first computation or device query). The environment
+    equivalent is ``STRATAX_CPU_DEVICES=count`` (read on ``import stratax``) or
+    ``XLA_FLAGS=--xla_force_host_platform_device_count=count``.
+
+    Example:
+        >>> import stratax as sx
+        >>> sx.set_cpu_device_count(4)           # doctest: +SKIP
+        >>> sx.MirroredStrategy().num_replicas_in_sync   # doctest: +SKIP
+        4
+
+    Raises:
+        ValueError: ``count`` is not a positive integer.
+        RuntimeError: JAX already started with a different number of CPU devices.
+    """
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise ValueError(f"CPU device count must be a positive integer; received {count!r}.")
+    if jax_started():
+        have = len(jax.local_devices(backend="cpu"))
+        if have == count:
+            return
+        raise RuntimeError(
+            f"JAX has already started with {have} CPU device(s), so it cannot be split into "
+            f"{count}. Call `sx.set_cpu_device_count({count})` at the top of the program, before "
+            f"any JAX computation, or set `{env.STRATAX_CPU_DEVICES}={count}` in the environment."
+        )
+    if _FORCE_FLAG in os.environ.get(env.XLA_FLAGS, ""):
+        flags = [f for f in os.environ[env.XLA_FLAGS].split() if not f.startswith(_FORCE_FLAG)]
+        os.environ[env.XLA_FLAGS] = " ".join(flags + [f"{_FORCE_FLAG}={count}"])
+    jax.config.update("jax_num_cpu_devices", count)
+
+
+def apply_cpu_device_env() -> None:
+    """Applies ``STRATAX_CPU_DEVICES`` from the environment, if set (called on ``import stratax``)."""
+    raw = os.environ.get(env.STRATAX_CPU_DEVICES, "").strip()
+    if not raw:
+        return
+    try:
+        count = int(raw)
+    except ValueError:
+        raise ValueError(
+            f"{env.STRATAX_CPU_DEVICES}={raw!r} is not an integer; set it to the number of CPU "
+            f"replicas wanted, e.g. {env.STRATAX_CPU_DEVICES}=2."
+        ) from None
+    set_cpu_device_count(count)
+
+
+def default_devices() -> list[jax.Device]:
+    """This process's devices of JAX's default platform (GPUs/TPUs if present, else CPUs)."""
+    return list(jax.local_devices())
+
+
+def resolve_device(device: DeviceLike) -> jax.Device:
+    """Returns the local JAX device named by ``device`` (see the module docstring for spellings).
+
+    Raises:
+        ValueError: the name is malformed or no such device exists here.
+        TypeError: ``device`` is neither a string nor a JAX device.
+    """
+    if isinstance(device, jax.Device):
+        return device
+    if not isinstance(device, str):
+        raise TypeError(
+            f"A device must be a string such as 'cpu:0' or '/gpu:1', or a jax.Device; "
+            f"received {device!r} of type {type(device).__name__}."
+        )
+    match = _DEVICE_RE.search(device.strip())
+    platform = _PLATFORM_ALIASES.get(match.group("kind").lower()) if match else None
+    if match is None or platform is None:
+        raise ValueError(
+            f"Cannot parse device {device!r}; use 'cpu:0', 'gpu:1', '/gpu:1' or "
+            f"'/device:GPU:1' (platform cpu, gpu or tpu, then the local index)."
+        )
+    index = int(match.group("index"))
+    try:
+        candidates = jax.local_devices(backend=platform)
+    except RuntimeError:
+        candidates = []
+    if index >= len(candidates):
+        available = ", ".join(_name(d) for d in jax.local_devices()) or "none"
+        raise ValueError(
+            f"Device {device!r} does not exist in this process: found {len(candidates)} "
+            f"{platform} device(s). Available: {available}. For more CPU devices call "
+            f"`sx.set_cpu_device_count(N)` before JAX starts."
+        )
+    return candidates[index]
+
+
+def resolve_devices(devices: Sequence[DeviceLike] | None) -> list[jax.Device]:
+    """Resolves a list of device names; ``None`` means all local devices of the default platform.
+
+    Raises:
+        ValueError: the list is empty, names an unknown device, or names one device twice.
+    """
+    if devices is None:
+        return default_devices()
+    if isinstance(devices, (str, jax.Device)):
+        devices = [devices]
+    resolved = [resolve_device(d) for d in devices]
+    if not resolved:
+        raise ValueError("`devices` is empty; pass at least one device, or None for all.")
+    if len(set(resolved)) != len(resolved):
+        raise ValueError(
+            f"`devices` names a device twice: {list(devices)!r}; each replica needs its own device."
+        )
+    return resolved
+
+
+def _name(device: jax.Device) -> str:
+    same = [d for d in jax.local_devices(backend=device.platform)]
+    return f"{device.platform}:{same.index(device)}"
+
+
+def device_name(device: jax.Device) -> str:
+    """TensorFlow-style short name of a local device, e.g. ``"cpu:1"``."""
+    return _name(device)

@@ -1,0 +1,113 @@
+"""Which outputs of a replica function are identical on every replica.
+
+``strategy.run`` returns TensorFlow's kinds of values: a *mirrored* value where every replica
+computed the same thing (e.g. all-reduced gradients and the weights updated with them) and a
+``PerReplica`` value otherwise (e.g. each replica's loss). JAX's own replication typing
+(``check_vma``) cannot decide this for us: it turns the gradient of replicated weights into an
+implicit all-reduce, which would silently double an explicit ``all_reduce`` of gradients written
+the TensorFlow way. So replica functions run with ``check_vma=False`` (every value is per-replica,
+as in TensorFlow) and this module reads the traced jaxpr instead, with a sound rule: a value
+varies across replicas if it depends on a per-replica input or on the replica index, unless a
+collective over the replica axis made it uniform again. Anything the rule cannot see through is
+treated as varying, which is always safe (``PerReplica`` instead of mirrored).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from jax.extend import core as jex_core
+
+# Collectives whose result is the same on every participant of the axis.
+_UNIFYING = frozenset({"psum", "pmax", "pmin", "all_gather"})
+# Primitives whose result differs per participant even for identical inputs.
+_DIVERSIFYING = frozenset(
+    {"axis_index", "reduce_scatter", "psum_scatter", "all_to_all", "ppermute", "pbroadcast"}
+)
+
+
+def varying_outputs(jaxpr: Any, varying_inputs: Sequence[bool], axis: str) -> list[bool]:
+    """For each output of ``jaxpr`` (a ``Jaxpr`` or ``ClosedJaxpr``), whether it varies over ``axis``.
+
+    Args:
+        jaxpr: the per-replica body, as traced inside ``shard_map``.
+        varying_inputs: one flag per input variable: True for per-replica inputs.
+        axis: the mesh axis name of the replicas.
+    """
+    inner = getattr(jaxpr, "jaxpr", jaxpr)
+    if len(varying_inputs) != len(inner.invars):
+        raise ValueError(
+            f"Got {len(varying_inputs)} input flags for a jaxpr with {len(inner.invars)} inputs."
+        )
+    varying: dict[Any, bool] = dict(zip(inner.invars, varying_inputs))
+    for var in inner.constvars:
+        varying[var] = False
+
+    def is_varying(atom: Any) -> bool:
+        if isinstance(atom, jex_core.Literal):
+            return False
+        return varying.get(atom, True)
+
+    for eqn in inner.eqns:
+        flags = [is_varying(v) for v in eqn.invars]
+        out = _equation_outputs(eqn, flags, axis)
+        for var, flag in zip(eqn.outvars, out):
+            varying[var] = flag
+    return [is_varying(v) for v in inner.outvars]
+
+
+def _axes_of(eqn: Any) -> tuple[Any, ...]:
+    axes = eqn.params.get("axes", eqn.params.get("axis_name", ()))
+    return axes if isinstance(axes, tuple) else (axes,)
+
+
+def _equation_outputs(eqn: Any, flags: list[bool], axis: str) -> list[bool]:
+    name = eqn.primitive.name
+    n_out = len(eqn.outvars)
+    if name in _UNIFYING and axis in _axes_of(eqn) and eqn.params.get("axis_index_groups") is None:
+        return [False] * n_out
+    if name in _DIVERSIFYING and axis in _axes_of(eqn):
+        return [True] * n_out
+    sub = _same_arity_subjaxpr(eqn)
+    if sub is not None:
+        return varying_outputs(sub, flags, axis)
+    any_varying = any(flags) or any(_contains_diversifying(j, axis) for j in _subjaxprs(eqn))
+    return [any_varying] * n_out
+
+
+def _subjaxprs(eqn: Any) -> list[Any]:
+    found: list[Any] = []
+    for value in eqn.params.values():
+        candidates = value if isinstance(value, (tuple, list)) else (value,)
+        for item in candidates:
+            if isinstance(item, (jex_core.Jaxpr, jex_core.ClosedJaxpr)):
+                found.append(item)
+    return found
+
+
+def _same_arity_subjaxpr(eqn: Any) -> Any:
+    """The body of call-like primitives (``pjit``, ``custom_jvp_call``, ``remat``...), if any.
+
+    Only a single sub-jaxpr that takes exactly the equation's inputs and gives exactly its
+    outputs is a plain call we can look through; loops and conditionals are not.
+    """
+    if eqn.primitive.name in ("while", "cond", "scan"):
+        return None
+    subs = _subjaxprs(eqn)
+    if len(subs) != 1:
+        return None
+    inner = getattr(subs[0], "jaxpr", subs[0])
+    if len(inner.invars) == len(eqn.invars) and len(inner.outvars) == len(eqn.outvars):
+        return subs[0]
+    return None
+
+
+def _contains_diversifying(jaxpr: Any, axis: str) -> bool:
+    inner = getattr(jaxpr, "jaxpr", jaxpr)
+    for eqn in inner.eqns:
+        if eqn.primitive.name in _DIVERSIFYING and axis in _axes_of(eqn):
+            return True
+        if any(_contains_diversifying(sub, axis) for sub in _subjaxprs(eqn)):
+            return True
+    return False
