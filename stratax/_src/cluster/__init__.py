@@ -1,1 +1,36 @@
+"""Cluster configuration: ``ClusterSpec``, cluster resolvers and their auto-detection.
 
+Pure configuration read from the environment: nothing in this package imports JAX or Keras,
+opens a socket or starts a process, so it can be tested with a patched environment alone.
+"""
+
+from stratax._src.cluster.cluster_spec import ClusterSpec, parse_address
+from stratax._src.cluster.detect import RESOLVERS_IN_ORDER, detect_cluster_resolver
+from stratax._src.cluster.kubernetes import KubernetesClusterResolver
+from stratax._src.cluster.launcher import LauncherClusterResolver
+from stratax._src.cluster.layout import ProcessLayout, process_layout
+from stratax._src.cluster.resolver import ClusterResolver, format_master_url
+from stratax._src.cluster.simple import SimpleClusterResolver
+from stratax._src.cluster.slurm import SlurmClusterResolver
+from stratax._src.cluster.slurm_hostlist import expand_hostlist, expand_tasks_per_node
+from stratax._src.cluster.tfconfig import TFConfig, TFConfigClusterResolver, parse_tf_config
+
+__all__ = [
+    "RESOLVERS_IN_ORDER",
+    "ClusterResolver",
+    "ClusterSpec",
+    "KubernetesClusterResolver",
+    "LauncherClusterResolver",
+    "ProcessLayout",
+    "SimpleClusterResolver",
+    "SlurmClusterResolver",
+    "TFConfig",
+    "TFConfigClusterResolver",
+    "detect_cluster_resolver",
+    "expand_hostlist",
+    "expand_tasks_per_node",
+    "format_master_url",
+    "parse_address",
+    "parse_tf_config",
+    "process_layout",
+]

@@ -161,6 +161,11 @@ class DistributedDataset:
         self._placement = _Placement(mesh)
         self._options = options or InputOptions()
 
+    @property
+    def dataset(self) -> Any:
+        """The dataset of global batches this was made from."""
+        return self._dataset
+
     def __iter__(self) -> DistributedIterator:
         policy = self._options.auto_shard_policy
         produce = (
@@ -190,6 +195,17 @@ class DistributedDatasetsFromFunction:
 
     def __iter__(self) -> DistributedIterator:
         return DistributedIterator(self._produce(), self._options.experimental_prefetch_to_device)
+
+    def local_global_batches(self) -> Iterator[Any]:
+        """This process's share of each step as one batch: its replicas' batches concatenated."""
+        per_step = len(self._placement.local_replicas)
+        pending: list[Any] = []
+        for batch in iterate_batches(self._dataset):
+            pending.append(batch)
+            if len(pending) == per_step:
+                yield jax.tree.map(lambda *parts: np.concatenate([np.asarray(p) for p in parts]),
+                                   *pending)
+                pending = []
 
     def _produce(self) -> Iterator[Any]:
         per_step = len(self._placement.local_replicas)

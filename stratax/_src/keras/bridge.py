@@ -33,6 +33,7 @@ from keras.src.backend.jax import trainer as jax_trainer
 from stratax._src.core import context
 from stratax._src.core.errors import MixedStrategyError
 from stratax._src.keras.distribution import StrategyDistribution
+from stratax._src.keras.inputs import adapt_input
 from stratax._src.runtime.throttle import DispatchWindow
 from stratax._src.strategies.base import Strategy
 from stratax._src.strategies.default import DefaultStrategy
@@ -122,6 +123,17 @@ def _check_batch_size(strategy: Strategy, method: Callable[..., Any], name: str,
         )
 
 
+def _adapt_inputs(method: Callable[..., Any], name: str, args: tuple[Any, ...],
+                  kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    if name not in _BATCHED_METHODS:
+        return args, kwargs
+    if args:
+        return (adapt_input(args[0]), *args[1:]), kwargs
+    if "x" in kwargs:
+        kwargs = {**kwargs, "x": adapt_input(kwargs["x"])}
+    return args, kwargs
+
+
 def _wrap_model_method(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -130,6 +142,7 @@ def _wrap_model_method(name: str, original: Callable[..., Any]) -> Callable[...,
             return original(self, *args, **kwargs)
         if name == "compile":
             object.__setattr__(self, _STRATEGY_ATTR, strategy)
+        args, kwargs = _adapt_inputs(original, name, args, kwargs)
         _check_batch_size(strategy, original, name, args, kwargs)
         with distribution_for(strategy).scope():
             try:

@@ -1,0 +1,315 @@
+"""``SlurmClusterResolver``: the cluster of a Slurm job step, from Slurm's environment variables.
+
+Slurm starts one process per task (``srun python train.py``) and tells each its rank
+(``SLURM_PROCID``), the task count, the nodes and the tasks per node. This resolver turns that
+into a ``ClusterSpec`` with one ``host:port`` per task (``port_base`` + the task's index on its
+node) without calling ``scontrol``, so it works in containers without Slurm's client tools.
+Modelled on TensorFlow's ``SlurmClusterResolver``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+
+from stratax._src.cluster import envvars
+from stratax._src.cluster.cluster_spec import ClusterSpec
+from stratax._src.cluster.resolver import ClusterResolver, format_master_url
+from stratax._src.cluster.slurm_hostlist import expand_hostlist, expand_tasks_per_node
+from stratax._src.core import env
+
+logger = logging.getLogger(__name__)
+
+_RUN_WITH_SRUN = "run the program with srun (e.g. `srun python train.py`) inside a Slurm job."
+
+
+def _slurm_var(step_name: str, job_name: str) -> tuple[str, str]:
+    """Returns ``(name, value)`` of the step variable if set, else of the job-wide one."""
+    for name in (step_name, job_name):
+        value = os.environ.get(name, "").strip()
+        if value:
+            return name, value
+    raise ValueError(
+        f"Neither {step_name} nor {job_name} is set; SlurmClusterResolver needs one of them: "
+        + _RUN_WITH_SRUN
+    )
+
+
+def _num_tasks_var() -> tuple[str, str] | None:
+    """The step's task count variable if set, else the job's, else ``None``."""
+    for name in (env.SLURM_STEP_NUM_TASKS, env.SLURM_NTASKS):
+        value = os.environ.get(name, "").strip()
+        if value:
+            return name, value
+    return None
+
+
+def _check_count(value: object, what: str, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{what} must be an integer >= {minimum}, got {value!r}.")
+    return value
+
+
+class SlurmClusterResolver(ClusterResolver):
+    """Resolves the cluster of the current Slurm job step.
+
+    Reads ``SLURM_PROCID`` (this task's rank), ``SLURM_STEP_NUM_TASKS`` or ``SLURM_NTASKS``,
+    ``SLURM_STEP_NODELIST`` or ``SLURM_JOB_NODELIST`` (compressed, e.g. ``node[01-04,07]``) and
+    ``SLURM_STEP_TASKS_PER_NODE`` or ``SLURM_TASKS_PER_NODE`` (e.g. ``2(x3),1``); the step
+    variables win. Ranks are laid out over the nodes in node-list order, as Slurm's default
+    block distribution places them; when ``SLURM_LOCALID`` contradicts that layout (e.g.
+    ``--distribution=cyclic``) construction fails instead of producing wrong addresses.
+
+    Tasks go to jobs like TensorFlow does: ``jobs`` is sorted by job name and ranks are handed
+    out in that order (``{"chief": 1, "worker": 3}`` makes rank 0 the chief). By default every
+    task is a ``"worker"``.
+
+    Example:
+      >>> # srun -N 2 --ntasks-per-node=2 python train.py, on nodes n[1-2]:
+      >>> resolver = SlurmClusterResolver(port_base=9000)
+      >>> resolver.cluster_spec().as_dict()
+      {'worker': ['n1:9000', 'n1:9001', 'n2:9000', 'n2:9001']}
+    """
+
+    def __init__(
+        self,
+        jobs: Mapping[str, int] | None = None,
+        port_base: int = 8888,
+        gpus_per_node: int | None = None,
+        gpus_per_task: int | None = None,
+        tasks_per_node: int | Mapping[str, int] | None = None,
+        auto_set_gpu: bool = False,
+        rpc_layer: str | None = None,
+    ) -> None:
+        """Reads the Slurm environment and builds the cluster.
+
+        Args:
+          jobs: Job name -> number of tasks; the counts must add up to the step's task count.
+            Defaults to ``{"worker": <all tasks>}``.
+          port_base: Port of the first task on each node; the k-th task on a node gets
+            ``port_base + k``.
+          gpus_per_node: GPUs on each node; defaults to ``SLURM_GPUS_ON_NODE`` when set.
+          gpus_per_task: GPUs per task; defaults to ``SLURM_GPUS_PER_TASK``, else
+            ``gpus_per_node // max tasks per node``.
+          tasks_per_node: Tasks on every node (int) or per host name (dict); defaults to the
+            Slurm tasks-per-node variables.
+          auto_set_gpu: When True, sets ``CUDA_VISIBLE_DEVICES`` of this process to its
+            ``gpus_per_task`` GPUs (local task k gets GPUs ``k*g .. k*g+g-1``). Done here, at
+            construction, so it happens before JAX starts.
+          rpc_layer: Protocol prefix of ``master()`` addresses.
+
+        Raises:
+          ValueError: If a Slurm variable is missing or malformed, the counts disagree, the
+            ports leave 0..65535, more GPUs are requested than a node has, or ``auto_set_gpu``
+            is set without a known GPU count.
+        """
+        self._rank = envvars.get_int(env.SLURM_PROCID, _RUN_WITH_SRUN, minimum=0)
+        tasks_var = _num_tasks_var()
+        if tasks_var is None:
+            raise ValueError(
+                f"Neither {env.SLURM_STEP_NUM_TASKS} nor {env.SLURM_NTASKS} is set; "
+                + _RUN_WITH_SRUN
+            )
+        num_tasks = envvars.parse_int(tasks_var[0], tasks_var[1], minimum=1)
+        if self._rank >= num_tasks:
+            raise ValueError(
+                f"{env.SLURM_PROCID}={self._rank} is not below the task count "
+                f"{tasks_var[0]}={num_tasks}; the Slurm environment is inconsistent."
+            )
+        hosts, counts, from_env = self._resolve_nodes(tasks_per_node)
+        if sum(counts) != num_tasks:
+            raise ValueError(
+                f"The tasks per node {dict(zip(hosts, counts, strict=True))} add up to "
+                f"{sum(counts)}, but "
+                f"{tasks_var[0]}={num_tasks}; make tasks_per_node match the step's task count."
+            )
+        self._jobs = self._check_jobs(jobs, num_tasks)
+        port_base = _check_count(port_base, "port_base", 0)
+        if port_base + max(counts) - 1 > 65535:
+            raise ValueError(
+                f"port_base={port_base} with up to {max(counts)} tasks per node needs ports up to "
+                f"{port_base + max(counts) - 1}, above 65535; lower port_base."
+            )
+        addresses: list[str] = []
+        local_ids: list[int] = []
+        for host, count in zip(hosts, counts, strict=True):
+            for local in range(count):
+                addresses.append(f"{host}:{port_base + local}")
+                local_ids.append(local)
+        self._local_id = local_ids[self._rank]
+        if from_env:
+            self._check_block_distribution()
+        cluster: dict[str, list[str]] = {}
+        start = 0
+        for job, count in sorted(self._jobs.items()):
+            cluster[job] = addresses[start : start + count]
+            if start <= self._rank < start + count:
+                self._task_type: str | None = job
+                self._task_id: int | None = self._rank - start
+            start += count
+        self._cluster_spec = ClusterSpec(cluster)
+        self._rpc_layer = rpc_layer
+        self._gpus_per_node, self._gpus_per_task = self._resolve_gpus(
+            gpus_per_node, gpus_per_task, max(counts)
+        )
+        if auto_set_gpu:
+            self._set_visible_gpus()
+
+    @classmethod
+    def is_available(cls) -> bool:
+        """True inside a Slurm step of more than one task.
+
+        Needs ``SLURM_PROCID`` and a task count (``SLURM_STEP_NUM_TASKS`` or ``SLURM_NTASKS``)
+        above 1: a one-task step is plain local training. A task count that is not a number
+        also counts as available, so that the resolver reports the malformed variable instead of
+        silently falling back to local mode. Note that a batch script run directly (not through
+        ``srun``) sees the allocation's ``SLURM_NTASKS`` too; start training with ``srun``.
+        """
+        if not os.environ.get(env.SLURM_PROCID, "").strip():
+            return False
+        tasks_var = _num_tasks_var()
+        if tasks_var is None:
+            return False
+        try:
+            return int(tasks_var[1]) > 1
+        except ValueError:
+            return True
+
+    def _resolve_nodes(
+        self, tasks_per_node: int | Mapping[str, int] | None
+    ) -> tuple[list[str], list[int], bool]:
+        """Host names and their task counts, and whether both came from the environment."""
+        if isinstance(tasks_per_node, Mapping):
+            if not tasks_per_node:
+                raise ValueError("tasks_per_node is an empty dict; give each host a task count.")
+            hosts = list(tasks_per_node)
+            counts = [
+                _check_count(count, f"tasks_per_node[{host!r}]", 1)
+                for host, count in tasks_per_node.items()
+            ]
+            return hosts, counts, False
+        nodes_name, nodes_value = _slurm_var(env.SLURM_STEP_NODELIST, env.SLURM_JOB_NODELIST)
+        try:
+            hosts = expand_hostlist(nodes_value)
+        except ValueError as error:
+            raise ValueError(f"{nodes_name}: {error}") from None
+        if tasks_per_node is not None:
+            count = _check_count(tasks_per_node, "tasks_per_node", 1)
+            return hosts, [count] * len(hosts), False
+        tpn_name, tpn_value = _slurm_var(env.SLURM_STEP_TASKS_PER_NODE, env.SLURM_TASKS_PER_NODE)
+        try:
+            counts = expand_tasks_per_node(tpn_value)
+        except ValueError as error:
+            raise ValueError(f"{tpn_name}: {error}") from None
+        if len(counts) != len(hosts):
+            raise ValueError(
+                f"{tpn_name}={tpn_value!r} describes {len(counts)} nodes but "
+                f"{nodes_name}={nodes_value!r} lists {len(hosts)} ({hosts}); the Slurm "
+                "environment is inconsistent, or pass tasks_per_node= explicitly."
+            )
+        return hosts, counts, True
+
+    @staticmethod
+    def _check_jobs(jobs: Mapping[str, int] | None, num_tasks: int) -> dict[str, int]:
+        if jobs is None:
+            return {"worker": num_tasks}
+        if not isinstance(jobs, Mapping) or not jobs:
+            raise ValueError(
+                f"jobs must be a non-empty dict of job name to task count, got {jobs!r}; e.g. "
+                '{"chief": 1, "worker": 3}.'
+            )
+        checked = {}
+        for job, count in jobs.items():
+            if not isinstance(job, str) or not job:
+                raise ValueError(f"Job names in jobs must be non-empty strings, got {job!r}.")
+            checked[job] = _check_count(count, f"jobs[{job!r}]", 0)
+        if sum(checked.values()) != num_tasks:
+            raise ValueError(
+                f"jobs={checked} asks for {sum(checked.values())} tasks but the Slurm step has "
+                f"{num_tasks}; make the counts add up to {num_tasks}."
+            )
+        return checked
+
+    def _check_block_distribution(self) -> None:
+        local_id = envvars.get_optional_int(env.SLURM_LOCALID, minimum=0)
+        if local_id is not None and local_id != self._local_id:
+            raise ValueError(
+                f"Rank {self._rank} should be task {self._local_id} on its node under Slurm's "
+                f"block distribution, but {env.SLURM_LOCALID}={local_id}; start the step with "
+                "`srun --distribution=block` (the default) so ranks fill nodes in order."
+            )
+
+    def _resolve_gpus(
+        self, gpus_per_node: int | None, gpus_per_task: int | None, max_tasks: int
+    ) -> tuple[int | None, int | None]:
+        if gpus_per_node is None:
+            gpus_per_node = envvars.get_optional_int(env.SLURM_GPUS_ON_NODE, minimum=0)
+        else:
+            _check_count(gpus_per_node, "gpus_per_node", 0)
+        if gpus_per_task is None:
+            gpus_per_task = envvars.get_optional_int(env.SLURM_GPUS_PER_TASK, minimum=0)
+        else:
+            _check_count(gpus_per_task, "gpus_per_task", 0)
+        if gpus_per_task is None and gpus_per_node is not None:
+            gpus_per_task = gpus_per_node // max_tasks
+        if (
+            gpus_per_node is not None
+            and gpus_per_task is not None
+            and gpus_per_task * max_tasks > gpus_per_node
+        ):
+            raise ValueError(
+                f"{max_tasks} tasks per node x {gpus_per_task} GPUs per task needs "
+                f"{gpus_per_task * max_tasks} GPUs, but a node has {gpus_per_node}; lower "
+                "gpus_per_task or the tasks per node."
+            )
+        return gpus_per_node, gpus_per_task
+
+    def _set_visible_gpus(self) -> None:
+        if not self._gpus_per_task:
+            raise ValueError(
+                "auto_set_gpu=True needs the GPUs per task, which are unknown or 0; pass "
+                f"gpus_per_node=/gpus_per_task= or run with `srun --gpus-per-task=N` "
+                f"({env.SLURM_GPUS_PER_TASK}) or a GPU allocation ({env.SLURM_GPUS_ON_NODE})."
+            )
+        first = self._local_id * self._gpus_per_task
+        visible = ",".join(str(gpu) for gpu in range(first, first + self._gpus_per_task))
+        os.environ[env.CUDA_VISIBLE_DEVICES] = visible
+        logger.info("Slurm rank %d: %s=%s", self._rank, env.CUDA_VISIBLE_DEVICES, visible)
+
+    def cluster_spec(self) -> ClusterSpec:
+        """The cluster of the Slurm step, one address per task."""
+        return self._cluster_spec
+
+    def get_task_info(self) -> tuple[str | None, int | None]:
+        """``(task_type, task_id)`` of this process (TensorFlow compatibility)."""
+        return self.task_type, self.task_id
+
+    @property
+    def local_task_id(self) -> int:
+        """This task's index among the tasks of its node."""
+        return self._local_id
+
+    def master(
+        self,
+        task_type: str | None = None,
+        task_id: int | None = None,
+        rpc_layer: str | None = None,
+    ) -> str:
+        """The address of a task (this one by default); see ``ClusterResolver.master``."""
+        task_type = task_type if task_type is not None else self.task_type
+        task_id = task_id if task_id is not None else self.task_id
+        if task_type is None or task_id is None:
+            return ""
+        return format_master_url(
+            self._cluster_spec.task_address(task_type, task_id), rpc_layer or self.rpc_layer
+        )
+
+    def num_accelerators(
+        self, task_type: str | None = None, task_id: int | None = None
+    ) -> dict[str, int]:
+        """``{"GPU": gpus_per_task}`` when known from the arguments or Slurm, else ``{}``."""
+        del task_type, task_id
+        if self._gpus_per_task is None:
+            return {}
+        return {"GPU": self._gpus_per_task}

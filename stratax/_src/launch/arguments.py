@@ -1,0 +1,132 @@
+"""Command-line front end of the launcher: the flags of ``stratax launch`` and their runner.
+
+``stratax/_src/cli.py`` adds these flags to its ``launch`` sub-command and calls
+:func:`run_launch`; ``python -m stratax._src.launch`` does the same without the CLI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from typing import Optional
+
+from stratax._src.launch.config import LaunchError
+from stratax._src.launch.launcher import launch
+
+EXIT_USAGE = 2  # argparse's code for a bad command line
+
+
+def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
+    """Adds the ``stratax launch`` flags and the program positionals to ``parser``.
+
+    Usage: ``[--nproc-per-node N] [--nnodes M --node-rank R --coordinator host:port]
+    [--max-restarts K] [--timeout S] [--log-dir DIR] [-m] program [args...]``. Everything after
+    the program belongs to it; ``--`` may separate launcher flags from the program.
+    """
+    parser.add_argument("--nproc-per-node", "--nproc_per_node", type=int, default=1,
+                        metavar="N", help="worker processes on this node (default: 1)")
+    parser.add_argument("--nnodes", type=int, default=1, metavar="M",
+                        help="nodes in the job, one launcher per node (default: 1)")
+    parser.add_argument("--node-rank", "--node_rank", type=int, default=0, metavar="R",
+                        help="index of this node, 0..M-1; node 0 hosts the coordinator")
+    parser.add_argument("--coordinator", default=None, metavar="HOST:PORT",
+                        help="jax.distributed coordinator address (global rank 0). Default on "
+                             "one node: 127.0.0.1 and a free port; required with --nnodes > 1")
+    parser.add_argument("--max-restarts", "--max_restarts", type=int, default=0, metavar="K",
+                        help="restart the whole group up to K times after a worker fails")
+    parser.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
+                        help="wall-clock limit for the whole launch, restarts included")
+    parser.add_argument("--grace-period", type=float, default=5.0, metavar="SECONDS",
+                        help="seconds between SIGTERM and SIGKILL when stopping workers "
+                             "(default: 5)")
+    parser.add_argument("--coordinator-wait", type=float, default=120.0, metavar="SECONDS",
+                        help="how long a node with --node-rank > 0 retries reaching the "
+                             "coordinator before giving up (default: 120)")
+    parser.add_argument("--log-dir", default=None, metavar="DIR",
+                        help="also append each worker's output to DIR/worker_<rank>.log")
+    parser.add_argument("-m", "--module", action="store_true",
+                        help="run program as a module: python -m program (like python -m)")
+    parser.add_argument("program", help="the script (or, with -m, module) every worker runs")
+    parser.add_argument("program_args", nargs=argparse.REMAINDER,
+                        help="arguments passed to the program")
+
+
+def python_command(program: str, args: Sequence[str] = (), *, module: bool = False) -> list[str]:
+    """``[sys.executable, program, *args]`` or ``[sys.executable, "-m", program, *args]``.
+
+    Raises:
+        ValueError: when ``program`` is a script path that does not exist.
+    """
+    if module:
+        return [sys.executable, "-m", program, *args]
+    if not os.path.isfile(program):
+        raise ValueError(
+            f"Script {program!r} not found (working directory {os.getcwd()!r}); pass the path of "
+            f"an existing Python file, or use -m {program} to run a module."
+        )
+    return [sys.executable, program, *args]
+
+
+def command_from_args(args: argparse.Namespace) -> list[str]:
+    """The worker command for parsed ``stratax launch`` arguments.
+
+    A leading ``--`` before the program's arguments is dropped (argparse keeps it in some
+    Python versions), so ``stratax launch train.py -- --lr 1`` passes ``--lr 1``.
+
+    Raises:
+        ValueError: when the script does not exist.
+    """
+    program_args = list(args.program_args)
+    if program_args[:1] == ["--"]:
+        program_args = program_args[1:]
+    return python_command(args.program, program_args, module=args.module)
+
+
+def run_launch(args: argparse.Namespace) -> int:
+    """Runs ``stratax launch`` from parsed arguments; returns the process exit code.
+
+    Prints the root-cause summary to stderr when the group fails, times out or is interrupted;
+    a bad command line or a start-up problem prints one ``error:`` line and returns 2 or 1.
+    """
+    try:
+        cmd = command_from_args(args)
+        result = launch(
+            cmd,
+            nproc_per_node=args.nproc_per_node,
+            nnodes=args.nnodes,
+            node_rank=args.node_rank,
+            coordinator=args.coordinator,
+            max_restarts=args.max_restarts,
+            timeout=args.timeout,
+            grace_period=args.grace_period,
+            coordinator_wait=args.coordinator_wait,
+            log_dir=args.log_dir,
+            handle_signals=True,
+        )
+    except (ValueError, TypeError) as err:
+        _print_error(str(err))
+        return EXIT_USAGE
+    except LaunchError as err:
+        _print_error(str(err))
+        return 1
+    if not result.ok:
+        print(result.summary, file=sys.stderr, flush=True)
+    return result.exit_code
+
+
+def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
+    """A stand-alone parser with the launch flags (used by ``python -m stratax._src.launch``)."""
+    parser = argparse.ArgumentParser(
+        prog=prog or "stratax launch",
+        description="Run a program as a local group of worker processes (like torchrun), "
+                    "with the STRATAX_* / TF_CONFIG environment a MultiWorkerMirroredStrategy "
+                    "reads.",
+    )
+    add_launch_arguments(parser)
+    return parser
+
+
+def _print_error(message: str) -> None:
+    print(f"stratax launch: error: {message}", file=sys.stderr, flush=True)

@@ -1,0 +1,94 @@
+"""The environment each launched worker sees: the contract the cluster resolvers read.
+
+Every child gets ``STRATAX_COORDINATOR_ADDRESS``, ``STRATAX_NUM_PROCESSES``,
+``STRATAX_PROCESS_ID`` (global rank), ``STRATAX_LOCAL_RANK`` and ``STRATAX_RESTART_COUNT``.
+On a single node it also gets ``TF_CONFIG`` listing one ``127.0.0.1`` port per worker (worker 0's
+port is the coordinator port), so TF-style programs resolve the same cluster. With several nodes
+a launcher cannot know the other hosts' addresses, so ``TF_CONFIG`` is removed instead of
+written half right.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping, Sequence
+from typing import Optional
+
+from stratax._src.core import env as env_names
+from stratax._src.launch.config import Address, LaunchConfig
+from stratax._src.launch.network import LOOPBACK
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerSpec:
+    """What one child is started with: its ranks and its full environment."""
+
+    local_rank: int
+    global_rank: int
+    env: Mapping[str, str]
+
+    @property
+    def name(self) -> str:
+        """The task name used in output prefixes and error summaries, e.g. ``worker 1``."""
+        return f"worker {self.global_rank}"
+
+
+def tf_config_json(worker_addresses: Sequence[str], index: int) -> str:
+    """``TF_CONFIG`` for worker ``index`` of a cluster made only of ``worker`` tasks."""
+    return json.dumps(
+        {"cluster": {"worker": list(worker_addresses)}, "task": {"type": "worker", "index": index}}
+    )
+
+
+def build_worker_specs(
+    config: LaunchConfig,
+    coordinator: Address,
+    restart_count: int,
+    base_env: Mapping[str, str],
+    worker_ports: Optional[Sequence[int]] = None,
+) -> list[WorkerSpec]:
+    """Builds one :class:`WorkerSpec` per local rank of this node.
+
+    Args:
+        config: the validated launch settings.
+        coordinator: address of the ``jax.distributed`` coordinator (global rank 0).
+        restart_count: how many times the group was restarted before this start.
+        base_env: environment inherited by every child (usually ``os.environ`` plus overrides).
+        worker_ports: on a single node, the ``TF_CONFIG`` port of each worker; entry 0 must be
+            the coordinator port. Ignored when ``config.nnodes > 1``.
+
+    Raises:
+        ValueError: when a single-node launch gets the wrong number of ports or a worker-0 port
+            that differs from the coordinator port.
+    """
+    tf_workers: Optional[list[str]] = None
+    if config.nnodes == 1:
+        ports = list(worker_ports) if worker_ports is not None else []
+        if len(ports) != config.nproc_per_node or ports[0] != coordinator.port:
+            raise ValueError(
+                f"A single-node launch needs {config.nproc_per_node} worker ports starting with "
+                f"the coordinator port {coordinator.port}, got {ports}."
+            )
+        tf_workers = [str(coordinator)] + [f"{LOOPBACK}:{port}" for port in ports[1:]]
+
+    specs = []
+    for local_rank in range(config.nproc_per_node):
+        global_rank = config.global_rank(local_rank)
+        child_env = dict(base_env)
+        child_env.update(
+            {
+                env_names.STRATAX_COORDINATOR_ADDRESS: str(coordinator),
+                env_names.STRATAX_NUM_PROCESSES: str(config.num_processes),
+                env_names.STRATAX_PROCESS_ID: str(global_rank),
+                env_names.STRATAX_LOCAL_RANK: str(local_rank),
+                env_names.STRATAX_RESTART_COUNT: str(restart_count),
+                env_names.PYTHONUNBUFFERED: "1",
+            }
+        )
+        if tf_workers is not None:
+            child_env[env_names.TF_CONFIG] = tf_config_json(tf_workers, global_rank)
+        else:
+            child_env.pop(env_names.TF_CONFIG, None)
+        specs.append(WorkerSpec(local_rank, global_rank, child_env))
+    return specs

@@ -1,0 +1,357 @@
+"""``launch()``: run a command as a local group of workers, with restarts, timeout and teardown.
+
+The policy, like torchrun's elastic agent kept small: the group lives and dies together. When
+any worker exits non-zero or dies by a signal, the others are stopped (SIGTERM, a grace period,
+then SIGKILL, by process group) and the group is restarted as a whole up to ``max_restarts``
+times (fresh ports, ``STRATAX_RESTART_COUNT`` + 1). A wall-clock ``timeout`` and SIGINT/SIGTERM
+to the launcher stop the group the same way. Worker failures are *returned* in a
+:class:`LaunchResult`; only problems that stop the launcher from starting workers raise.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from types import FrameType
+from typing import Optional, TextIO
+
+from stratax._src.launch.child_env import build_worker_specs
+from stratax._src.launch.config import Address, LaunchConfig
+from stratax._src.launch.network import (
+    LOOPBACK,
+    ensure_port_free,
+    reserve_free_ports,
+    wait_until_reachable,
+)
+from stratax._src.launch.process_group import Worker, WorkerGroup, describe_returncode
+
+logger = logging.getLogger(__name__)
+
+EXIT_TIMEOUT = 124  # like coreutils `timeout`
+_POLL_SECONDS = 0.1
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskFailure:
+    """The first worker that failed in one start of the group."""
+
+    name: str
+    global_rank: int
+    local_rank: int
+    pid: int
+    returncode: int  # as subprocess reports it: negative = killed by that signal
+    restart_count: int
+    tail: tuple[str, ...]
+
+    @property
+    def exit_code(self) -> Optional[int]:
+        """The worker's exit code, or ``None`` when a signal killed it."""
+        return self.returncode if self.returncode >= 0 else None
+
+    @property
+    def signal_name(self) -> Optional[str]:
+        """``"SIGKILL"`` etc. when a signal killed the worker, else ``None``."""
+        if self.returncode >= 0:
+            return None
+        return describe_returncode(self.returncode).removeprefix("signal ")
+
+    def describe(self) -> str:
+        """One line: who failed, how, and on which start of the group."""
+        return (f"{self.name} (local rank {self.local_rank}, pid {self.pid}) failed with "
+                f"{describe_returncode(self.returncode)} (restart {self.restart_count})")
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchResult:
+    """How a launched group ended.
+
+    ``exit_code`` is what ``stratax launch`` exits with: 0 when every worker exited 0; the first
+    failing worker's exit code (or 128 + signal number) after the last allowed restart; 124 on
+    ``timeout``; 128 + signum when the launcher itself was interrupted.
+
+    Example:
+        >>> result = launch([sys.executable, "train.py"], nproc_per_node=2)  # doctest: +SKIP
+        >>> result.ok or print(result.summary)  # doctest: +SKIP
+    """
+
+    exit_code: int
+    restarts: int
+    failures: tuple[TaskFailure, ...]
+    timed_out: bool
+    interrupted_by: Optional[str]
+    elapsed: float
+    summary: str
+    outputs: Optional[Mapping[int, list[str]]] = None
+
+    @property
+    def ok(self) -> bool:
+        """True when every worker of the final start exited with code 0."""
+        return self.exit_code == 0
+
+    @property
+    def failure(self) -> Optional[TaskFailure]:
+        """The root cause of the last failed start, if any."""
+        return self.failures[-1] if self.failures else None
+
+
+def launch(
+    cmd: Sequence[str],
+    nproc_per_node: int = 1,
+    *,
+    nnodes: int = 1,
+    node_rank: int = 0,
+    coordinator: Optional[str] = None,
+    max_restarts: int = 0,
+    timeout: Optional[float] = None,
+    grace_period: float = 5.0,
+    coordinator_wait: float = 120.0,
+    log_dir: Optional[str] = None,
+    env: Optional[Mapping[str, str]] = None,
+    cwd: Optional[str] = None,
+    capture_output: bool = False,
+    stream_output: bool = True,
+    handle_signals: bool = False,
+) -> LaunchResult:
+    """Runs ``cmd`` as ``nproc_per_node`` workers of this node and waits for the group to end.
+
+    Args:
+        cmd: the full command of every worker, e.g. ``[sys.executable, "train.py", "--lr=1"]``.
+        nproc_per_node: workers started on this node.
+        nnodes: nodes in the job; with more than one, run one launcher per node.
+        node_rank: this node's index in ``0..nnodes-1``; node 0 hosts the coordinator.
+        coordinator: ``host:port`` of the coordinator. Default on one node: ``127.0.0.1`` and a
+            free port; required when ``nnodes > 1``.
+        max_restarts: restarts of the whole group after a worker failure before giving up.
+        timeout: wall-clock seconds for the whole launch, restarts included; ``None`` = no limit.
+        grace_period: seconds between SIGTERM and SIGKILL when stopping workers.
+        coordinator_wait: seconds a node with ``node_rank > 0`` retries reaching the coordinator.
+        log_dir: when set, each worker's output is appended to ``log_dir/worker_<rank>.log``.
+        env: variables added to the inherited environment of every worker.
+        cwd: working directory of the workers (default: the launcher's).
+        capture_output: keep every output line in ``LaunchResult.outputs`` (rank -> lines).
+        stream_output: relay prefixed output to ``sys.stdout`` / ``sys.stderr``.
+        handle_signals: install SIGINT/SIGTERM handlers (main thread only) that stop the group
+            and end the launch with ``exit_code = 128 + signum``. ``stratax launch`` sets it.
+
+    Returns:
+        A :class:`LaunchResult`; worker failures do not raise.
+
+    Raises:
+        ValueError, TypeError: a bad argument (named in the message), or ``cmd[0]`` not found.
+        LaunchError: the coordinator port is taken on node 0, or a node with ``node_rank > 0``
+            cannot reach the coordinator within ``coordinator_wait`` seconds.
+    """
+    if isinstance(cmd, str) or not cmd or not all(isinstance(part, str) for part in cmd):
+        raise TypeError(
+            f"cmd must be a non-empty list of strings such as [sys.executable, 'train.py'], "
+            f"got {cmd!r}."
+        )
+    config = LaunchConfig(
+        nproc_per_node=nproc_per_node, nnodes=nnodes, node_rank=node_rank,
+        coordinator=coordinator, max_restarts=max_restarts, timeout=timeout,
+        grace_period=grace_period, coordinator_wait=coordinator_wait, log_dir=log_dir,
+    )
+    base_env = dict(os.environ)
+    base_env.update(env or {})
+    runner = _Launcher(
+        list(cmd), config, base_env, cwd=cwd, capture_output=capture_output,
+        stdout=sys.stdout if stream_output else None,
+        stderr=sys.stderr if stream_output else None,
+    )
+    return runner.run(handle_signals)
+
+
+class _Launcher:
+    """State of one ``launch()`` call: the current group, and signals received."""
+
+    def __init__(self, cmd: list[str], config: LaunchConfig, base_env: dict[str, str], *,
+                 cwd: Optional[str], capture_output: bool, stdout: Optional[TextIO],
+                 stderr: Optional[TextIO]) -> None:
+        self._cmd = cmd
+        self._config = config
+        self._base_env = base_env
+        self._cwd = cwd
+        self._capture = capture_output
+        self._stdout = stdout
+        self._stderr = stderr
+        self._signum: Optional[int] = None
+        self._stop = threading.Event()  # a signal asked the launcher to end
+        self._force = threading.Event()  # a second signal: skip the grace period
+        self._group: Optional[WorkerGroup] = None
+
+    def run(self, handle_signals: bool) -> LaunchResult:
+        started = time.monotonic()
+        with self._signals_installed(handle_signals):
+            try:
+                return self._run(started)
+            finally:
+                if self._group is not None:  # only on an exception; else already torn down
+                    self._group.teardown(0.0)
+
+    def _run(self, started: float) -> LaunchResult:
+        config = self._config
+        deadline = None if config.timeout is None else started + config.timeout
+        failures: list[TaskFailure] = []
+        for restart in range(config.max_restarts + 1):
+            coordinator, ports = self._prepare(deadline)
+            if self._stop.is_set():
+                return self._result(started, restart, failures, interrupted=True)
+            specs = build_worker_specs(config, coordinator, restart, self._base_env, ports)
+            self._group = group = WorkerGroup.start(
+                self._cmd, specs, stdout=self._stdout, stderr=self._stderr,
+                log_dir=config.log_dir, restart_count=restart,
+                capture_output=self._capture, cwd=self._cwd,
+            )
+            outcome, failed = self._monitor(group, deadline)
+            if outcome == "timeout":
+                self._notice(f"timeout of {config.timeout:g} s reached; stopping "
+                             f"{len(group.workers)} worker(s).")
+            group.teardown(config.grace_period, self._force)
+            if outcome == "failed" and failed is not None:
+                failures.append(_failure_of(failed, restart))
+                if restart < config.max_restarts and not self._stop.is_set():
+                    self._notice(f"{failures[-1].describe()}; restarting the group "
+                                 f"(restart {restart + 1} of {config.max_restarts}).")
+                    continue
+            return self._result(started, restart, failures, timed_out=outcome == "timeout",
+                                interrupted=self._stop.is_set())
+        raise RuntimeError("unreachable: the restart loop always returns")  # pragma: no cover
+
+    def _prepare(self, deadline: Optional[float]) -> tuple[Address, Optional[list[int]]]:
+        """Coordinator address and (single node) TF_CONFIG ports for the next start."""
+        config = self._config
+        fixed = config.coordinator_address
+        if config.nnodes == 1:
+            if fixed is None:
+                ports = reserve_free_ports(config.nproc_per_node)
+                return Address(LOOPBACK, ports[0]), ports
+            ensure_port_free(fixed)
+            others = [p for p in reserve_free_ports(config.nproc_per_node) if p != fixed.port]
+            return fixed, [fixed.port] + others[: config.nproc_per_node - 1]
+        if fixed is None:  # pragma: no cover - LaunchConfig requires it for nnodes > 1
+            raise ValueError("nnodes > 1 requires a coordinator address.")
+        if config.node_rank == 0:
+            ensure_port_free(fixed)
+        else:
+            wait = config.coordinator_wait
+            if deadline is not None:
+                wait = max(0.0, min(wait, deadline - time.monotonic()))
+            wait_until_reachable(fixed, wait, stop=self._stop)
+        return fixed, None
+
+    def _monitor(self, group: WorkerGroup,
+                 deadline: Optional[float]) -> tuple[str, Optional[Worker]]:
+        """Waits for the group's end: ``success``, ``failed`` + worker, ``timeout``, ``signal``."""
+        exits = 0
+        while True:
+            if self._stop.is_set():
+                return "signal", None
+            wait = _POLL_SECONDS
+            if deadline is not None:
+                wait = min(wait, deadline - time.monotonic())
+                if wait <= 0:
+                    return "timeout", None
+            worker = group.next_exit(wait)
+            if worker is None:
+                continue
+            exits += 1
+            if worker.returncode != 0:
+                return "failed", worker
+            if exits == len(group.workers):
+                return "success", None
+
+    def _result(self, started: float, restart: int, failures: list[TaskFailure], *,
+                timed_out: bool = False, interrupted: bool = False) -> LaunchResult:
+        group, self._group = self._group, None
+        workers = group.workers if group is not None else []
+        signame = signal.Signals(self._signum).name if interrupted and self._signum else None
+        failure = failures[-1] if failures and failures[-1].restart_count == restart else None
+        if signame is not None:
+            exit_code = 128 + int(self._signum or 0)
+            text = (f"interrupted by {signame}; sent SIGTERM to {len(workers)} worker(s) and "
+                    f"stopped them.")
+        elif timed_out:
+            exit_code = EXIT_TIMEOUT
+            text = (f"the group did not finish within the timeout of "
+                    f"{self._config.timeout:g} s (wall clock, restarts included); stopped "
+                    f"{len(workers)} worker(s).")
+        elif failure is not None:
+            exit_code = failure.returncode if failure.returncode > 0 else 128 - failure.returncode
+            text = _failure_text(failure, self._config, restart)
+        else:
+            exit_code = 0
+            text = f"all {len(workers)} worker(s) exited with code 0 ({restart} restart(s))."
+        outputs = None
+        if self._capture:
+            outputs = {w.spec.global_rank: w.output.captured() or [] for w in workers}
+        return LaunchResult(
+            exit_code=exit_code, restarts=restart, failures=tuple(failures),
+            timed_out=timed_out and signame is None, interrupted_by=signame,
+            elapsed=time.monotonic() - started, summary="stratax launch: " + text,
+            outputs=outputs,
+        )
+
+    def _notice(self, message: str) -> None:
+        """Tells the user what the launcher does (restart, timeout) on its stderr."""
+        logger.debug(message)
+        if self._stderr is not None:
+            with contextlib.suppress(OSError, ValueError):
+                self._stderr.write(f"[stratax launch] {message}\n")
+                self._stderr.flush()
+
+    def _on_signal(self, signum: int, frame: Optional[FrameType]) -> None:
+        if self._signum is None:
+            self._signum = signum
+            self._stop.set()
+        else:
+            self._force.set()
+
+    @contextlib.contextmanager
+    def _signals_installed(self, enabled: bool) -> Iterator[None]:
+        if not enabled:
+            yield
+            return
+        if threading.current_thread() is not threading.main_thread():
+            logger.warning("launch(handle_signals=True) outside the main thread: signals are "
+                           "not handled.")
+            yield
+            return
+        previous = {sig: signal.signal(sig, self._on_signal)
+                    for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+
+def _failure_of(worker: Worker, restart: int) -> TaskFailure:
+    return TaskFailure(
+        name=worker.spec.name, global_rank=worker.spec.global_rank,
+        local_rank=worker.spec.local_rank, pid=worker.pid,
+        returncode=int(worker.returncode if worker.returncode is not None else -9),
+        restart_count=restart, tail=tuple(worker.output.tail()),
+    )
+
+
+def _failure_text(failure: TaskFailure, config: LaunchConfig, restarts: int) -> str:
+    lines = [
+        f"{failure.describe()}, the first task to fail; the other workers were stopped"
+        + (f" (gave up after {restarts} restart(s))." if config.max_restarts else "."),
+    ]
+    if failure.tail:
+        lines.append(f"Last {len(failure.tail)} line(s) of {failure.name}'s output:")
+        lines.extend(f"  [{failure.name}] {line}" for line in failure.tail)
+    else:
+        lines.append(f"{failure.name} printed nothing.")
+    if config.log_dir is not None:
+        log_path = os.path.join(config.log_dir, f"worker_{failure.global_rank}.log")
+        lines.append(f"Full log: {log_path}")
+    return "\n".join(lines)

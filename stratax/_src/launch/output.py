@@ -1,0 +1,121 @@
+"""Relays each worker's stdout and stderr line by line, prefixed with its task name.
+
+One reader thread per pipe writes ``[worker 1] <line>`` to the launcher's own stdout or stderr
+(like ``mpirun --tag-output`` and TF's ``multi_process_runner``), appends the raw line to the
+worker's log file when a log directory is given, and keeps the last lines for the failure
+summary.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import threading
+from typing import IO, Optional, TextIO
+
+TAIL_LINES = 20
+
+
+class WorkerOutput:
+    """Pumps one worker's two pipes until EOF.
+
+    Example:
+        >>> out = WorkerOutput("worker 0", sys.stdout, sys.stderr, lock)  # doctest: +SKIP
+        >>> out.start(proc.stdout, proc.stderr); out.join(2.0); out.tail()  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        name: str,
+        stdout: Optional[TextIO],
+        stderr: Optional[TextIO],
+        write_lock: threading.Lock,
+        *,
+        log_path: Optional[str] = None,
+        header: Optional[str] = None,
+        capture: bool = False,
+    ) -> None:
+        self.name = name
+        self._targets = {"stdout": stdout, "stderr": stderr}
+        self._write_lock = write_lock
+        self._tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+        self._captured: Optional[list[str]] = [] if capture else None
+        self._state_lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+        self._open_pipes = 0
+        self._log: Optional[IO[str]] = None
+        if log_path is not None:
+            os.makedirs(os.path.dirname(log_path) or ".", exist_ok=True)
+            self._log = open(log_path, "a", encoding="utf-8", errors="replace")
+            if header:
+                self._log.write(header + "\n")
+                self._log.flush()
+
+    def start(self, stdout_pipe: IO[bytes], stderr_pipe: IO[bytes]) -> None:
+        """Starts the two daemon reader threads."""
+        self._open_pipes = 2
+        for stream, pipe in (("stdout", stdout_pipe), ("stderr", stderr_pipe)):
+            thread = threading.Thread(
+                target=self._pump,
+                args=(stream, pipe),
+                name=f"stratax-launch-{self.name.replace(' ', '-')}-{stream}",
+                daemon=True,
+            )
+            thread.start()
+            self._threads.append(thread)
+
+    def join(self, timeout: float) -> bool:
+        """Waits up to ``timeout`` seconds per pipe for both to reach EOF; True if they did.
+
+        A pipe stays open while a grandchild holds it, so callers kill the process group first.
+        """
+        for thread in self._threads:
+            thread.join(timeout)
+        return not any(thread.is_alive() for thread in self._threads)
+
+    def close(self) -> None:
+        """Closes the log file (done by the last reader at EOF, or if the worker never started)."""
+        with self._state_lock:
+            if self._log is not None:
+                self._log.close()
+                self._log = None
+
+    def tail(self) -> list[str]:
+        """The last lines the worker printed (both streams, in arrival order), without newlines."""
+        with self._state_lock:
+            return list(self._tail)
+
+    def captured(self) -> Optional[list[str]]:
+        """Every line printed so far when ``capture=True``, else ``None``."""
+        with self._state_lock:
+            return None if self._captured is None else list(self._captured)
+
+    def _pump(self, stream: str, pipe: IO[bytes]) -> None:
+        prefix = f"[{self.name}] "
+        target = self._targets[stream]
+        try:
+            for raw in iter(pipe.readline, b""):
+                line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+                with self._state_lock:
+                    self._tail.append(line)
+                    if self._captured is not None:
+                        self._captured.append(line)
+                    if self._log is not None:
+                        self._log.write(line + "\n")
+                        self._log.flush()
+                if target is not None:
+                    with self._write_lock:
+                        try:
+                            target.write(prefix + line + "\n")
+                            target.flush()
+                        except (OSError, ValueError):
+                            # The launcher's own stream is gone (closed pipe); keep draining so
+                            # the child never blocks on a full pipe.
+                            target = None
+        finally:
+            pipe.close()
+            with self._state_lock:
+                self._open_pipes -= 1
+                last = self._open_pipes == 0
+            if last:
+                self.close()

@@ -1,0 +1,194 @@
+"""Starts one group of worker processes, reports their exits in order, and tears them down.
+
+Each worker runs in its own session (``start_new_session=True``), so it leads a process group
+that also holds whatever it spawns; teardown signals whole groups, grandchildren included.
+A waiter thread per worker records exits in the order they happen, which is what lets the
+launcher name the *first* failing task rather than one that died because a peer did.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import queue
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Sequence
+from typing import Optional, TextIO
+
+from stratax._src.launch.child_env import WorkerSpec
+from stratax._src.launch.output import WorkerOutput
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class Worker:
+    """A started child: its spec, process, output relay and exit status (once known)."""
+
+    spec: WorkerSpec
+    process: subprocess.Popen[bytes]
+    output: WorkerOutput
+    exited: threading.Event = dataclasses.field(default_factory=threading.Event)
+    returncode: Optional[int] = None
+
+    @property
+    def pid(self) -> int:
+        """The child's pid, which is also its process-group id."""
+        return self.process.pid
+
+
+def describe_returncode(returncode: int) -> str:
+    """``exit code 3`` or ``signal SIGKILL`` for a :class:`subprocess.Popen` return code."""
+    if returncode >= 0:
+        return f"exit code {returncode}"
+    try:
+        return f"signal {signal.Signals(-returncode).name}"
+    except ValueError:
+        return f"signal {-returncode}"
+
+
+class WorkerGroup:
+    """The processes of one start of the group (a restart makes a new ``WorkerGroup``).
+
+    Example:
+        >>> group = WorkerGroup.start(cmd, specs, stdout=None, stderr=None)  # doctest: +SKIP
+        >>> first = group.next_exit(timeout=1.0)  # doctest: +SKIP
+        >>> group.teardown(grace_period=5.0)  # doctest: +SKIP
+    """
+
+    def __init__(self) -> None:
+        self.workers: list[Worker] = []
+        self._exits: queue.Queue[Worker] = queue.Queue()
+        self._waiters: list[threading.Thread] = []
+        self._torn_down = False
+
+    @classmethod
+    def start(
+        cls,
+        cmd: Sequence[str],
+        specs: Sequence[WorkerSpec],
+        *,
+        stdout: Optional[TextIO],
+        stderr: Optional[TextIO],
+        log_dir: Optional[str] = None,
+        restart_count: int = 0,
+        capture_output: bool = False,
+        cwd: Optional[str] = None,
+    ) -> WorkerGroup:
+        """Starts one child per spec; on a start error, stops those already started.
+
+        Raises:
+            ValueError: when ``cmd[0]`` cannot be executed (not found, not executable).
+        """
+        group = cls()
+        write_lock = threading.Lock()
+        try:
+            for spec in specs:
+                group._start_one(cmd, spec, stdout, stderr, write_lock, log_dir,
+                                 restart_count, capture_output, cwd)
+        except BaseException:
+            group.teardown(grace_period=0.0)
+            raise
+        return group
+
+    def _start_one(
+        self,
+        cmd: Sequence[str],
+        spec: WorkerSpec,
+        stdout: Optional[TextIO],
+        stderr: Optional[TextIO],
+        write_lock: threading.Lock,
+        log_dir: Optional[str],
+        restart_count: int,
+        capture_output: bool,
+        cwd: Optional[str],
+    ) -> None:
+        log_path = None
+        if log_dir is not None:
+            log_path = os.path.join(log_dir, f"worker_{spec.global_rank}.log")
+        output = WorkerOutput(
+            spec.name, stdout, stderr, write_lock, log_path=log_path, capture=capture_output,
+            header=f"--- stratax launch: {spec.name}, restart {restart_count}, "
+                   f"{time.strftime('%Y-%m-%d %H:%M:%S')} ---",
+        )
+        try:
+            process = subprocess.Popen(
+                list(cmd), env=dict(spec.env), cwd=cwd, stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+            )
+        except (FileNotFoundError, PermissionError, NotADirectoryError) as err:
+            output.close()
+            raise ValueError(
+                f"Cannot start {spec.name} with command {list(cmd)!r}: {err.strerror} "
+                f"({cmd[0]!r}). Pass an existing executable, e.g. [sys.executable, 'train.py']."
+            ) from err
+        if process.stdout is None or process.stderr is None:  # pragma: no cover - PIPE given
+            raise RuntimeError(f"{spec.name} was started without output pipes.")
+        output.start(process.stdout, process.stderr)
+        worker = Worker(spec, process, output)
+        self.workers.append(worker)
+        waiter = threading.Thread(
+            target=self._wait, args=(worker,), name=f"stratax-launch-wait-{worker.pid}",
+            daemon=True,
+        )
+        waiter.start()
+        self._waiters.append(waiter)
+        logger.debug("Started %s as pid %d: %s", spec.name, worker.pid, list(cmd))
+
+    def _wait(self, worker: Worker) -> None:
+        worker.returncode = worker.process.wait()
+        worker.exited.set()
+        self._exits.put(worker)
+
+    def next_exit(self, timeout: float) -> Optional[Worker]:
+        """The next worker to exit, in exit order, or ``None`` if none exits within ``timeout``."""
+        try:
+            return self._exits.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    def all_exited(self) -> bool:
+        """True once every worker has exited (whatever its status)."""
+        return all(worker.exited.is_set() for worker in self.workers)
+
+    def signal_all(self, signum: int) -> None:
+        """Sends ``signum`` to every worker's process group (gone groups are skipped)."""
+        for worker in self.workers:
+            try:
+                os.killpg(worker.pid, signum)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def teardown(self, grace_period: float, force: Optional[threading.Event] = None) -> None:
+        """Stops every worker and its descendants; idempotent.
+
+        Sends SIGTERM to each process group, waits up to ``grace_period`` seconds for the
+        workers to exit (a set ``force`` event cuts the wait short), then sends SIGKILL to
+        every group so grandchildren that ignored SIGTERM go too, and drains the output.
+        """
+        if self._torn_down:
+            return
+        self._torn_down = True
+        if not self.all_exited():
+            self.signal_all(signal.SIGTERM)
+        deadline = time.monotonic() + grace_period
+        for worker in self.workers:
+            while not worker.exited.is_set() and time.monotonic() < deadline:
+                if force is not None and force.is_set():
+                    break
+                worker.exited.wait(min(0.05, max(0.0, deadline - time.monotonic())))
+        self.signal_all(signal.SIGKILL)
+        for worker in self.workers:
+            if not worker.exited.wait(10.0):
+                logger.warning("%s (pid %d) did not exit after SIGKILL.", worker.spec.name,
+                               worker.pid)
+        for waiter in self._waiters:
+            waiter.join(1.0)
+        for worker in self.workers:
+            if not worker.output.join(2.0):
+                logger.warning("Output of %s still open after teardown; a descendant may "
+                               "hold its pipe.", worker.spec.name)

@@ -1,0 +1,24 @@
+"""Cluster resolvers, as ``tf.distribute.cluster_resolver`` offers them: ``sx.cluster_resolver``."""
+
+from stratax._src.cluster.cluster_spec import ClusterSpec
+from stratax._src.cluster.detect import detect_cluster_resolver
+from stratax._src.cluster.kubernetes import KubernetesClusterResolver
+from stratax._src.cluster.launcher import LauncherClusterResolver
+from stratax._src.cluster.layout import ProcessLayout, process_layout
+from stratax._src.cluster.resolver import ClusterResolver
+from stratax._src.cluster.simple import SimpleClusterResolver
+from stratax._src.cluster.slurm import SlurmClusterResolver
+from stratax._src.cluster.tfconfig import TFConfigClusterResolver
+
+__all__ = [
+    "ClusterResolver",
+    "ClusterSpec",
+    "KubernetesClusterResolver",
+    "LauncherClusterResolver",
+    "ProcessLayout",
+    "SimpleClusterResolver",
+    "SlurmClusterResolver",
+    "TFConfigClusterResolver",
+    "detect_cluster_resolver",
+    "process_layout",
+]

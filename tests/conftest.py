@@ -1,0 +1,70 @@
+"""Test set-up: 8 forced CPU devices (before JAX starts) and hygiene checks for every test.
+
+Tier (ii) tests need several replicas in one process, so the CPU is split into 8 XLA devices
+before anything imports JAX. Every test fails if it leaks environment variables, non-daemon
+threads or child processes (Lightning's test hygiene).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+os.environ.setdefault("STRATAX_CPU_DEVICES", "8")
+os.environ["KERAS_BACKEND"] = "jax"
+
+import pytest  # noqa: E402
+
+import stratax  # noqa: E402,F401  (applies STRATAX_CPU_DEVICES before JAX starts)
+
+NUM_TEST_DEVICES = int(os.environ["STRATAX_CPU_DEVICES"])
+
+
+def _children(pid: int) -> set[int]:
+    found = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            found.add(int(entry))
+    return found
+
+
+@pytest.fixture(autouse=True)
+def _hygiene():
+    env_before = dict(os.environ)
+    threads_before = {t for t in threading.enumerate() if not t.daemon}
+    children_before = _children(os.getpid())
+    yield
+    problems = []
+    env_after = dict(os.environ)
+    changed = {
+        k for k in env_before.keys() | env_after.keys()
+        if env_before.get(k) != env_after.get(k) and k != "PYTEST_CURRENT_TEST"
+    }
+    if changed:
+        problems.append(f"environment variables leaked: {sorted(changed)}")
+        for key in changed:
+            if key in env_before:
+                os.environ[key] = env_before[key]
+            else:
+                os.environ.pop(key, None)
+    leaked_threads = [
+        t for t in threading.enumerate()
+        if not t.daemon and t.is_alive() and t not in threads_before
+    ]
+    for thread in leaked_threads:
+        thread.join(timeout=5)
+    leaked_threads = [t.name for t in leaked_threads if t.is_alive()]
+    if leaked_threads:
+        problems.append(f"threads leaked: {leaked_threads}")
+    leaked_children = _children(os.getpid()) - children_before
+    if leaked_children:
+        problems.append(f"child processes leaked: {sorted(leaked_children)}")
+    if problems:
+        pytest.fail("; ".join(problems))

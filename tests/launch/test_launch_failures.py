@@ -1,0 +1,122 @@
+"""Failure handling: teardown of the group, root-cause summary, restarts, timeout, signals."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+import time
+
+import pytest
+
+from stratax._src.launch import EXIT_TIMEOUT, launch
+
+# Worker 0 sleeps (with a sleeping grandchild); worker 1 fails once both are running.
+FAIL_ONE = '''
+if RANK == 0:
+    record_pid("grandchild", spawn_sleeper().pid)
+    record_pid("sleeper")
+    time.sleep(60)
+else:
+    wait_for("sleeper.pid")
+    print("worker one is about to fail")
+    print("Traceback: something broke", file=sys.stderr)
+    {exit}
+'''
+
+
+@pytest.mark.timeout(20)
+def test_failing_worker_stops_sleeping_sibling_and_is_named(scripts):
+    script = scripts.write("fail.py", FAIL_ONE.format(exit="sys.exit(3)"))
+    threads_before = threading.active_count()
+    started = time.monotonic()
+    result = launch([sys.executable, script], nproc_per_node=2, stream_output=False)
+    elapsed = time.monotonic() - started
+
+    assert result.exit_code == 3 and not result.ok
+    assert elapsed < 8, f"teardown took {elapsed:.1f} s"
+    for name in ("sleeper", "grandchild"):
+        assert scripts.wait_gone(scripts.pid(name), 3.0), f"{name} survived the teardown"
+    failure = result.failure
+    assert failure is not None and failure.name == "worker 1"
+    assert (failure.exit_code, failure.signal_name) == (3, None)
+    assert "worker 1" in result.summary and "exit code 3" in result.summary
+    assert "Traceback: something broke" in result.summary
+    assert "worker one is about to fail" in result.summary
+    assert "worker 0" not in result.summary.splitlines()[0]
+    assert threading.active_count() == threads_before  # reader and waiter threads all ended
+
+
+@pytest.mark.timeout(20)
+def test_worker_killed_by_signal_is_reported_with_the_signal_name(scripts):
+    script = scripts.write("kill.py", FAIL_ONE.format(exit="os.kill(os.getpid(), 9)"))
+    result = launch([sys.executable, script], nproc_per_node=2, stream_output=False)
+    assert result.exit_code == 128 + 9
+    assert result.failure is not None and result.failure.signal_name == "SIGKILL"
+    assert "worker 1" in result.summary and "signal SIGKILL" in result.summary
+    assert scripts.wait_gone(scripts.pid("sleeper"), 3.0)
+
+
+FLAKY = '''
+record_pid("worker_%d_restart_%d" % (RANK, RESTART))
+print("start", RESTART)
+if RANK == 1 and RESTART == 0:
+    sys.exit(7)
+'''
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("max_restarts, exit_code, restarts", [(1, 0, 1), (0, 7, 0)])
+def test_group_restarts_after_a_failure(scripts, max_restarts, exit_code, restarts):
+    script = scripts.write("flaky.py", FLAKY)
+    result = launch([sys.executable, script], nproc_per_node=2, max_restarts=max_restarts,
+                    stream_output=False, capture_output=True)
+    assert (result.exit_code, result.restarts) == (exit_code, restarts), result.summary
+    assert len(result.failures) == 1 and result.failures[0].name == "worker 1"
+    assert result.outputs == {0: [f"start {restarts}"], 1: [f"start {restarts}"]}
+
+
+STUCK = '''
+if RANK == 1:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # only SIGKILL after the grace period stops it
+record_pid("stuck_%d" % RANK)
+time.sleep(60)
+'''
+
+
+@pytest.mark.timeout(20)
+def test_timeout_stops_the_group_even_a_worker_ignoring_sigterm(scripts):
+    script = scripts.write("stuck.py", STUCK)
+    started = time.monotonic()
+    result = launch([sys.executable, script], nproc_per_node=2, timeout=1.5, grace_period=0.5,
+                    stream_output=False)
+    elapsed = time.monotonic() - started
+    assert result.exit_code == EXIT_TIMEOUT and result.timed_out
+    assert "timeout of 1.5 s" in result.summary
+    assert 1.4 < elapsed < 6, elapsed
+    for rank in (0, 1):
+        assert not scripts.alive(scripts.pid(f"stuck_{rank}"))
+
+
+POLITE = '''
+def on_term(signum, frame):
+    open(os.path.join(OUT, "term_%d" % RANK), "w").close()
+    sys.exit(0)
+signal.signal(signal.SIGTERM, on_term)
+record_pid("polite_%d" % RANK)
+time.sleep(60)
+'''
+
+
+@pytest.mark.timeout(20)
+def test_sigterm_to_launcher_is_forwarded_to_workers(scripts, run_cli):
+    script = scripts.write("polite.py", POLITE)
+    proc = run_cli("--nproc-per-node", "2", "--grace-period", "3", script)
+    pids = [scripts.pid(f"polite_{rank}") for rank in (0, 1)]
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=10)
+    assert proc.returncode == 128 + signal.SIGTERM, stderr
+    assert "interrupted by SIGTERM" in stderr
+    for rank, pid in enumerate(pids):
+        assert (scripts.out / f"term_{rank}").exists(), f"worker {rank} never got SIGTERM"
+        assert scripts.wait_gone(pid, 3.0)
