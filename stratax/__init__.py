@@ -59,12 +59,18 @@ from stratax._src.strategies.losses import (  # noqa: E402
     scale_regularization_loss,
 )
 from stratax._src.strategies.mirrored import MirroredStrategy  # noqa: E402
+from stratax._src.strategies.multi_worker import (  # noqa: E402
+    CommunicationImplementation,
+    CommunicationOptions,
+    MultiWorkerMirroredStrategy,
+)
 from stratax._src.strategies.one_device import OneDeviceStrategy  # noqa: E402
 from stratax._src.strategies.replica_context import ReplicaContext  # noqa: E402
 
 _apply_cpu_device_env()
 
 from stratax._src.keras import bridge as _bridge  # noqa: E402
+from stratax._src.keras.backup import PREEMPTION_EXIT_CODE, BackupAndRestore  # noqa: E402
 
 _bridge.install()
 
@@ -72,7 +78,10 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AutoShardPolicy",
+    "BackupAndRestore",
     "CollectiveTimeoutError",
+    "CommunicationImplementation",
+    "CommunicationOptions",
     "CrossDeviceOps",
     "DistributedDataset",
     "DistributedIterator",
@@ -82,8 +91,10 @@ __all__ = [
     "Mirrored",
     "MirroredStrategy",
     "MixedStrategyError",
+    "MultiWorkerMirroredStrategy",
     "NcclAllReduce",
     "OneDeviceStrategy",
+    "PREEMPTION_EXIT_CODE",
     "PerReplica",
     "ReduceOp",
     "ReductionToOneDevice",

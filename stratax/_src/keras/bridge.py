@@ -21,6 +21,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import os
+import itertools
+import warnings
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -28,12 +31,18 @@ from typing import Any
 import jax
 import keras
 import numpy as np
+from jax.experimental import multihost_utils
 from keras.src.backend.jax import trainer as jax_trainer
+from keras.src.utils import rng_utils
 
 from stratax._src.core import context
 from stratax._src.core.errors import MixedStrategyError
+from stratax._src.keras import checkpoint_io
+from stratax._src.keras.backup import BackupAndRestore
 from stratax._src.keras.distribution import StrategyDistribution
 from stratax._src.keras.inputs import adapt_input
+from stratax._src.keras.process_shard import ProcessShard, shard_arguments
+from stratax._src.runtime import distributed
 from stratax._src.runtime.throttle import DispatchWindow
 from stratax._src.strategies.base import Strategy
 from stratax._src.strategies.default import DefaultStrategy
@@ -68,8 +77,23 @@ def _keras_scope(strategy: Any) -> Iterator[None]:
     if isinstance(strategy, DefaultStrategy) or not isinstance(strategy, Strategy):
         yield
         return
+    if strategy.is_multi_process:
+        _agree_on_random_seed()
     with distribution_for(strategy).scope():
         yield
+
+
+def _agree_on_random_seed() -> None:
+    """Gives every worker the same Keras seed, so variables start equal everywhere.
+
+    TensorFlow broadcasts initial values from the chief; here every worker initialises the
+    same values from one seed, drawn by worker 0 when the program set none.
+    """
+    if rng_utils.get_random_seed() is not None:
+        return
+    seed = np.asarray(np.random.SeedSequence().generate_state(1)[0] >> 1, dtype=np.int64)
+    agreed = int(multihost_utils.broadcast_one_to_all(seed))
+    rng_utils.set_random_seed(agreed)
 
 
 def model_strategy(model: Any) -> Strategy | None:
@@ -105,13 +129,9 @@ def _strategy_from_variables(model: Any) -> Strategy | None:
     return None
 
 
-def _check_batch_size(strategy: Strategy, method: Callable[..., Any], name: str,
-                      args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-    if name not in _BATCHED_METHODS:
-        return
-    bound = inspect.signature(method).bind_partial(None, *args, **kwargs).arguments
-    x = bound.get("x")
-    batch_size = bound.get("batch_size")
+def _check_batch_size(strategy: Strategy, name: str, arguments: dict[str, Any]) -> None:
+    x = arguments.get("x")
+    batch_size = arguments.get("batch_size")
     if batch_size is None and isinstance(x, (np.ndarray, jax.Array)):
         batch_size = _KERAS_DEFAULT_BATCH
     replicas = strategy.num_replicas_in_sync
@@ -123,15 +143,24 @@ def _check_batch_size(strategy: Strategy, method: Callable[..., Any], name: str,
         )
 
 
-def _adapt_inputs(method: Callable[..., Any], name: str, args: tuple[Any, ...],
-                  kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    if name not in _BATCHED_METHODS:
-        return args, kwargs
-    if args:
-        return (adapt_input(args[0]), *args[1:]), kwargs
-    if "x" in kwargs:
-        kwargs = {**kwargs, "x": adapt_input(kwargs["x"])}
-    return args, kwargs
+def _prepare_arguments(strategy: Strategy, method: Callable[..., Any], name: str,
+                       args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Binds ``fit``/``evaluate``/``predict`` arguments, checks them and adapts the inputs."""
+    arguments = inspect.signature(method).bind_partial(None, *args, **kwargs).arguments
+    arguments.pop("self", None)
+    arguments.update(arguments.pop("kwargs", {}))
+    if "x" in arguments:
+        arguments["x"] = adapt_input(arguments["x"])
+    _check_batch_size(strategy, name, arguments)
+    callbacks = arguments.get("callbacks") or ()
+    needs_plan = any(isinstance(c, BackupAndRestore) for c in callbacks)
+    if strategy.is_multi_process or needs_plan:
+        processes = sorted({d.process_index for d in strategy.devices})
+        arguments = shard_arguments(
+            arguments, name, process_rank=processes.index(jax.process_index()),
+            num_processes=len(processes), num_replicas=strategy.num_replicas_in_sync,
+        )
+    return arguments
 
 
 def _wrap_model_method(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
@@ -142,11 +171,17 @@ def _wrap_model_method(name: str, original: Callable[..., Any]) -> Callable[...,
             return original(self, *args, **kwargs)
         if name == "compile":
             object.__setattr__(self, _STRATEGY_ATTR, strategy)
-        args, kwargs = _adapt_inputs(original, name, args, kwargs)
-        _check_batch_size(strategy, original, name, args, kwargs)
+        if name in _BATCHED_METHODS:
+            args, kwargs = (), _prepare_arguments(strategy, original, name, args, kwargs)
         with distribution_for(strategy).scope():
             try:
-                return original(self, *args, **kwargs)
+                with warnings.catch_warnings():
+                    # A run resumed mid-epoch ends that epoch's data early, on purpose.
+                    warnings.filterwarnings("ignore", message="Your input ran out of data")
+                    if strategy.is_multi_process:
+                        return distributed.translate_collective_errors(
+                            lambda: original(self, *args, **kwargs))
+                    return original(self, *args, **kwargs)
             finally:
                 strategy.dispatch_window.drain()
 
@@ -180,8 +215,19 @@ def _wrap_distributed_iterator(original: Callable[..., Any]) -> Callable[..., An
         if not isinstance(distribution, StrategyDistribution):
             yield from original(self, distribution)
             return
+        resume = distribution.take_resume()
+        skip = resume[1] if resume else 0
+        shard = getattr(self.data_adapter, "py_dataset", None)
+        if isinstance(shard, ProcessShard):
+            if resume:
+                shard.start_epoch(resume[0])
+            for batch, replicated in itertools.islice(shard.local_batches(), skip, None):
+                sharding = distribution.placement(replicated)
+                yield jax.tree.map(
+                    lambda a: jax.make_array_from_process_local_data(sharding, a), batch)
+            return
         layouts, shapes = None, None
-        for data in self.data_adapter.get_jax_iterator():
+        for data in itertools.islice(self.data_adapter.get_jax_iterator(), skip, None):
             key = tuple(tuple(leaf.shape) for leaf in jax.tree.leaves(data))
             if key != shapes:
                 layouts = keras.tree.map_structure(
@@ -195,6 +241,21 @@ def _wrap_distributed_iterator(original: Callable[..., Any]) -> Callable[..., An
     return _get_distributed_iterator
 
 
+def _wrap_saving(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``save``/``save_weights``: atomic (temp file + rename) and, in a multi-worker run, chief-only."""
+
+    @functools.wraps(original)
+    def save(self: Any, filepath: Any, *args: Any, **kwargs: Any) -> Any:
+        if not isinstance(filepath, (str, os.PathLike)) or kwargs.get("max_shard_size"):
+            return original(self, filepath, *args, **kwargs)
+        strategy = model_strategy(self)
+        chief = strategy is None or strategy.is_chief
+        with checkpoint_io.atomic_target(filepath, write=chief) as target:
+            return original(self, target, *args, **kwargs)
+
+    return save
+
+
 def install() -> None:
     """Wraps the Keras methods stratax extends and registers the scope hook (idempotent)."""
     global _installed
@@ -204,6 +265,8 @@ def install() -> None:
     for name in _WRAPPED_MODEL_METHODS:
         original = getattr(keras.Model, name)
         setattr(keras.Model, name, _wrap_model_method(name, original))
+    for name in ("save", "save_weights"):
+        setattr(keras.Model, name, _wrap_saving(getattr(keras.Model, name)))
     trainer_cls = jax_trainer.JAXTrainer
     trainer_cls._make_function = _wrap_make_function(trainer_cls._make_function)
     iterator_cls = jax_trainer.JAXEpochIterator

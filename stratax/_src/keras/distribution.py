@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 from keras import distribution as keras_distribution
 
 from stratax._src.strategies.base import Strategy
@@ -27,6 +29,21 @@ class StrategyDistribution(keras_distribution.DataParallel):
         )
         super().__init__(device_mesh=mesh, auto_shard_dataset=False)
         self.strategy = strategy
+        self._resume: tuple[int, int] | None = None
+
+    def resume_at(self, epoch: int, batches: int) -> None:
+        """Makes the next epoch's data be epoch ``epoch``'s, ``batches`` batches in."""
+        self._resume = (epoch, batches)
+
+    def take_resume(self) -> tuple[int, int] | None:
+        """``(epoch, batches to skip)`` once after ``resume_at``, else ``None``."""
+        resume, self._resume = self._resume, None
+        return resume
+
+    def placement(self, replicated: bool) -> Any:
+        """The JAX sharding of a batch: whole on every replica, or split along axis 0."""
+        mesh = self.strategy.mesh
+        return NamedSharding(mesh, P()) if replicated else NamedSharding(mesh, P(REPLICA_AXIS))
 
     def get_data_layout(self, data_shape: Any) -> keras_distribution.TensorLayout:
         shape = tuple(data_shape)

@@ -73,6 +73,16 @@ class Strategy:
         return tuple(self._devices)
 
     @property
+    def is_multi_process(self) -> bool:
+        """True when the replicas span several processes (multi-worker)."""
+        return len({d.process_index for d in self._devices}) > 1
+
+    @property
+    def is_chief(self) -> bool:
+        """True on the process that writes checkpoints and logs (process 0)."""
+        return jax.process_index() == min(d.process_index for d in self._devices)
+
+    @property
     def dispatch_window(self) -> throttle.DispatchWindow:
         """The bound on steps in flight (non-zero only for several CPU devices in one process)."""
         return self._window
@@ -272,7 +282,8 @@ class Strategy:
 
         def components(leaf: Any) -> list[Any]:
             if isinstance(leaf, PerReplica):
-                return [leaf.stacked[i] for i in local]
+                shards = sorted(leaf.stacked.addressable_shards, key=lambda s: s.index[0].start or 0)
+                return [shard.data[0] for shard in shards]
             base = leaf.value if isinstance(leaf, Mirrored) else leaf
             return [base] * len(local)
 

@@ -7,10 +7,12 @@ from typing import Any
 
 from stratax._src.strategies.base import Strategy
 from stratax._src.strategies.mirrored import MirroredStrategy
+from stratax._src.strategies.multi_worker import MultiWorkerMirroredStrategy
 from stratax._src.strategies.one_device import OneDeviceStrategy
 
 _REGISTRY: dict[str, Callable[[], Strategy]] = {
     "mirrored": MirroredStrategy,
+    "multi_worker_mirrored": MultiWorkerMirroredStrategy,
     "one_device": lambda: OneDeviceStrategy("cpu:0"),
 }
 

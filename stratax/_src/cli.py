@@ -1,0 +1,92 @@
+"""The ``stratax`` command: ``stratax train`` (the main job) and ``stratax launch``.
+
+``stratax train`` trains a classifier on the digits embedded in the package, with a strategy
+over the local devices (no network needed)::
+
+    stratax train                                   # MirroredStrategy over all local devices
+    stratax train --devices 2 --model cnn           # split the CPU into 2 replicas first
+    stratax train --strategy one_device --epochs 5 --min-accuracy 0.9
+
+``stratax launch`` runs a program as a local group of worker processes (like torchrun)::
+
+    stratax launch --nproc-per-node 2 examples/multi_worker_keras.py
+
+The parser is built, and the arguments checked, before anything queries JAX's devices, so
+``--devices`` can still split the CPU. This module itself imports neither JAX nor Keras; the
+strategy registry is imported only for ``train``, the Keras runner only once training starts.
+(Importing any ``stratax.*`` module still runs ``stratax/__init__.py``, which imports both.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from importlib import metadata
+from typing import Optional
+
+from stratax._src.launch.arguments import add_launch_arguments, run_launch
+from stratax._src.train.arguments import DESCRIPTION as TRAIN_DESCRIPTION
+from stratax._src.train.arguments import add_train_arguments, run_train
+
+PROG = "stratax"
+
+
+def build_parser(strategy_names: Optional[Sequence[str]] = None) -> argparse.ArgumentParser:
+    """The ``stratax`` parser with its ``train`` and ``launch`` sub-commands.
+
+    Args:
+        strategy_names: the ``--strategy`` choices of ``train``; ``None`` defers the check of
+            the name to the strategy registry when training starts.
+    """
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="tf.distribute strategies on JAX, with Keras 3 as the model API.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    train = commands.add_parser(
+        "train", help="train a digits classifier with a strategy (no network needed)",
+        description=TRAIN_DESCRIPTION,
+    )
+    add_train_arguments(train, strategy_names)
+    train.set_defaults(handler=run_train)
+    launch = commands.add_parser(
+        "launch", help="run a program as a local group of worker processes (like torchrun)",
+        description="Run a program as a local group of worker processes (like torchrun), with "
+                    "the STRATAX_* / TF_CONFIG environment a MultiWorkerMirroredStrategy reads.",
+    )
+    add_launch_arguments(launch)
+    launch.set_defaults(handler=run_launch)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Runs ``stratax`` on ``argv`` (default ``sys.argv[1:]``); returns the exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    names = _registered_strategies() if _command(argv) == "train" else None
+    args = build_parser(names).parse_args(argv)
+    return int(args.handler(args))
+
+
+def _command(argv: Sequence[str]) -> Optional[str]:
+    """The sub-command named in ``argv`` (its first word that is not an option), if any."""
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
+def _registered_strategies() -> list[str]:
+    # Imports JAX (not starting it): only `train` needs the names, so `launch` stays light.
+    from stratax._src.strategies.registry import strategy_names
+
+    return strategy_names()
+
+
+def _version() -> str:
+    try:
+        return metadata.version("stratax")
+    except metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

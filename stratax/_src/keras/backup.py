@@ -1,0 +1,169 @@
+"""``BackupAndRestore``: step-level backups that resume a run exactly where it stopped.
+
+Keras' own callback resumes at the start of the interrupted epoch. This one saves, every
+``save_freq`` steps (or epochs), everything a synchronous run needs to continue as if it had
+never stopped: model variables (Keras' seed-generator state included), optimizer slots and
+iteration count, metric accumulators, the epoch and the position in the data. On restart
+``fit`` skips the batches already trained in the interrupted epoch; with arrays as input the
+epoch's order is a pure function of the epoch number, so the same batches follow.
+
+Preemption: a SIGTERM to any worker makes all workers agree on a step (JAX's preemption sync
+point in multi-process runs, a signal flag in one process), save there, and exit with
+``PREEMPTION_EXIT_CODE``; ``stratax launch --max-restarts K`` then restarts the group, which
+resumes from that backup. Only the chief writes, atomically (see ``checkpoint_io``); every
+worker reads the same directory, so it must be shared between hosts (as in TensorFlow).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from typing import Any
+
+import keras
+import numpy as np
+from jax.experimental import multihost_utils
+
+from stratax._src.keras import checkpoint_io
+
+logger = logging.getLogger(__name__)
+
+PREEMPTION_EXIT_CODE = 42
+_FORMAT = 1
+
+
+class BackupAndRestore(keras.callbacks.Callback):
+    """Backs up training every ``save_freq`` steps and resumes mid-epoch after a failure.
+
+    Args:
+        backup_dir: where backups live (shared by all workers; only the chief writes).
+        save_freq: ``"epoch"`` or a number of steps.
+        delete_checkpoint: remove the backup when training completes.
+
+    Example:
+        >>> backup = sx.BackupAndRestore("/tmp/backup", save_freq=100)
+        >>> model.fit(x, y, epochs=5, batch_size=256, callbacks=[backup])
+    """
+
+    def __init__(self, backup_dir: str, save_freq: int | str = "epoch",
+                 delete_checkpoint: bool = True) -> None:
+        super().__init__()
+        if save_freq != "epoch" and (isinstance(save_freq, bool) or not isinstance(save_freq, int)
+                                     or save_freq < 1):
+            raise ValueError(
+                f"save_freq must be 'epoch' or a positive number of steps; received {save_freq!r}."
+            )
+        if not backup_dir:
+            raise ValueError("backup_dir is empty; pass a directory shared by all workers.")
+        self.backup_dir = str(backup_dir)
+        self.save_freq = save_freq
+        self.delete_checkpoint = delete_checkpoint
+        self._strategy: Any = None
+        self._epoch = 0
+        self._steps_in_epoch = 0
+        self._skip = 0
+        self._global_step = 0
+        self._consumed_offset = 0
+        self._completed = False
+        self._sigterm = threading.Event()
+        self._previous_handler: Any = None
+
+    # --------------------------------------------------------------- lifecycle
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        from stratax._src.keras import bridge  # bridge imports this module
+
+        self._strategy = bridge.model_strategy(self.model)
+        if self._strategy is None:
+            raise RuntimeError(
+                "sx.BackupAndRestore needs a model built under a strategy scope, e.g. "
+                "`with sx.OneDeviceStrategy('cpu:0').scope(): model = ...`."
+            )
+        self._completed = False
+        restored = checkpoint_io.load(self.backup_dir)
+        if restored is not None:
+            self._restore(*restored)
+        self._install_sigterm_handler()
+
+    def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        self._epoch = epoch
+        self._steps_in_epoch = self._skip
+        self._skip = 0
+
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        steps = self._consumed_offset + batch + 1
+        self._global_step += steps - self._steps_in_epoch
+        self._steps_in_epoch = steps
+        if self._preemption_reached():
+            self._save(self._epoch, self._steps_in_epoch)
+            logger.warning("Preempted: saved a backup at step %d, exiting with code %d.",
+                           self._global_step, PREEMPTION_EXIT_CODE)
+            raise SystemExit(PREEMPTION_EXIT_CODE)
+        if isinstance(self.save_freq, int) and self._global_step % self.save_freq == 0:
+            self._save(self._epoch, self._steps_in_epoch)
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        self._consumed_offset = 0
+        if self.save_freq == "epoch":
+            self._save(epoch + 1, 0)
+
+    def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
+        self._completed = True
+        self._restore_sigterm_handler()
+        if self.delete_checkpoint and self._strategy.is_chief:
+            checkpoint_io.remove(self.backup_dir)
+
+    # --------------------------------------------------------------- state
+    def _state_variables(self) -> list[Any]:
+        model = self.model
+        optimizer_vars = list(model.optimizer.variables) if model.optimizer is not None else []
+        return list(model.variables) + optimizer_vars + list(model.metrics_variables)
+
+    def _save(self, epoch: int, steps_in_epoch: int) -> None:
+        if not self._strategy.is_chief:
+            return
+        self.model.jax_state_sync()
+        arrays = [np.asarray(v.value) for v in self._state_variables()]
+        meta = {"format": _FORMAT, "epoch": epoch, "steps_in_epoch": steps_in_epoch,
+                "global_step": self._global_step,
+                "shapes": [list(a.shape) for a in arrays]}
+        checkpoint_io.save(self.backup_dir, arrays, meta)
+
+    def _restore(self, arrays: list[np.ndarray], meta: dict[str, Any]) -> None:
+        variables = self._state_variables()
+        if meta.get("format") != _FORMAT or len(arrays) != len(variables) or any(
+            tuple(a.shape) != tuple(v.shape) for a, v in zip(arrays, variables)
+        ):
+            raise ValueError(
+                f"The backup in {self.backup_dir!r} does not match this model and optimizer "
+                f"({len(arrays)} saved arrays, {len(variables)} variables now). Use another "
+                "backup_dir, or delete this one to start over."
+            )
+        for variable, value in zip(variables, arrays):
+            variable.assign(value)
+        self.model._initial_epoch = int(meta["epoch"])  # noqa: SLF001 - Keras' resume hook
+        self._skip = int(meta["steps_in_epoch"])
+        self._consumed_offset = self._skip
+        self._global_step = int(meta["global_step"])
+        from stratax._src.keras import bridge
+
+        bridge.distribution_for(self._strategy).resume_at(int(meta["epoch"]), self._skip)
+        logger.info("Resuming from %s: epoch %d, step %d of the epoch.", self.backup_dir,
+                    meta["epoch"], self._skip)
+
+    # --------------------------------------------------------------- preemption
+    def _preemption_reached(self) -> bool:
+        if self._strategy.is_multi_process:
+            return bool(multihost_utils.reached_preemption_sync_point(self._global_step))
+        return self._sigterm.is_set()
+
+    def _install_sigterm_handler(self) -> None:
+        if self._strategy.is_multi_process or threading.current_thread() is not threading.main_thread():
+            return
+        self._sigterm.clear()
+        self._previous_handler = signal.signal(signal.SIGTERM, lambda *_: self._sigterm.set())
+
+    def _restore_sigterm_handler(self) -> None:
+        if self._previous_handler is not None:
+            signal.signal(signal.SIGTERM, self._previous_handler)
+            self._previous_handler = None

@@ -1,0 +1,121 @@
+"""Atomic checkpoints: a failed or interrupted save never damages the previous one.
+
+A checkpoint directory holds numbered versions (``ckpt-<n>/``, each complete before it becomes
+visible) and a ``latest`` file naming the newest. A save writes the new version under a temporary
+name, renames it into place, then replaces ``latest`` with ``os.replace`` (atomic on POSIX), and
+only then removes older versions. Arrays go into ``state.npz`` (numpy, no pickle); metadata into
+``meta.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+_LATEST = "latest"
+
+
+def _write_text_atomically(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.tmp-")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def save(directory: str | os.PathLike[str], arrays: list[np.ndarray], meta: dict[str, Any]) -> Path:
+    """Writes a new checkpoint version and makes it the latest; returns its directory."""
+    root = Path(directory)
+    root.mkdir(parents=True, exist_ok=True)
+    current = latest_version(root)
+    number = 0 if current is None else int(current.name.split("-")[1]) + 1
+    staging = Path(tempfile.mkdtemp(dir=root, prefix=".staging-"))
+    try:
+        np.savez(staging / "state.npz", *arrays)
+        (staging / "meta.json").write_text(json.dumps(meta, sort_keys=True))
+        final = root / f"ckpt-{number}"
+        os.replace(staging, final)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    _write_text_atomically(root / _LATEST, final.name)
+    for old in root.glob("ckpt-*"):
+        if old != final:
+            shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def latest_version(directory: str | os.PathLike[str]) -> Path | None:
+    """The directory of the newest complete checkpoint, or ``None``."""
+    root = Path(directory)
+    try:
+        name = (root / _LATEST).read_text().strip()
+    except FileNotFoundError:
+        return None
+    version = root / name
+    return version if (version / "meta.json").exists() else None
+
+
+def load(directory: str | os.PathLike[str]) -> tuple[list[np.ndarray], dict[str, Any]] | None:
+    """The arrays and metadata of the latest checkpoint, or ``None`` if there is none."""
+    version = latest_version(directory)
+    if version is None:
+        return None
+    meta = json.loads((version / "meta.json").read_text())
+    with np.load(version / "state.npz", allow_pickle=False) as data:
+        arrays = [data[f"arr_{i}"] for i in range(len(data.files))]
+    return arrays, meta
+
+
+def remove(directory: str | os.PathLike[str]) -> None:
+    """Deletes every version and the ``latest`` pointer (e.g. after training completed)."""
+    root = Path(directory)
+    (root / _LATEST).unlink(missing_ok=True)
+    for old in root.glob("ckpt-*"):
+        shutil.rmtree(old, ignore_errors=True)
+
+
+@contextmanager
+def atomic_target(path: str | os.PathLike[str], write: bool) -> Iterator[str]:
+    """A temporary file name beside ``path`` (same suffixes) that replaces ``path`` on success.
+
+    With ``write=False`` (a non-chief worker) the name points into a private temporary directory
+    that is removed afterwards, so the real path is never touched.
+    """
+    target = Path(path)
+    suffix = "".join(target.suffixes) or ""
+    if not write:
+        scratch = tempfile.mkdtemp(prefix="stratax-nonchief-")
+        try:
+            yield str(Path(scratch) / f"discard{suffix}")
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        return
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.tmp-", suffix=suffix)
+    os.close(fd)
+    os.unlink(tmp)
+    try:
+        yield tmp
+        if Path(tmp).is_dir():
+            if target.exists():
+                shutil.rmtree(target)
+        os.replace(tmp, target)
+    finally:
+        if Path(tmp).is_dir():
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            Path(tmp).unlink(missing_ok=True)

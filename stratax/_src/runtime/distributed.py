@@ -1,0 +1,188 @@
+"""Joining the processes of a synchronous multi-worker job with ``jax.distributed``.
+
+JAX's coordination service (hosted by process 0, the chief or worker 0) does the rendezvous
+and health checks; gloo carries CPU collectives, NCCL GPU ones. This module adds what TensorFlow
+users expect around it:
+
+- the coordinator binds to the address the cluster gives it (loopback stays loopback), never to
+  every interface as ``jax.distributed`` does by default; JAX's coordination service has no
+  authentication, so a non-loopback coordinator must sit on a trusted network (logged);
+- a worker first checks that the coordinator answers, and fails with an error naming it
+  instead of aborting inside XLA;
+- every wait is bounded by ``timeout_seconds`` (start-up, heartbeats, shutdown);
+- a failed collective is reported as ``WorkerUnavailableError`` naming the processes that
+  stopped answering.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import socket
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+import jax
+
+from stratax._src.cluster.layout import ProcessLayout
+from stratax._src.core.errors import CollectiveTimeoutError, WorkerUnavailableError
+from stratax._src.runtime.devices import jax_started
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class _Runtime:
+    """What this process joined (one per process; tests may build their own)."""
+
+    def __init__(self) -> None:
+        self.layout: ProcessLayout | None = None
+        self.task_names: dict[int, str] = {}
+
+
+runtime = _Runtime()
+
+
+def task_name(process_id: int) -> str:
+    """``"worker 1"``-style name of a process of the job, for messages."""
+    return runtime.task_names.get(process_id, f"process {process_id}")
+
+
+def _is_loopback(host: str) -> bool:
+    if host in ("localhost", ""):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _split(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def wait_for_coordinator(address: str, timeout_seconds: float, name: str) -> None:
+    """Retries a TCP connection to ``address`` until it answers or ``timeout_seconds`` pass.
+
+    Raises:
+        CollectiveTimeoutError: nothing answered at ``address`` in time.
+    """
+    host, port = _split(address)
+    deadline = time.monotonic() + timeout_seconds
+    last_error: OSError | None = None
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection((host, port), timeout=1.0):
+                return
+        except OSError as error:
+            last_error = error
+            time.sleep(0.2)
+    raise CollectiveTimeoutError(
+        f"The coordinator ({name} at {address}) did not answer within {timeout_seconds:g} s "
+        f"(last error: {last_error}). Check that {name} is running and that every worker got "
+        "the same cluster (TF_CONFIG); raise CommunicationOptions(timeout_seconds=...) if it "
+        "starts slowly."
+    )
+
+
+def initialize(layout: ProcessLayout, *, timeout_seconds: float, task_names: dict[int, str],
+               cpu_collectives: str = "gloo") -> None:
+    """Starts ``jax.distributed`` for ``layout`` (no-op for one process or if already started).
+
+    Raises:
+        RuntimeError: JAX already started its backends in this process without a cluster.
+        CollectiveTimeoutError: the coordinator did not answer in time.
+    """
+    runtime.task_names = dict(task_names)
+    if layout.num_processes == 1 or layout.coordinator_address is None:
+        runtime.layout = layout
+        return
+    if jax.distributed.is_initialized():
+        if jax.process_count() != layout.num_processes:
+            raise RuntimeError(
+                f"jax.distributed already joined {jax.process_count()} processes, but the cluster "
+                f"has {layout.num_processes}; create one MultiWorkerMirroredStrategy per program."
+            )
+        runtime.layout = layout
+        return
+    if jax_started():
+        raise RuntimeError(
+            "JAX already started in this process, so it can no longer join a multi-worker "
+            "cluster. Create `sx.MultiWorkerMirroredStrategy()` at the top of the program, "
+            "before any JAX computation or device query."
+        )
+    address = layout.coordinator_address
+    host, port = _split(address)
+    bind = f"{host}:{port}" if ":" not in host else f"[{host}]:{port}"
+    if not _is_loopback(host):
+        logger.warning(
+            "The jax.distributed coordinator listens on %s. JAX's coordination service has no "
+            "authentication: run multi-worker jobs on a trusted private network only.", bind)
+    jax.config.update("jax_cpu_collectives_implementation", cpu_collectives)
+    timeout = max(int(timeout_seconds), 1)
+    if not layout.is_coordinator:
+        wait_for_coordinator(address, timeout_seconds, task_name(0))
+    logger.info("%s joining %d processes via %s", task_name(layout.process_id),
+                layout.num_processes, address)
+    jax.distributed.initialize(
+        coordinator_address=address,
+        num_processes=layout.num_processes,
+        process_id=layout.process_id,
+        coordinator_bind_address=bind,
+        initialization_timeout=timeout,
+        heartbeat_timeout_seconds=timeout,
+        shutdown_timeout_seconds=timeout,
+    )
+    runtime.layout = layout
+
+
+def dead_processes() -> list[int]:
+    """Processes the coordination service no longer sees (empty when unknown or all alive)."""
+    from jax._src import distributed as jax_distributed  # the client has no public accessor
+
+    client = jax_distributed.global_state.client
+    layout = runtime.layout
+    if client is None or layout is None:
+        return []
+    everyone = list(range(layout.num_processes))
+    try:
+        alive = client.get_live_nodes(everyone)
+    except Exception:  # noqa: BLE001 - the service itself may be gone with process 0
+        return [p for p in everyone if p != layout.process_id and p == 0]
+    return [p for p in everyone if p not in alive]
+
+
+def translate_collective_errors(call: Callable[[], T]) -> T:
+    """Runs ``call``; a collective that failed because a peer died becomes ``WorkerUnavailableError``."""
+    try:
+        return call()
+    except Exception as error:  # Keras re-raises XLA's runtime errors under other types
+        translated = _peer_error(error)
+        if translated is error:
+            raise
+        raise translated from error
+
+
+_PEER_FAILURE_MARKS = ("Gloo", "Connection closed by peer", "NCCL", "heartbeat timeout",
+                       "unhealthy")
+
+
+def _peer_error(error: Exception) -> Exception:
+    text = str(error)
+    if not any(mark in text for mark in _PEER_FAILURE_MARKS):
+        return error
+    dead = dead_processes()
+    names = ", ".join(task_name(p) for p in dead) or "a peer (not identified: " + text[:200] + ")"
+    return WorkerUnavailableError(
+        f"A collective failed because {names} stopped answering. Restart the job (e.g. "
+        "`stratax launch --max-restarts K`) and resume from the last backup."
+    )
+
+
+def shutdown() -> None:
+    """Leaves the cluster (bounded by the shutdown timeout given at start-up)."""
+    if jax.distributed.is_initialized():
+        jax.distributed.shutdown()

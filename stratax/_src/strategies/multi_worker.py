@@ -1,0 +1,142 @@
+"""``MultiWorkerMirroredStrategy``: synchronous data parallelism over every device of every worker."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+import jax
+
+from stratax._src.cluster.detect import detect_cluster_resolver
+from stratax._src.cluster.layout import ProcessLayout, process_layout
+from stratax._src.cluster.resolver import ClusterResolver
+from stratax._src.runtime import distributed
+from stratax._src.strategies.base import Strategy
+
+DEFAULT_TIMEOUT_SECONDS = 120.0
+
+
+class CommunicationImplementation(enum.Enum):
+    """TensorFlow's collective implementations. XLA picks the transport: gloo between CPU
+    processes, NCCL between GPUs; ``RING`` and ``AUTO`` map to gloo on CPU, ``NCCL`` requires GPUs."""
+
+    AUTO = "AUTO"
+    RING = "RING"
+    NCCL = "NCCL"
+
+
+@dataclasses.dataclass(frozen=True)
+class CommunicationOptions:
+    """How the workers talk: TensorFlow's ``tf.distribute.experimental.CommunicationOptions``.
+
+    Args:
+        bytes_per_pack: accepted for compatibility; XLA combines all-reduces itself.
+        timeout_seconds: bound on every blocking wait between workers (start-up rendezvous,
+            heartbeats that detect a dead peer, shutdown). Default 120 s; TensorFlow's default
+            (no timeout) would allow a silent hang, which stratax never does.
+        implementation: a ``CommunicationImplementation`` (or its name).
+    """
+
+    bytes_per_pack: int = 0
+    timeout_seconds: float | None = None
+    implementation: CommunicationImplementation = CommunicationImplementation.AUTO
+
+    def __post_init__(self) -> None:
+        if self.bytes_per_pack < 0:
+            raise ValueError(f"bytes_per_pack must be >= 0; received {self.bytes_per_pack}.")
+        if self.timeout_seconds is not None and self.timeout_seconds <= 0:
+            raise ValueError(
+                f"timeout_seconds must be positive; received {self.timeout_seconds}. "
+                "Use None for the default of 120 s."
+            )
+        if not isinstance(self.implementation, CommunicationImplementation):
+            try:
+                value = CommunicationImplementation(str(self.implementation).upper())
+            except ValueError:
+                raise ValueError(
+                    f"Unknown implementation {self.implementation!r}; use one of "
+                    f"{[i.name for i in CommunicationImplementation]}."
+                ) from None
+            object.__setattr__(self, "implementation", value)
+
+    @property
+    def effective_timeout(self) -> float:
+        return self.timeout_seconds if self.timeout_seconds is not None else DEFAULT_TIMEOUT_SECONDS
+
+
+def _task_names(resolver: ClusterResolver, layout: ProcessLayout) -> dict[int, str]:
+    spec = resolver.cluster_spec().as_dict() if layout.num_processes > 1 else {}
+    chiefs = 1 if "chief" in spec else 0
+    names = {p: f"worker {p - chiefs}" for p in range(layout.num_processes)}
+    if chiefs:
+        names[0] = "chief 0"
+    return names
+
+
+class MultiWorkerMirroredStrategy(Strategy):
+    """One replica per device of every worker process; gradients all-reduced across workers.
+
+    Every worker runs the same program. Membership comes from the environment, as in
+    TensorFlow: ``TF_CONFIG`` (Kubeflow TFJob or by hand), Slurm, a Kubernetes Indexed Job or
+    ``stratax launch`` (see ``sx.cluster_resolver.detect_cluster_resolver`` for the order).
+    With no cluster it runs in local mode, like ``MirroredStrategy``. Create it at the top of the
+    program, before any JAX computation: it joins the workers with ``jax.distributed``.
+
+    Args:
+        cluster_resolver: where the cluster comes from; auto-detected when ``None``.
+        communication_options: timeouts and TensorFlow's implementation choice.
+
+    Example:
+        >>> strategy = sx.MultiWorkerMirroredStrategy()
+        >>> with strategy.scope():
+        ...     model = keras.Sequential([keras.layers.Dense(10)])
+        ...     model.compile(optimizer="adam", loss="mse")
+        >>> model.fit(x, y, batch_size=256)      # 256 = global batch over all workers
+    """
+
+    def __init__(
+        self,
+        cluster_resolver: ClusterResolver | None = None,
+        communication_options: CommunicationOptions | None = None,
+    ) -> None:
+        self._resolver = cluster_resolver or detect_cluster_resolver()
+        self._options = communication_options or CommunicationOptions()
+        self._layout = process_layout(self._resolver)
+        if (self._options.implementation is CommunicationImplementation.NCCL
+                and self._layout.num_processes > 1 and jax.default_backend() != "gpu"):
+            raise ValueError(
+                "CommunicationImplementation.NCCL needs GPUs; this process has none. Use AUTO."
+            )
+        distributed.initialize(
+            self._layout,
+            timeout_seconds=self._options.effective_timeout,
+            task_names=_task_names(self._resolver, self._layout),
+        )
+        devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
+        super().__init__(devices)
+
+    @property
+    def cluster_resolver(self) -> ClusterResolver:
+        return self._resolver
+
+    @property
+    def communication_options(self) -> CommunicationOptions:
+        return self._options
+
+    @property
+    def num_workers(self) -> int:
+        return self._layout.num_processes
+
+    @property
+    def worker_index(self) -> int:
+        """This process's index among the workers (0 = the chief or worker 0)."""
+        return self._layout.process_id
+
+    @property
+    def should_checkpoint(self) -> bool:
+        """True on the task that writes checkpoints and logs: the chief, else worker 0."""
+        return self.is_chief
+
+    def __repr__(self) -> str:
+        return (f"MultiWorkerMirroredStrategy(num_workers={self.num_workers}, "
+                f"num_replicas_in_sync={self.num_replicas_in_sync})")
