@@ -114,6 +114,13 @@ class BackupAndRestore(keras.callbacks.Callback):
             checkpoint_io.remove(self.backup_dir)
 
     # --------------------------------------------------------------- state
+    def _normalize(self, epoch: int, steps_in_epoch: int) -> tuple[int, int]:
+        """A position at the end of an epoch is the start of the next one."""
+        steps_per_epoch = (self.params or {}).get("steps")
+        if steps_per_epoch and steps_in_epoch >= steps_per_epoch:
+            return epoch + 1, 0
+        return epoch, steps_in_epoch
+
     def _state_variables(self) -> list[Any]:
         model = self.model
         optimizer_vars = list(model.optimizer.variables) if model.optimizer is not None else []
@@ -122,6 +129,7 @@ class BackupAndRestore(keras.callbacks.Callback):
     def _save(self, epoch: int, steps_in_epoch: int) -> None:
         if not self._strategy.is_chief:
             return
+        epoch, steps_in_epoch = self._normalize(epoch, steps_in_epoch)
         self.model.jax_state_sync()
         arrays = [np.asarray(v.value) for v in self._state_variables()]
         meta = {"format": _FORMAT, "epoch": epoch, "steps_in_epoch": steps_in_epoch,
@@ -141,15 +149,15 @@ class BackupAndRestore(keras.callbacks.Callback):
             )
         for variable, value in zip(variables, arrays):
             variable.assign(value)
-        self.model._initial_epoch = int(meta["epoch"])  # noqa: SLF001 - Keras' resume hook
-        self._skip = int(meta["steps_in_epoch"])
+        epoch, self._skip = self._normalize(int(meta["epoch"]), int(meta["steps_in_epoch"]))
+        self.model._initial_epoch = epoch  # noqa: SLF001 - Keras' resume hook
         self._consumed_offset = self._skip
         self._global_step = int(meta["global_step"])
         from stratax._src.keras import bridge
 
-        bridge.distribution_for(self._strategy).resume_at(int(meta["epoch"]), self._skip)
+        bridge.distribution_for(self._strategy).resume_at(epoch, self._skip)
         logger.info("Resuming from %s: epoch %d, step %d of the epoch.", self.backup_dir,
-                    meta["epoch"], self._skip)
+                    epoch, self._skip)
 
     # --------------------------------------------------------------- preemption
     def _preemption_reached(self) -> bool:

@@ -103,8 +103,13 @@ def throughput(durations: list[float], samples_per_epoch: int) -> tuple[float, f
     return steady, mean, len(timed)
 
 
-def run_training(config: TrainConfig, out: TextIO = sys.stdout) -> TrainResult:
+def run_training(config: TrainConfig, out: Optional[TextIO] = None) -> TrainResult:
     """Trains and evaluates the configured classifier; prints a header and the summary line.
+
+    Args:
+        config: what to train.
+        out: where the header and summary go (default: the current ``sys.stdout``); Keras'
+            progress output always goes to ``sys.stdout``.
 
     Raises:
         ValueError: a bad configuration (see ``TrainConfig.validate``), an unknown strategy, or a
@@ -112,6 +117,7 @@ def run_training(config: TrainConfig, out: TextIO = sys.stdout) -> TrainResult:
         RuntimeError: ``config.devices`` was given after JAX already started with another count.
     """
     config.validate()
+    out = sys.stdout if out is None else out
     wall_start = time.perf_counter()
     if config.devices is not None:
         set_cpu_device_count(config.devices)

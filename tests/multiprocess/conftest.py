@@ -1,0 +1,80 @@
+"""Helpers for tests with real worker processes on 127.0.0.1 (one CPU device per worker unless set)."""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+HERE = Path(__file__).parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def worker_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("STRATAX_") and k not in ("TF_CONFIG", "PYTEST_CURRENT_TEST")}
+    env.update(extra)
+    return env
+
+
+def load_weights(path: Path) -> list[np.ndarray]:
+    with np.load(path) as data:
+        return [data[k] for k in data.files if k.startswith("arr_")]
+
+
+def assert_same_weights(a, b, tol=0.0):
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        np.testing.assert_allclose(x, y, atol=tol, rtol=tol)
+
+
+class Workers:
+    """Processes started by hand with TF_CONFIG; killed by process group at the end of the test."""
+
+    def __init__(self) -> None:
+        self.procs: list[subprocess.Popen] = []
+
+    def start(self, args, tf_configs, extra_env=None):
+        for config in tf_configs:
+            env = worker_env(TF_CONFIG=config, PYTHONUNBUFFERED="1", **(extra_env or {}))
+            self.procs.append(subprocess.Popen(
+                [sys.executable, *args], cwd=HERE, env=env, stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT, text=True, start_new_session=True))
+        return self.procs
+
+    def wait(self, timeout):
+        deadline = time.monotonic() + timeout
+        outputs = []
+        for proc in self.procs:
+            remaining = max(deadline - time.monotonic(), 1)
+            out, _ = proc.communicate(timeout=remaining)
+            outputs.append(out)
+        return outputs
+
+    def kill_all(self):
+        for proc in self.procs:
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            proc.wait(timeout=10)
+            if proc.stdout:
+                proc.stdout.close()
+
+
+@pytest.fixture
+def workers():
+    group = Workers()
+    yield group
+    group.kill_all()

@@ -1,0 +1,52 @@
+"""Worker program for the fault-tolerance tests: multi-worker fit with step-level backups.
+
+Usage: python mwms_backup_program.py OUT_DIR BACKUP_DIR MODE STEP
+MODE: "none" (uninterrupted), "kill9" (worker 1 is SIGKILLed at global step STEP on the first
+start), "sigterm" (worker 1 receives SIGTERM at step STEP on the first start: a preemption).
+Each worker writes OUT_DIR/weights_<worker>.npz when training completes.
+"""
+
+import os
+import signal
+import sys
+
+import stratax as sx
+
+strategy = sx.MultiWorkerMirroredStrategy(
+    communication_options=sx.CommunicationOptions(timeout_seconds=30))
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+
+from data import GLOBAL_BATCH, make_data  # noqa: E402
+
+out_dir, backup_dir, mode, step = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+first_start = os.environ.get("STRATAX_RESTART_COUNT", "0") == "0"
+
+
+class Fault(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.seen = 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.seen += 1
+        if not first_start or strategy.worker_index != 1 or self.seen != step:
+            return
+        if mode == "kill9":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if mode == "sigterm":
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+x, y = make_data(n=300)
+keras.utils.set_random_seed(21)
+with strategy.scope():
+    model = keras.Sequential([keras.Input((10,)), keras.layers.Dense(32, activation="relu"),
+                              keras.layers.Dropout(0.2), keras.layers.Dense(4)])
+    model.compile(optimizer="adam", metrics=["accuracy"],
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+backup = sx.BackupAndRestore(backup_dir, save_freq=3)
+model.fit(x, y, epochs=3, batch_size=GLOBAL_BATCH, verbose=0, callbacks=[backup, Fault()])
+np.savez(os.path.join(out_dir, f"weights_{strategy.worker_index}.npz"), *model.get_weights())
+print("completed", strategy.worker_index, flush=True)

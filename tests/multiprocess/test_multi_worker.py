@@ -1,0 +1,122 @@
+"""MultiWorkerMirroredStrategy with real processes: equivalence, launcher, failures, preemption."""
+
+import json
+import sys
+import time
+
+import keras
+import numpy as np
+import pytest
+
+import stratax as sx
+from stratax._src.launch import launch
+
+from conftest import HERE, assert_same_weights, free_port, load_weights, worker_env
+from data import GLOBAL_BATCH, make_data, make_model
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def _reference(epochs=2):
+    """The same training in this process on one device."""
+    x, y = make_data()
+    keras.utils.set_random_seed(11)
+    with sx.OneDeviceStrategy("cpu:0").scope():
+        model = make_model()
+    model.fit(x, y, epochs=epochs, batch_size=GLOBAL_BATCH, shuffle=False, verbose=0)
+    evaluation = model.evaluate(x, y, batch_size=GLOBAL_BATCH, verbose=0)
+    return model.get_weights(), evaluation
+
+
+def _launch(args, tmp_path, **kwargs):
+    result = launch([sys.executable, *map(str, args)], cwd=str(HERE), capture_output=True,
+                    stream_output=False, env={"PYTHONPATH": str(HERE)}, **kwargs)
+    return result
+
+
+@pytest.fixture(autouse=True)
+def _no_inherited_cluster(monkeypatch):
+    for name in ("STRATAX_CPU_DEVICES", "TF_CONFIG"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_two_workers_via_launcher_equal_one_process(tmp_path):
+    result = _launch(["mwms_program.py", tmp_path, 2], tmp_path, nproc_per_node=2, timeout=240)
+    assert result.ok, result.summary + "\n" + "\n".join(result.outputs[0][-20:])
+    assert any("done 0 2" in line for line in result.outputs[0])  # 2 replicas in sync
+    w0, w1 = (load_weights(tmp_path / f"weights_{i}.npz") for i in (0, 1))
+    assert_same_weights(w0, w1)  # identical on every worker, bit for bit
+    reference, evaluation = _reference()
+    assert_same_weights(w0, reference, tol=1e-5)
+    with np.load(tmp_path / "weights_0.npz") as saved:
+        np.testing.assert_allclose(saved["evaluation"], evaluation, rtol=1e-5)
+
+
+def test_hand_written_tf_config_with_two_devices_per_worker(tmp_path, workers):
+    """4 replicas over 2 workers; 150 examples at batch 16 leave a last batch of 6, which does
+    not split over 4 replicas and is fed whole to every replica."""
+    ports = [free_port(), free_port()]
+    cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
+    configs = [json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}})
+               for i in range(2)]
+    workers.start(["mwms_program.py", str(tmp_path), "2"], configs,
+                  extra_env={"STRATAX_CPU_DEVICES": "2"})
+    outputs = workers.wait(timeout=240)
+    assert [p.returncode for p in workers.procs] == [0, 0], outputs[0][-3000:]
+    assert "done 0 4" in outputs[0] and "done 1 4" in outputs[1]
+    w0, w1 = (load_weights(tmp_path / f"weights_{i}.npz") for i in (0, 1))
+    assert_same_weights(w0, w1)
+    assert_same_weights(w0, _reference()[0], tol=1e-5)
+
+
+def test_dead_peer_is_named_within_the_timeout(workers):
+    ports = [free_port(), free_port()]
+    cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
+    configs = [json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}})
+               for i in range(2)]
+    start = time.monotonic()
+    workers.start(["mwms_peer_death.py", "15"], configs)
+    outputs = workers.wait(timeout=200)
+    elapsed = time.monotonic() - start
+    survivor = outputs[0]
+    assert workers.procs[1].returncode == -9
+    assert workers.procs[0].returncode != 0
+    assert "WorkerUnavailableError" in survivor
+    assert "worker 1 stopped answering" in survivor
+    assert elapsed < 120, f"the survivor took {elapsed:.0f} s to fail"
+
+
+def test_unreachable_coordinator_is_a_named_timeout(workers):
+    cluster = {"worker": [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]}
+    config = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": 1}})
+    code = ("import stratax as sx\n"
+            "sx.MultiWorkerMirroredStrategy(communication_options="
+            "sx.CommunicationOptions(timeout_seconds=3))")
+    workers.start(["-c", code], [config])
+    (output,) = workers.wait(timeout=120)
+    assert workers.procs[0].returncode != 0
+    assert "CollectiveTimeoutError" in output
+    assert f"The coordinator (worker 0 at {cluster['worker'][0]}) did not answer within 3 s" in output
+
+
+@pytest.mark.timeout(420)
+def test_kill_and_preemption_resume_to_the_uninterrupted_weights(tmp_path):
+    """SIGKILL of a worker mid-epoch and a SIGTERM preemption notice: with the launcher's
+    restarts and step-level backups, the final weights equal an uninterrupted run's."""
+    results = {}
+    for mode, step in (("none", 0), ("kill9", int(np.random.default_rng().integers(4, 14))),
+                       ("sigterm", 8)):
+        out = tmp_path / mode
+        out.mkdir()
+        results[mode] = _launch(["mwms_backup_program.py", out, out / "backup", mode, step],
+                                tmp_path, nproc_per_node=2, max_restarts=1, timeout=300)
+        assert results[mode].ok, results[mode].summary
+    assert results["none"].restarts == 0
+    killed = results["kill9"].failures[0]
+    assert results["kill9"].restarts == 1 and killed.signal_name == "SIGKILL"
+    preempted = results["sigterm"].failures[0]
+    assert results["sigterm"].restarts == 1 and preempted.exit_code == sx.PREEMPTION_EXIT_CODE
+    reference = load_weights(tmp_path / "none" / "weights_0.npz")
+    for mode in ("kill9", "sigterm"):
+        for worker in (0, 1):
+            assert_same_weights(load_weights(tmp_path / mode / f"weights_{worker}.npz"), reference)
