@@ -1,0 +1,137 @@
+"""Step-level BackupAndRestore in one process, preemption by SIGTERM, and atomic saves."""
+
+import os
+import signal
+
+import keras
+import numpy as np
+import pytest
+
+import stratax as sx
+from stratax._src.keras import checkpoint_io
+
+
+def _data():
+    rng = np.random.default_rng(1)
+    return rng.normal(size=(120, 8)).astype(np.float32), rng.integers(0, 3, 120)
+
+
+def _model(strategy):
+    keras.utils.set_random_seed(5)
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"),
+                                  keras.layers.Dropout(0.3), keras.layers.Dense(3)])
+        model.compile(optimizer="adam", metrics=["accuracy"],
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+class _FailAt(keras.callbacks.Callback):
+    def __init__(self, step, action):
+        super().__init__()
+        self.step, self.action, self.seen = step, action, 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.seen += 1
+        if self.seen == self.step:
+            self.action()
+
+
+def _raise():
+    raise RuntimeError("simulated crash")
+
+
+@pytest.mark.parametrize("crash_step", [5, 16, 24])
+def test_resume_mid_epoch_equals_uninterrupted(tmp_path, crash_step):
+    """8 steps per epoch, backups every 3 steps, shuffled data and dropout: exact resume."""
+    strategy = sx.MirroredStrategy(["cpu:0", "cpu:1"])
+    x, y = _data()
+    reference = _model(strategy)
+    reference.fit(x, y, batch_size=16, epochs=3, verbose=0,
+                  callbacks=[sx.BackupAndRestore(str(tmp_path / "ref"), save_freq=3)])
+    crashed = _model(strategy)
+    backup = str(tmp_path / "backup")
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        crashed.fit(x, y, batch_size=16, epochs=3, verbose=0,
+                    callbacks=[sx.BackupAndRestore(backup, save_freq=3), _FailAt(crash_step, _raise)])
+    assert checkpoint_io.latest_version(backup) is not None
+    resumed = _model(strategy)
+    resumed.fit(x, y, batch_size=16, epochs=3, verbose=0,
+                callbacks=[sx.BackupAndRestore(backup, save_freq=3)])
+    for got, want in zip(resumed.get_weights(), reference.get_weights()):
+        np.testing.assert_array_equal(got, want)
+    assert checkpoint_io.latest_version(backup) is None  # deleted when training completed
+
+
+def test_sigterm_saves_and_exits_with_preemption_code(tmp_path):
+    strategy = sx.OneDeviceStrategy("cpu:0")
+    x, y = _data()
+    backup = str(tmp_path / "backup")
+    preempted = _model(strategy)
+    previous = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(SystemExit) as exit_info:
+        preempted.fit(x, y, batch_size=16, epochs=2, verbose=0, callbacks=[
+            sx.BackupAndRestore(backup, save_freq=100),
+            _FailAt(6, lambda: os.kill(os.getpid(), signal.SIGTERM))])
+    signal.signal(signal.SIGTERM, previous)
+    assert exit_info.value.code == sx.PREEMPTION_EXIT_CODE
+    _, meta = checkpoint_io.load(backup)
+    # SIGTERM arrived after step 6's backup check: the workers stop at the next step.
+    assert (meta["epoch"], meta["steps_in_epoch"]) == (0, 7)
+    resumed = _model(strategy)
+    resumed.fit(x, y, batch_size=16, epochs=2, verbose=0, callbacks=[sx.BackupAndRestore(backup)])
+    reference = _model(strategy)
+    reference.fit(x, y, batch_size=16, epochs=2, verbose=0,
+                  callbacks=[sx.BackupAndRestore(str(tmp_path / "ref"))])
+    for got, want in zip(resumed.get_weights(), reference.get_weights()):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_failed_save_leaves_previous_checkpoint_intact(tmp_path, monkeypatch):
+    checkpoint_io.save(tmp_path, [np.arange(3.0)], {"step": 1})
+
+    def broken_savez(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(np, "savez", broken_savez)
+    with pytest.raises(OSError, match="disk full"):
+        checkpoint_io.save(tmp_path, [np.arange(5.0)], {"step": 2})
+    arrays, meta = checkpoint_io.load(tmp_path)
+    assert meta == {"step": 1}
+    np.testing.assert_array_equal(arrays[0], np.arange(3.0))
+    assert not list(tmp_path.glob(".staging-*"))
+
+
+def test_save_weights_is_atomic(tmp_path, monkeypatch):
+    strategy = sx.MirroredStrategy(["cpu:0", "cpu:1"])
+    model = _model(strategy)
+    path = tmp_path / "model.weights.h5"
+    model.save_weights(str(path))
+    before = path.read_bytes()
+    from keras.src.saving import saving_lib
+
+    def crash(*args, **kwargs):
+        raise OSError("crash in the middle of writing")
+
+    monkeypatch.setattr(saving_lib, "save_weights_only", crash)
+    with pytest.raises(OSError, match="crash in the middle"):
+        model.save_weights(str(path))
+    assert path.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["model.weights.h5"]
+
+
+def test_mismatched_backup_and_bad_arguments(tmp_path):
+    strategy = sx.OneDeviceStrategy("cpu:0")
+    x, y = _data()
+    checkpoint_io.save(tmp_path, [np.zeros(2)], {"format": 1, "epoch": 0, "steps_in_epoch": 0,
+                                                  "global_step": 0})
+    with pytest.raises(ValueError, match="does not match this model"):
+        _model(strategy).fit(x, y, batch_size=16, verbose=0,
+                             callbacks=[sx.BackupAndRestore(str(tmp_path))])
+    with pytest.raises(ValueError, match="save_freq"):
+        sx.BackupAndRestore(str(tmp_path), save_freq=0)
+    plain = keras.Sequential([keras.Input((8,)), keras.layers.Dense(3)])
+    plain.compile(optimizer="sgd", loss="mse")
+    with pytest.raises(RuntimeError, match="needs a model built under a strategy scope"):
+        plain.fit(x, np.zeros((120, 3)), verbose=0,
+                  callbacks=[sx.BackupAndRestore(str(tmp_path / "other"))])
