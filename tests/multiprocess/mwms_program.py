@@ -1,7 +1,9 @@
 """The MultiWorkerMirroredStrategy guide program, as each worker runs it in the tests.
 
-Usage: python mwms_program.py OUT_DIR [EPOCHS]. Writes OUT_DIR/weights_<worker>.npz and prints
-"done <worker> <num_replicas>". The data is the same on every worker (auto-shard by data).
+Usage: python mwms_program.py OUT_DIR [EPOCHS] [INPUTS]. Trains on numpy arrays; with INPUTS
+"all" it also trains on a list of global batches (auto-shard by data) and on per-worker batches
+(``AutoShardPolicy.OFF``). Writes OUT_DIR/<inputs>_weights_<worker>.npz and prints
+"done <worker> <num_replicas>". The data is the same on every worker.
 """
 
 import os
@@ -19,12 +21,30 @@ from data import GLOBAL_BATCH, make_data, make_model  # noqa: E402
 
 out_dir = sys.argv[1]
 epochs = int(sys.argv[2]) if len(sys.argv) > 2 else 2
+variants = ["arrays", "batches", "off"] if len(sys.argv) > 3 and sys.argv[3] == "all" else ["arrays"]
 x, y = make_data()
-keras.utils.set_random_seed(11)
-with strategy.scope():
-    model = make_model()
-history = model.fit(x, y, epochs=epochs, batch_size=GLOBAL_BATCH, shuffle=False, verbose=0)
-loss, accuracy = model.evaluate(x, y, batch_size=GLOBAL_BATCH, verbose=0)
-np.savez(os.path.join(out_dir, f"weights_{strategy.worker_index}.npz"), *model.get_weights(),
-         history=np.asarray(history.history["loss"]), evaluation=np.asarray([loss, accuracy]))
-print("done", strategy.worker_index, strategy.num_replicas_in_sync, flush=True)
+batches = [(x[i:i + GLOBAL_BATCH], y[i:i + GLOBAL_BATCH]) for i in range(0, len(x), GLOBAL_BATCH)]
+worker, workers = strategy.worker_index, strategy.num_workers
+
+
+def own_rows(batch):
+    share = len(batch[0]) // workers
+    return tuple(a[worker * share:(worker + 1) * share] for a in batch)
+
+
+inputs = {
+    "arrays": lambda: {"x": x, "y": y, "batch_size": GLOBAL_BATCH, "shuffle": False},
+    "batches": lambda: {"x": strategy.experimental_distribute_dataset(batches)},
+    "off": lambda: {"x": strategy.experimental_distribute_dataset(
+        [own_rows(b) for b in batches],
+        options=sx.InputOptions(auto_shard_policy=sx.AutoShardPolicy.OFF))},
+}
+for variant in variants:
+    keras.utils.set_random_seed(11)
+    with strategy.scope():
+        model = make_model()
+    history = model.fit(epochs=epochs, verbose=0, **inputs[variant]())
+    loss, accuracy = model.evaluate(x, y, batch_size=GLOBAL_BATCH, verbose=0)
+    np.savez(os.path.join(out_dir, f"{variant}_weights_{worker}.npz"), *model.get_weights(),
+             history=np.asarray(history.history["loss"]), evaluation=np.asarray([loss, accuracy]))
+print("done", worker, strategy.num_replicas_in_sync, flush=True)

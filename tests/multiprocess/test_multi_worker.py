@@ -41,15 +41,18 @@ def _no_inherited_cluster(monkeypatch):
 
 
 def test_two_workers_via_launcher_equal_one_process(tmp_path):
-    result = _launch(["mwms_program.py", tmp_path, 2], tmp_path, nproc_per_node=2, timeout=240)
+    """Arrays, a list of global batches and per-worker batches (AutoShardPolicy.OFF)."""
+    result = _launch(["mwms_program.py", tmp_path, 2, "all"], tmp_path, nproc_per_node=2,
+                     timeout=240)
     assert result.ok, result.summary + "\n" + "\n".join(result.outputs[0][-20:])
     assert any("done 0 2" in line for line in result.outputs[0])  # 2 replicas in sync
-    w0, w1 = (load_weights(tmp_path / f"weights_{i}.npz") for i in (0, 1))
-    assert_same_weights(w0, w1)  # identical on every worker, bit for bit
     reference, evaluation = _reference()
-    assert_same_weights(w0, reference, tol=1e-5)
-    with np.load(tmp_path / "weights_0.npz") as saved:
-        np.testing.assert_allclose(saved["evaluation"], evaluation, rtol=1e-5)
+    for variant in ("arrays", "batches", "off"):
+        w0, w1 = (load_weights(tmp_path / f"{variant}_weights_{i}.npz") for i in (0, 1))
+        assert_same_weights(w0, w1)  # identical on every worker, bit for bit
+        assert_same_weights(w0, reference, tol=1e-5)
+        with np.load(tmp_path / f"{variant}_weights_0.npz") as saved:
+            np.testing.assert_allclose(saved["evaluation"], evaluation, rtol=1e-5)
 
 
 def test_hand_written_tf_config_with_two_devices_per_worker(tmp_path, workers):
@@ -64,7 +67,7 @@ def test_hand_written_tf_config_with_two_devices_per_worker(tmp_path, workers):
     outputs = workers.wait(timeout=240)
     assert [p.returncode for p in workers.procs] == [0, 0], outputs[0][-3000:]
     assert "done 0 4" in outputs[0] and "done 1 4" in outputs[1]
-    w0, w1 = (load_weights(tmp_path / f"weights_{i}.npz") for i in (0, 1))
+    w0, w1 = (load_weights(tmp_path / f"arrays_weights_{i}.npz") for i in (0, 1))
     assert_same_weights(w0, w1)
     assert_same_weights(w0, _reference()[0], tol=1e-5)
 

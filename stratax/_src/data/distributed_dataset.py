@@ -166,6 +166,10 @@ class DistributedDataset:
         """The dataset of global batches this was made from."""
         return self._dataset
 
+    @property
+    def options(self) -> InputOptions:
+        return self._options
+
     def __iter__(self) -> DistributedIterator:
         policy = self._options.auto_shard_policy
         produce = (

@@ -59,7 +59,7 @@ def load_digits(
     Example:
         >>> (x_train, y_train), (x_test, y_test) = load_digits()
         >>> x_train.shape, x_test.shape
-        ((1437, 64), (360, 64))
+        ((1438, 64), (359, 64))
     """
     if isinstance(test_fraction, bool) or not 0.0 < float(test_fraction) < 1.0:
         raise ValueError(

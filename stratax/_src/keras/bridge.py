@@ -40,7 +40,7 @@ from stratax._src.core.errors import MixedStrategyError
 from stratax._src.keras import checkpoint_io
 from stratax._src.keras.backup import BackupAndRestore
 from stratax._src.keras.distribution import StrategyDistribution
-from stratax._src.keras.inputs import adapt_input
+from stratax._src.keras.inputs import BatchList, adapt_input
 from stratax._src.keras.process_shard import ProcessShard, shard_arguments
 from stratax._src.runtime import distributed
 from stratax._src.runtime.throttle import DispatchWindow
@@ -151,6 +151,8 @@ def _prepare_arguments(strategy: Strategy, method: Callable[..., Any], name: str
     arguments.update(arguments.pop("kwargs", {}))
     if "x" in arguments:
         arguments["x"] = adapt_input(arguments["x"])
+        if name == "fit" and isinstance(arguments["x"], BatchList):
+            arguments["shuffle"] = False  # batches come in the order given, as from a dataset
     _check_batch_size(strategy, name, arguments)
     callbacks = arguments.get("callbacks") or ()
     needs_plan = any(isinstance(c, BackupAndRestore) for c in callbacks)

@@ -47,13 +47,14 @@ class StrategyDistribution(keras_distribution.DataParallel):
 
     def get_data_layout(self, data_shape: Any) -> keras_distribution.TensorLayout:
         shape = tuple(data_shape)
-        replicas = self.strategy.num_replicas_in_sync
+        # In a multi-process run Keras passes this process's share of the batch.
+        replicas = self.strategy.num_replicas_in_sync // self.num_processes
         if shape and shape[0] is not None and shape[0] % replicas == 0:
             return super().get_data_layout(shape)
         if self.num_processes > 1:
             raise ValueError(
-                f"A batch of {shape[0] if shape else 'unknown'} examples does not split over "
-                f"{replicas} replicas in a multi-process run; use a batch size that is a "
+                f"This worker's batch of {shape[0] if shape else 'unknown'} examples does not "
+                f"split over its {replicas} replicas; use a per-worker batch size that is a "
                 f"multiple of {replicas}."
             )
         return keras_distribution.TensorLayout([None] * len(shape), self.device_mesh)

@@ -4,7 +4,8 @@
   is consumed once, as in Keras: pass ``steps_per_epoch`` and repeat it for several epochs);
 - a list or tuple of ``(x, y[, sample_weight])`` or dict batches becomes a ``PyDataset``, so each
   epoch sees every batch again;
-- a stratax ``DistributedDataset`` gives back the global batches it was made from;
+- a stratax ``DistributedDataset`` gives back the global batches it was made from (or, with
+  ``AutoShardPolicy.OFF``, the batches each worker already reads for itself);
 - ``distribute_datasets_from_function``'s datasets become a generator of this process's
   batches (its replicas' per-replica batches concatenated), consumed like any generator.
 """
@@ -15,18 +16,23 @@ from typing import Any
 
 import keras
 
+from stratax._src.data.input_context import AutoShardPolicy
 from stratax._src.data.distributed_dataset import (
     DistributedDataset,
     DistributedDatasetsFromFunction,
 )
 
 
-class _BatchList(keras.utils.PyDataset):
-    """A list of batches as a ``PyDataset`` (re-iterated every epoch)."""
+class BatchList(keras.utils.PyDataset):
+    """A list of batches as a ``PyDataset`` (re-iterated every epoch).
 
-    def __init__(self, batches: list[Any] | tuple[Any, ...]) -> None:
+    ``per_worker`` marks batches that are already this worker's share (``AutoShardPolicy.OFF``).
+    """
+
+    def __init__(self, batches: list[Any] | tuple[Any, ...], per_worker: bool = False) -> None:
         super().__init__()
         self._batches = batches
+        self.per_worker = per_worker
 
     def __len__(self) -> int:
         return len(self._batches)
@@ -42,9 +48,12 @@ def _is_batch_list(x: Any) -> bool:
 def adapt_input(x: Any) -> Any:
     """Returns what Keras should see for the ``x`` argument of ``fit``/``evaluate``/``predict``."""
     if isinstance(x, DistributedDataset):
+        if x.options.auto_shard_policy is AutoShardPolicy.OFF:
+            data = x.dataset
+            return BatchList(data, per_worker=True) if _is_batch_list(data) else data
         return adapt_input(x.dataset)
     if isinstance(x, DistributedDatasetsFromFunction):
         return x.local_global_batches()
     if _is_batch_list(x):
-        return _BatchList(x)
+        return BatchList(x)
     return x

@@ -28,19 +28,24 @@ def _rows(tree: Any) -> int:
 
 
 class ProcessShard(keras.utils.PyDataset):
-    """This process's batches of a global dataset of arrays (see the module docstring)."""
+    """This process's batches of a global dataset (see the module docstring).
 
-    def __init__(self, arrays: Any, global_batch: int, *, process_rank: int, num_processes: int,
-                 num_replicas: int, shuffle: bool = False, replicate_all: bool = False,
-                 seed: int = 0) -> None:
+    ``arrays`` is a pytree of arrays cut into global batches of ``global_batch`` rows, or
+    ``batches`` a sequence (``len`` and indexing, e.g. a ``PyDataset``) of global batches.
+    """
+
+    def __init__(self, arrays: Any = None, global_batch: int = 0, *, process_rank: int,
+                 num_processes: int, num_replicas: int, batches: Any = None,
+                 shuffle: bool = False, replicate_all: bool = False, seed: int = 0) -> None:
         super().__init__()
-        self._arrays = jax.tree.map(np.asarray, arrays)
-        self._n = _rows(self._arrays)
+        self._arrays = None if arrays is None else jax.tree.map(np.asarray, arrays)
+        self._batches = batches
+        self._n = 0 if arrays is None else _rows(self._arrays)
         self._batch = global_batch
         self._rank = process_rank
         self._processes = num_processes
         self._replicas = num_replicas
-        self._shuffle = shuffle
+        self._shuffle = shuffle and arrays is not None
         self._replicate_all = replicate_all
         self._seed = seed
         self._epoch = 0
@@ -57,20 +62,27 @@ class ProcessShard(keras.utils.PyDataset):
         self._order = self._permutation(epoch)
 
     def __len__(self) -> int:
+        if self._batches is not None:
+            return len(self._batches)
         return -(-self._n // self._batch)
 
-    def plan(self, index: int) -> tuple[np.ndarray, bool]:
-        """Rows of batch ``index`` fed by this process, and whether they are replicated."""
+    def _global_batch(self, index: int, order: np.ndarray) -> Any:
+        if self._batches is not None:
+            return self._batches[index]
         start = index * self._batch
-        rows = self._order[start : min(start + self._batch, self._n)]
-        if self._replicate_all or len(rows) % self._replicas:
-            return rows, True
-        share = len(rows) // self._processes
-        return rows[self._rank * share : (self._rank + 1) * share], False
+        rows = order[start : min(start + self._batch, self._n)]
+        return jax.tree.map(lambda a: a[rows], self._arrays)
+
+    def _local(self, batch: Any) -> tuple[Any, bool]:
+        rows = _rows(batch)
+        if self._replicate_all or rows % self._replicas:
+            return batch, True
+        share = rows // self._processes
+        return jax.tree.map(lambda a: np.asarray(a)[self._rank * share : (self._rank + 1) * share],
+                            batch), False
 
     def __getitem__(self, index: int) -> Any:
-        rows, _ = self.plan(index)
-        return jax.tree.map(lambda a: a[rows], self._arrays)
+        return self._local(self._global_batch(index, self._order))[0]
 
     def local_batches(self) -> Iterator[tuple[Any, bool]]:
         """One epoch of ``(batch, replicated)`` in order.
@@ -79,12 +91,11 @@ class ProcessShard(keras.utils.PyDataset):
         the last batch, so the generator never finishes); Keras' one-batch peek to build the
         model does not reach it.
         """
-        count = len(self)
+        count, order = len(self), self._order
         for index in range(count):
-            rows, replicated = self.plan(index)
             if index == count - 1:
                 self.start_epoch(self._epoch + 1)
-            yield jax.tree.map(lambda a: a[rows], self._arrays), replicated
+            yield self._local(self._global_batch(index, order))
 
 
 def _is_array_like(x: Any) -> bool:
@@ -96,12 +107,17 @@ def shard_arguments(arguments: dict[str, Any], method: str, *, process_rank: int
                     num_processes: int, num_replicas: int) -> dict[str, Any]:
     """Rewrites bound ``fit``/``evaluate``/``predict`` arguments so arrays become a ``ProcessShard``."""
     x = arguments.get("x")
+    common = {"process_rank": process_rank, "num_processes": num_processes,
+              "num_replicas": num_replicas}
+    if isinstance(x, keras.utils.PyDataset) and not isinstance(x, ProcessShard):
+        if getattr(x, "per_worker", False) or not hasattr(x, "__len__"):
+            return arguments
+        return {**arguments, "x": ProcessShard(batches=x, replicate_all=method == "predict",
+                                               **common)}
     if not _is_array_like(x):
         return arguments
     arguments = dict(arguments)
     batch = arguments.get("batch_size") or 32
-    common = {"process_rank": process_rank, "num_processes": num_processes,
-              "num_replicas": num_replicas}
     if method == "fit" and arguments.get("validation_split"):
         from keras.src.trainers.data_adapters import array_slicing
 

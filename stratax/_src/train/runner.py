@@ -14,6 +14,7 @@ import sys
 import time
 from typing import Any, Optional, TextIO
 
+import jax
 import keras
 
 from stratax._src.datasets import load_digits
@@ -57,8 +58,10 @@ class TrainResult:
         """The one-line report printed at the end, e.g. ``stratax train: done: test accuracy
         0.9694 | 41,205 train samples/s (median of epochs 2-30) | 2 replicas | mirrored
         (MirroredStrategy) | mlp, 30 epochs, global batch 64 | wall 5.2 s``."""
-        timed = (f"median of epochs 2-{self.epochs}" if self.epochs > 1
-                 else "1 epoch, compile included")
+        if self.epochs > 2:
+            timed = f"median of epochs 2-{self.epochs}"
+        else:
+            timed = "epoch 2" if self.epochs == 2 else "1 epoch, compile included"
         replicas = _plural(self.num_replicas, "replica")
         return (
             f"{SUMMARY_PREFIX} test accuracy {self.test_accuracy:.4f} | "
@@ -137,7 +140,10 @@ def run_training(config: TrainConfig, out: Optional[TextIO] = None) -> TrainResu
             metrics=["accuracy"],
         )
     (x_train, y_train), (x_test, y_test) = load_digits(flatten=flat)
-    names = ", ".join(device_name(d) for d in strategy.devices)
+    local = [d for d in strategy.devices if d.process_index == jax.process_index()]
+    names = ", ".join(device_name(d) for d in local)
+    if len(local) < replicas:
+        names += f"; {replicas - len(local)} more in other processes"
     print(
         f"stratax train: {config.model} on {len(x_train)} digits ({len(x_test)} held out), "
         f"{type(strategy).__name__} with {_plural(replicas, 'replica')} [{names}], global batch "
