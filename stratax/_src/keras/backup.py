@@ -25,7 +25,7 @@ import keras
 import numpy as np
 from jax.experimental import multihost_utils
 
-from stratax._src.keras import checkpoint_io
+from stratax._src.keras import checkpoint_io, session
 
 logger = logging.getLogger(__name__)
 
@@ -153,9 +153,9 @@ class BackupAndRestore(keras.callbacks.Callback):
         self.model._initial_epoch = epoch  # noqa: SLF001 - Keras' resume hook
         self._consumed_offset = self._skip
         self._global_step = int(meta["global_step"])
-        from stratax._src.keras import bridge
-
-        bridge.distribution_for(self._strategy).resume_at(epoch, self._skip)
+        current = session.active()
+        if current is not None:
+            current.resume_at(epoch, self._skip)
         logger.info("Resuming from %s: epoch %d, step %d of the epoch.", self.backup_dir,
                     epoch, self._skip)
 

@@ -22,7 +22,6 @@ import contextlib
 import functools
 import inspect
 import os
-import itertools
 import warnings
 import weakref
 from collections.abc import Callable, Iterator
@@ -33,11 +32,12 @@ import keras
 import numpy as np
 from jax.experimental import multihost_utils
 from keras.src.backend.jax import trainer as jax_trainer
+from keras.src.trainers import trainer as base_trainer
 from keras.src.utils import rng_utils
 
 from stratax._src.core import context
 from stratax._src.core.errors import MixedStrategyError
-from stratax._src.keras import checkpoint_io
+from stratax._src.keras import checkpoint_io, session
 from stratax._src.keras.backup import BackupAndRestore
 from stratax._src.keras.distribution import StrategyDistribution
 from stratax._src.keras.inputs import BatchList, adapt_input
@@ -61,6 +61,10 @@ _strategy_by_mesh: "weakref.WeakValueDictionary[Any, Strategy]" = weakref.WeakVa
 _installed = False
 
 
+def _distribution_if_needed(strategy: Strategy) -> StrategyDistribution | None:
+    return distribution_for(strategy) if session.uses_mesh(strategy) else None
+
+
 def distribution_for(strategy: Strategy) -> StrategyDistribution:
     """The Keras distribution of ``strategy`` (one per strategy, created on first use)."""
     dist = _distributions.get(strategy)
@@ -79,7 +83,7 @@ def _keras_scope(strategy: Any) -> Iterator[None]:
         return
     if strategy.is_multi_process:
         _agree_on_random_seed()
-    with distribution_for(strategy).scope():
+    with session.DataSession(strategy, _distribution_if_needed(strategy)).placement_scope():
         yield
 
 
@@ -175,7 +179,8 @@ def _wrap_model_method(name: str, original: Callable[..., Any]) -> Callable[...,
             object.__setattr__(self, _STRATEGY_ATTR, strategy)
         if name in _BATCHED_METHODS:
             args, kwargs = (), _prepare_arguments(strategy, original, name, args, kwargs)
-        with distribution_for(strategy).scope():
+        call = session.DataSession(strategy, _distribution_if_needed(strategy))
+        with session.running(call):
             try:
                 with warnings.catch_warnings():
                     # A run resumed mid-epoch ends that epoch's data early, on purpose.
@@ -211,36 +216,15 @@ def _wrap_make_function(original: Callable[..., Any]) -> Callable[..., Any]:
     return _make_function
 
 
-def _wrap_distributed_iterator(original: Callable[..., Any]) -> Callable[..., Any]:
+def _wrap_get_iterator(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
-    def _get_distributed_iterator(self: Any, distribution: Any) -> Iterator[Any]:
-        if not isinstance(distribution, StrategyDistribution):
-            yield from original(self, distribution)
-            return
-        resume = distribution.take_resume()
-        skip = resume[1] if resume else 0
-        shard = getattr(self.data_adapter, "py_dataset", None)
-        if isinstance(shard, ProcessShard):
-            if resume:
-                shard.start_epoch(resume[0])
-            for batch, replicated in itertools.islice(shard.local_batches(), skip, None):
-                sharding = distribution.placement(replicated)
-                yield jax.tree.map(
-                    lambda a: jax.make_array_from_process_local_data(sharding, a), batch)
-            return
-        layouts, shapes = None, None
-        for data in itertools.islice(self.data_adapter.get_jax_iterator(), skip, None):
-            key = tuple(tuple(leaf.shape) for leaf in jax.tree.leaves(data))
-            if key != shapes:
-                layouts = keras.tree.map_structure(
-                    lambda d: None if d is None
-                    else distribution.get_data_layout(d.shape).backend_layout,
-                    data,
-                )
-                shapes = key
-            yield jax_trainer._distribute_data(data, layouts)
+    def _get_iterator(self: Any) -> Any:
+        current = session.active()
+        if current is None:
+            return original(self)
+        return current.batches(self.data_adapter)
 
-    return _get_distributed_iterator
+    return _get_iterator
 
 
 def _wrap_saving(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -265,14 +249,14 @@ def install() -> None:
         return
     context.register_scope_hook(_keras_scope)
     for name in _WRAPPED_MODEL_METHODS:
-        original = getattr(keras.Model, name)
-        setattr(keras.Model, name, _wrap_model_method(name, original))
+        # ``compile`` is wrapped where Keras defines it, so that Keras' check for a model with
+        # its own ``compile`` (``cls.compile != Trainer.compile``) still sees the stock one.
+        owner = base_trainer.Trainer if name == "compile" else keras.Model
+        setattr(owner, name, _wrap_model_method(name, getattr(owner, name)))
     for name in ("save", "save_weights"):
         setattr(keras.Model, name, _wrap_saving(getattr(keras.Model, name)))
     trainer_cls = jax_trainer.JAXTrainer
     trainer_cls._make_function = _wrap_make_function(trainer_cls._make_function)
     iterator_cls = jax_trainer.JAXEpochIterator
-    iterator_cls._get_distributed_iterator = _wrap_distributed_iterator(
-        iterator_cls._get_distributed_iterator
-    )
+    iterator_cls._get_iterator = _wrap_get_iterator(iterator_cls._get_iterator)
     _installed = True

@@ -29,16 +29,6 @@ class StrategyDistribution(keras_distribution.DataParallel):
         )
         super().__init__(device_mesh=mesh, auto_shard_dataset=False)
         self.strategy = strategy
-        self._resume: tuple[int, int] | None = None
-
-    def resume_at(self, epoch: int, batches: int) -> None:
-        """Makes the next epoch's data be epoch ``epoch``'s, ``batches`` batches in."""
-        self._resume = (epoch, batches)
-
-    def take_resume(self) -> tuple[int, int] | None:
-        """``(epoch, batches to skip)`` once after ``resume_at``, else ``None``."""
-        resume, self._resume = self._resume, None
-        return resume
 
     def placement(self, replicated: bool) -> Any:
         """The JAX sharding of a batch: whole on every replica, or split along axis 0."""
