@@ -26,7 +26,7 @@ import jax  # isort: skip
 import keras  # isort: skip
 import numpy as np  # isort: skip
 
-from stratax._src.datasets import load_digits
+from stratax.datasets import load_digits
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--epochs", type=int, default=10, help="training epochs (default: 10)")

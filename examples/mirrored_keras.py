@@ -24,7 +24,7 @@ import tempfile
 import stratax as sx  # stratax: was `import tensorflow as tf`; import it before keras
 import keras  # isort: skip
 
-from stratax._src.datasets import load_digits  # stratax: was tensorflow_datasets' MNIST
+from stratax.datasets import load_digits  # stratax: was tensorflow_datasets' MNIST
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--epochs", type=int, default=12, help="training epochs (default: 12)")

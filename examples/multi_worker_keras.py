@@ -33,7 +33,7 @@ import numpy as np  # noqa: E402
 import stratax as sx  # noqa: E402  (was `import tensorflow as tf`; import it before keras)
 import keras  # noqa: E402  isort: skip
 
-from stratax._src.datasets import load_digits  # noqa: E402  (was keras' MNIST download)
+from stratax.datasets import load_digits  # noqa: E402  (was keras' MNIST download)
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--epochs", type=int, default=3, help="training epochs (default: 3)")

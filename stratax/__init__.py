@@ -20,7 +20,7 @@ from stratax._src.keras.backend import ensure_jax_backend as _ensure_jax_backend
 
 _ensure_jax_backend()
 
-from stratax import cluster_resolver  # noqa: E402
+from stratax import cluster_resolver, datasets  # noqa: E402
 from stratax._src.core.context import (  # noqa: E402
     get_replica_context,
     get_strategy,
@@ -105,6 +105,7 @@ __all__ = [
     "WorkerUnavailableError",
     "cluster_resolver",
     "compute_average_loss",
+    "datasets",
     "get_replica_context",
     "get_strategy",
     "has_strategy",

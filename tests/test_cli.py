@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from stratax._src import cli
-from stratax._src.datasets import load_digits
+from stratax.datasets import load_digits
 from stratax._src.train.config import MODEL_NAMES, TrainConfig, check_batch_size
 from stratax._src.train.models import MODELS
 from stratax._src.train.runner import SUMMARY_PREFIX, throughput

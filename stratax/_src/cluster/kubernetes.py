@@ -16,7 +16,7 @@ import re
 
 from stratax._src.cluster import envvars
 from stratax._src.cluster.cluster_spec import ClusterSpec
-from stratax._src.cluster.resolver import ClusterResolver, format_master_url
+from stratax._src.cluster.resolver import ClusterResolver
 from stratax._src.core import env
 
 DEFAULT_PORT = 8888
@@ -172,18 +172,3 @@ class KubernetesClusterResolver(ClusterResolver):
     def cluster_spec(self) -> ClusterSpec:
         """The ``"worker"`` job: one address per pod of the Indexed Job."""
         return self._cluster_spec
-
-    def master(
-        self,
-        task_type: str | None = None,
-        task_id: int | None = None,
-        rpc_layer: str | None = None,
-    ) -> str:
-        """The address of a task (this pod by default); see ``ClusterResolver.master``."""
-        task_type = task_type if task_type is not None else self.task_type
-        task_id = task_id if task_id is not None else self.task_id
-        if task_type is None or task_id is None:
-            return ""
-        return format_master_url(
-            self._cluster_spec.task_address(task_type, task_id), rpc_layer or self.rpc_layer
-        )

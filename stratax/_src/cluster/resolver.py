@@ -27,15 +27,14 @@ def format_master_url(master: str, rpc_layer: str | None = None) -> str:
 class ClusterResolver(abc.ABC):
     """Base class of all cluster resolvers.
 
-    Subclasses implement ``cluster_spec()`` and ``master()``; they set ``task_type``,
-    ``task_id`` and ``rpc_layer`` (all may also be overridden by assignment, as in TensorFlow).
+    Subclasses implement ``cluster_spec()`` (and ``master()`` where TensorFlow's lookup of the
+    task's address is not enough); they set ``task_type``, ``task_id`` and ``rpc_layer`` (all
+    may also be overridden by assignment, as in TensorFlow).
 
     Example:
       >>> class Fixed(ClusterResolver):
       ...     def cluster_spec(self):
       ...         return ClusterSpec({"worker": ["localhost:2222"]})
-      ...     def master(self, task_type=None, task_id=None, rpc_layer=None):
-      ...         return ""
       >>> Fixed().cluster_spec().num_tasks("worker")
       1
     """
@@ -57,7 +56,6 @@ class ClusterResolver(abc.ABC):
     def cluster_spec(self) -> ClusterSpec:
         """Returns the cluster this process belongs to; an empty spec means local mode."""
 
-    @abc.abstractmethod
     def master(
         self,
         task_type: str | None = None,
@@ -74,6 +72,13 @@ class ClusterResolver(abc.ABC):
         Returns:
           ``"[rpc_layer://]host:port"``, or ``""`` when there is no cluster to connect to.
         """
+        task_type = task_type if task_type is not None else self.task_type
+        task_id = task_id if task_id is not None else self.task_id
+        if task_type is None or task_id is None:
+            return ""
+        return format_master_url(
+            self.cluster_spec().task_address(task_type, task_id), rpc_layer or self.rpc_layer
+        )
 
     @property
     def task_type(self) -> str | None:

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 
 from stratax._src.cluster import envvars
 from stratax._src.cluster.cluster_spec import ClusterSpec
-from stratax._src.cluster.resolver import ClusterResolver, format_master_url
+from stratax._src.cluster.resolver import ClusterResolver
 from stratax._src.cluster.slurm_hostlist import expand_hostlist, expand_tasks_per_node
 from stratax._src.core import env
 
@@ -289,21 +289,6 @@ class SlurmClusterResolver(ClusterResolver):
     def local_task_id(self) -> int:
         """This task's index among the tasks of its node."""
         return self._local_id
-
-    def master(
-        self,
-        task_type: str | None = None,
-        task_id: int | None = None,
-        rpc_layer: str | None = None,
-    ) -> str:
-        """The address of a task (this one by default); see ``ClusterResolver.master``."""
-        task_type = task_type if task_type is not None else self.task_type
-        task_id = task_id if task_id is not None else self.task_id
-        if task_type is None or task_id is None:
-            return ""
-        return format_master_url(
-            self._cluster_spec.task_address(task_type, task_id), rpc_layer or self.rpc_layer
-        )
 
     def num_accelerators(
         self, task_type: str | None = None, task_id: int | None = None
