@@ -123,3 +123,19 @@ def test_kill_and_preemption_resume_to_the_uninterrupted_weights(tmp_path):
     for mode in ("kill9", "sigterm"):
         for worker in (0, 1):
             assert_same_weights(load_weights(tmp_path / mode / f"weights_{worker}.npz"), reference)
+
+
+def test_multi_worker_guide_example_via_stratax_launch(tmp_path):
+    """The ported multi-worker guide, started by the `stratax launch` command line."""
+    import subprocess
+
+    example = HERE.parent.parent / "examples" / "multi_worker_keras.py"
+    done = subprocess.run(
+        [sys.executable, "-m", "stratax._src.cli", "launch", "--nproc-per-node", "2",
+         "--timeout", "240", str(example), "--epochs", "1", "--workdir", str(tmp_path)],
+        capture_output=True, text=True, timeout=280, env=worker_env(), start_new_session=True)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "[worker 0] Chief saved the model" in done.stdout
+    assert "Number of replicas in sync: 2" in done.stdout
+    assert (tmp_path / "keras-model.keras").exists()
+    assert not list(tmp_path.glob("workertemp_*"))  # the non-chief removed its copy

@@ -228,15 +228,21 @@ def _wrap_get_iterator(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _wrap_saving(original: Callable[..., Any]) -> Callable[..., Any]:
-    """``save``/``save_weights``: atomic (temp file + rename) and, in a multi-worker run, chief-only."""
+    """``save``/``save_weights``: atomic (temp file + rename); chief-only inside ``fit``.
+
+    As in TensorFlow, saves made by callbacks during ``fit`` (``ModelCheckpoint``...) are
+    written by the chief only (other workers write to a temporary folder they remove), while an
+    explicit ``model.save(path)`` writes ``path`` on whichever worker calls it: the guides give
+    non-chief workers their own temporary path and delete it themselves.
+    """
 
     @functools.wraps(original)
     def save(self: Any, filepath: Any, *args: Any, **kwargs: Any) -> Any:
         if not isinstance(filepath, (str, os.PathLike)) or kwargs.get("max_shard_size"):
             return original(self, filepath, *args, **kwargs)
         strategy = model_strategy(self)
-        chief = strategy is None or strategy.is_chief
-        with checkpoint_io.atomic_target(filepath, write=chief) as target:
+        write = strategy is None or strategy.is_chief or session.active() is None
+        with checkpoint_io.atomic_target(filepath, write=write) as target:
             return original(self, target, *args, **kwargs)
 
     return save
