@@ -217,3 +217,20 @@ def test_keras_with_another_backend_is_a_clear_error():
     )
     assert done.returncode != 0
     assert "imported with the 'numpy' backend before stratax" in done.stderr
+
+
+@pytest.mark.parametrize("devices", [["cpu:0"], ["cpu:0", "cpu:1"]], ids=["1rep", "2rep"])
+def test_fit_compiles_the_train_step_once(devices, caplog):
+    """Shardings must stay stable between steps and epochs, or XLA recompiles every epoch."""
+    import jax
+
+    x, y = _data(64)
+    model = _compiled(sx.MirroredStrategy(devices))
+    jax.config.update("jax_log_compiles", True)
+    try:
+        with caplog.at_level("WARNING"):
+            model.fit(x, y, batch_size=16, epochs=3, shuffle=False, verbose=0)
+    finally:
+        jax.config.update("jax_log_compiles", False)
+    compiles = [r for r in caplog.records if "Compiling jit(train_step)" in r.getMessage()]
+    assert len(compiles) == 1, [r.getMessage()[:120] for r in compiles]

@@ -3,7 +3,9 @@
 Usage: python mwms_program.py OUT_DIR [EPOCHS] [INPUTS]. Trains on numpy arrays; with INPUTS
 "all" it also trains on a list of global batches (auto-shard by data) and on per-worker batches
 (``AutoShardPolicy.OFF``). Writes OUT_DIR/<inputs>_weights_<worker>.npz and prints
-"done <worker> <num_replicas>". The data is the same on every worker.
+"done <worker> <num_replicas>". The data is the same on every worker. The
+``distribute_datasets_from_function`` variant drops the last partial batch (per-replica batches
+must be equal), so its reference is a run on whole batches only.
 """
 
 import os
@@ -21,7 +23,8 @@ from data import GLOBAL_BATCH, make_data, make_model  # noqa: E402
 
 out_dir = sys.argv[1]
 epochs = int(sys.argv[2]) if len(sys.argv) > 2 else 2
-variants = ["arrays", "batches", "off"] if len(sys.argv) > 3 and sys.argv[3] == "all" else ["arrays"]
+ALL = ["arrays", "batches", "off", "from_function"]
+variants = ALL if len(sys.argv) > 3 and sys.argv[3] == "all" else ["arrays"]
 x, y = make_data()
 batches = [(x[i:i + GLOBAL_BATCH], y[i:i + GLOBAL_BATCH]) for i in range(0, len(x), GLOBAL_BATCH)]
 worker, workers = strategy.worker_index, strategy.num_workers
@@ -38,7 +41,20 @@ inputs = {
     "off": lambda: {"x": strategy.experimental_distribute_dataset(
         [own_rows(b) for b in batches],
         options=sx.InputOptions(auto_shard_policy=sx.AutoShardPolicy.OFF))},
+    "from_function": lambda: {"x": strategy.distribute_datasets_from_function(dataset_fn),
+                              "steps_per_epoch": len(batches)},
 }
+
+
+def dataset_fn(ctx):
+    """Each input pipeline (worker) reads its rows of every global batch, for every epoch."""
+    assert (ctx.num_input_pipelines, ctx.input_pipeline_id) == (workers, worker), ctx
+    per_replica = ctx.get_per_replica_batch_size(GLOBAL_BATCH)
+    full = len(x) // GLOBAL_BATCH * GLOBAL_BATCH  # whole batches only: per-replica batches
+    for _ in range(epochs):
+        for start in range(0, full, GLOBAL_BATCH):
+            rows = slice(start + worker * per_replica, start + (worker + 1) * per_replica)
+            yield x[rows], y[rows]
 for variant in variants:
     keras.utils.set_random_seed(11)
     with strategy.scope():

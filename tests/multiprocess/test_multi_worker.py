@@ -17,9 +17,11 @@ from data import GLOBAL_BATCH, make_data, make_model
 pytestmark = pytest.mark.timeout(300)
 
 
-def _reference(epochs=2):
+def _reference(epochs=2, whole_batches_only=False):
     """The same training in this process on one device."""
     x, y = make_data()
+    if whole_batches_only:
+        x, y = x[: len(x) // GLOBAL_BATCH * GLOBAL_BATCH], y[: len(y) // GLOBAL_BATCH * GLOBAL_BATCH]
     keras.utils.set_random_seed(11)
     with sx.OneDeviceStrategy("cpu:0").scope():
         model = make_model()
@@ -41,17 +43,20 @@ def _no_inherited_cluster(monkeypatch):
 
 
 def test_two_workers_via_launcher_equal_one_process(tmp_path):
-    """Arrays, a list of global batches and per-worker batches (AutoShardPolicy.OFF)."""
+    """Arrays, a list of global batches, per-worker batches (AutoShardPolicy.OFF) and
+    distribute_datasets_from_function."""
     result = _launch(["mwms_program.py", tmp_path, 2, "all"], tmp_path, nproc_per_node=2,
                      timeout=240)
     assert result.ok, result.summary + "\n" + "\n".join(result.outputs[0][-20:])
     assert any("done 0 2" in line for line in result.outputs[0])  # 2 replicas in sync
-    reference, evaluation = _reference()
-    for variant in ("arrays", "batches", "off"):
+    reference = _reference()
+    whole_batches = _reference(whole_batches_only=True)
+    for variant in ("arrays", "batches", "off", "from_function"):
         w0, w1 = (load_weights(tmp_path / f"{variant}_weights_{i}.npz") for i in (0, 1))
         assert_same_weights(w0, w1)  # identical on every worker, bit for bit
-        assert_same_weights(w0, reference, tol=1e-5)
-        with np.load(tmp_path / f"{variant}_weights_0.npz") as saved:
+        weights, evaluation = whole_batches if variant == "from_function" else reference
+        assert_same_weights(w0, weights, tol=1e-5)
+        with np.load(tmp_path / f"{variant}_weights_0.npz") as saved:  # metrics: global batch
             np.testing.assert_allclose(saved["evaluation"], evaluation, rtol=1e-5)
 
 
