@@ -61,6 +61,8 @@ for variant in variants:
         model = make_model()
     history = model.fit(epochs=epochs, verbose=0, **inputs[variant]())
     loss, accuracy = model.evaluate(x, y, batch_size=GLOBAL_BATCH, verbose=0)
+    predictions = model.predict(x, batch_size=GLOBAL_BATCH, verbose=0)
     np.savez(os.path.join(out_dir, f"{variant}_weights_{worker}.npz"), *model.get_weights(),
-             history=np.asarray(history.history["loss"]), evaluation=np.asarray([loss, accuracy]))
+             history=np.asarray(history.history["loss"]), evaluation=np.asarray([loss, accuracy]),
+             predictions=predictions)
 print("done", worker, strategy.num_replicas_in_sync, flush=True)

@@ -19,15 +19,15 @@ pytestmark = pytest.mark.timeout(300)
 
 def _reference(epochs=2, whole_batches_only=False):
     """The same training in this process on one device."""
-    x, y = make_data()
+    x, y = all_x, all_y = make_data()
     if whole_batches_only:
         x, y = x[: len(x) // GLOBAL_BATCH * GLOBAL_BATCH], y[: len(y) // GLOBAL_BATCH * GLOBAL_BATCH]
     keras.utils.set_random_seed(11)
     with sx.OneDeviceStrategy("cpu:0").scope():
         model = make_model()
     model.fit(x, y, epochs=epochs, batch_size=GLOBAL_BATCH, shuffle=False, verbose=0)
-    evaluation = model.evaluate(x, y, batch_size=GLOBAL_BATCH, verbose=0)
-    return model.get_weights(), evaluation
+    evaluation = model.evaluate(all_x, all_y, batch_size=GLOBAL_BATCH, verbose=0)
+    return model.get_weights(), evaluation, model.predict(all_x, verbose=0)
 
 
 def _launch(args, tmp_path, **kwargs):
@@ -54,10 +54,14 @@ def test_two_workers_via_launcher_equal_one_process(tmp_path):
     for variant in ("arrays", "batches", "off", "from_function"):
         w0, w1 = (load_weights(tmp_path / f"{variant}_weights_{i}.npz") for i in (0, 1))
         assert_same_weights(w0, w1)  # identical on every worker, bit for bit
-        weights, evaluation = whole_batches if variant == "from_function" else reference
+        weights, evaluation, predictions = (
+            whole_batches if variant == "from_function" else reference)
         assert_same_weights(w0, weights, tol=1e-5)
-        with np.load(tmp_path / f"{variant}_weights_0.npz") as saved:  # metrics: global batch
-            np.testing.assert_allclose(saved["evaluation"], evaluation, rtol=1e-5)
+        for worker in (0, 1):
+            with np.load(tmp_path / f"{variant}_weights_{worker}.npz") as saved:
+                # Metrics over the global batch; every worker gets all predictions.
+                np.testing.assert_allclose(saved["evaluation"], evaluation, rtol=1e-5)
+                np.testing.assert_allclose(saved["predictions"], predictions, atol=1e-5)
 
 
 def test_hand_written_tf_config_with_two_devices_per_worker(tmp_path, workers):
