@@ -1,6 +1,6 @@
 """The MultiWorkerMirroredStrategy guide program, as each worker runs it in the tests.
 
-Usage: python mwms_program.py OUT_DIR [EPOCHS] [INPUTS]. Trains on numpy arrays; with INPUTS
+Usage: python mwms_program.py OUT_DIR [EPOCHS] [INPUTS] [GLOBAL_BATCH]. Trains on numpy arrays; with INPUTS
 "all" it also trains on a list of global batches (auto-shard by data) and on per-worker batches
 (``AutoShardPolicy.OFF``). Writes OUT_DIR/<inputs>_weights_<worker>.npz and prints
 "done <worker> <num_replicas>". The data is the same on every worker. The
@@ -23,6 +23,8 @@ from data import GLOBAL_BATCH, make_data, make_model  # noqa: E402
 
 out_dir = sys.argv[1]
 epochs = int(sys.argv[2]) if len(sys.argv) > 2 else 2
+if len(sys.argv) > 4:
+    GLOBAL_BATCH = int(sys.argv[4])  # noqa: F811
 ALL = ["arrays", "batches", "off", "from_function"]
 variants = ALL if len(sys.argv) > 3 and sys.argv[3] == "all" else ["arrays"]
 x, y = make_data()

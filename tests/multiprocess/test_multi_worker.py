@@ -17,16 +17,16 @@ from data import GLOBAL_BATCH, make_data, make_model
 pytestmark = pytest.mark.timeout(300)
 
 
-def _reference(epochs=2, whole_batches_only=False):
+def _reference(epochs=2, whole_batches_only=False, batch=GLOBAL_BATCH):
     """The same training in this process on one device."""
     x, y = all_x, all_y = make_data()
     if whole_batches_only:
-        x, y = x[: len(x) // GLOBAL_BATCH * GLOBAL_BATCH], y[: len(y) // GLOBAL_BATCH * GLOBAL_BATCH]
+        x, y = x[: len(x) // batch * batch], y[: len(y) // batch * batch]
     keras.utils.set_random_seed(11)
     with sx.OneDeviceStrategy("cpu:0").scope():
         model = make_model()
-    model.fit(x, y, epochs=epochs, batch_size=GLOBAL_BATCH, shuffle=False, verbose=0)
-    evaluation = model.evaluate(all_x, all_y, batch_size=GLOBAL_BATCH, verbose=0)
+    model.fit(x, y, epochs=epochs, batch_size=batch, shuffle=False, verbose=0)
+    evaluation = model.evaluate(all_x, all_y, batch_size=batch, verbose=0)
     return model.get_weights(), evaluation, model.predict(all_x, verbose=0)
 
 
@@ -62,6 +62,17 @@ def test_two_workers_via_launcher_equal_one_process(tmp_path):
                 # Metrics over the global batch; every worker gets all predictions.
                 np.testing.assert_allclose(saved["evaluation"], evaluation, rtol=1e-5)
                 np.testing.assert_allclose(saved["predictions"], predictions, atol=1e-5)
+
+
+def test_three_workers_via_launcher(tmp_path):
+    """3 workers, global batch 24 (8 per worker); the last batch of 6 splits 2 per worker."""
+    result = _launch(["mwms_program.py", tmp_path, 2, "arrays", 24], tmp_path, nproc_per_node=3,
+                     timeout=240)
+    assert result.ok, result.summary
+    weights = [load_weights(tmp_path / f"arrays_weights_{i}.npz") for i in range(3)]
+    assert_same_weights(weights[0], weights[1])
+    assert_same_weights(weights[0], weights[2])
+    assert_same_weights(weights[0], _reference(batch=24)[0], tol=1e-5)
 
 
 def test_hand_written_tf_config_with_two_devices_per_worker(tmp_path, workers):
