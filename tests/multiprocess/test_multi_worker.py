@@ -105,7 +105,7 @@ def test_dead_peer_is_named_within_the_timeout(workers):
     assert workers.procs[1].returncode == -9
     assert workers.procs[0].returncode != 0
     assert "WorkerUnavailableError" in survivor
-    assert "worker 1 stopped answering" in survivor
+    assert f"worker 1 ({cluster['worker'][1]}) stopped answering" in survivor
     assert elapsed < 120, f"the survivor took {elapsed:.0f} s to fail"
 
 
@@ -119,7 +119,23 @@ def test_unreachable_coordinator_is_a_named_timeout(workers):
     (output,) = workers.wait(timeout=120)
     assert workers.procs[0].returncode != 0
     assert "CollectiveTimeoutError" in output
-    assert f"The coordinator (worker 0 at {cluster['worker'][0]}) did not answer within 3 s" in output
+    address = cluster["worker"][0]
+    assert f"The coordinator, worker 0 ({address}), did not answer at {address} within 3 s" in output
+
+
+def test_workers_that_never_join_are_named_within_the_timeout(workers):
+    cluster = {"worker": [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]}
+    config = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": 0}})
+    code = ("import stratax as sx\n"
+            "sx.MultiWorkerMirroredStrategy(communication_options="
+            "sx.CommunicationOptions(timeout_seconds=3))")
+    start = time.monotonic()
+    workers.start(["-c", code], [config])
+    (output,) = workers.wait(timeout=120)
+    assert workers.procs[0].returncode != 0
+    assert time.monotonic() - start < 60
+    assert (f"worker 0 ({cluster['worker'][0]}) waited 3 s for the cluster to assemble, but not "
+            f"every task joined; expected: worker 1 ({cluster['worker'][1]})") in output
 
 
 @pytest.mark.timeout(420)

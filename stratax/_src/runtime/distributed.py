@@ -19,6 +19,8 @@ from __future__ import annotations
 import ipaddress
 import logging
 import socket
+import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -81,7 +83,7 @@ def wait_for_coordinator(address: str, timeout_seconds: float, name: str) -> Non
             last_error = error
             time.sleep(0.2)
     raise CollectiveTimeoutError(
-        f"The coordinator ({name} at {address}) did not answer within {timeout_seconds:g} s "
+        f"The coordinator, {name}, did not answer at {address} within {timeout_seconds:g} s "
         f"(last error: {last_error}). Check that {name} is running and that every worker got "
         "the same cluster (TF_CONFIG); raise CommunicationOptions(timeout_seconds=...) if it "
         "starts slowly."
@@ -127,16 +129,35 @@ def initialize(layout: ProcessLayout, *, timeout_seconds: float, task_names: dic
         wait_for_coordinator(address, timeout_seconds, task_name(0))
     logger.info("%s joining %d processes via %s", task_name(layout.process_id),
                 layout.num_processes, address)
-    jax.distributed.initialize(
-        coordinator_address=address,
-        num_processes=layout.num_processes,
-        process_id=layout.process_id,
-        coordinator_bind_address=bind,
-        initialization_timeout=timeout,
-        heartbeat_timeout_seconds=timeout,
-        shutdown_timeout_seconds=timeout,
-    )
+    watchdog = threading.Timer(max(timeout - 0.5, 0.1), _report_join_timeout,
+                               args=(layout, timeout))
+    watchdog.daemon = True
+    watchdog.start()
+    try:
+        jax.distributed.initialize(
+            coordinator_address=address,
+            num_processes=layout.num_processes,
+            process_id=layout.process_id,
+            coordinator_bind_address=bind,
+            initialization_timeout=timeout,
+            heartbeat_timeout_seconds=timeout,
+            shutdown_timeout_seconds=timeout,
+        )
+    finally:
+        watchdog.cancel()
     runtime.layout = layout
+
+
+def _report_join_timeout(layout: ProcessLayout, timeout: int) -> None:
+    """Says, in words, why XLA is about to abort the start-up rendezvous (it names no task)."""
+    others = [task_name(p) for p in range(layout.num_processes) if p != layout.process_id]
+    sys.stderr.write(
+        f"stratax: {task_name(layout.process_id)} waited {timeout} s for the cluster to "
+        f"assemble, but not every task joined; expected: {', '.join(others)}. Start every task "
+        "with the same cluster (TF_CONFIG), or raise CommunicationOptions(timeout_seconds=...). "
+        "JAX now ends this process.\n"
+    )
+    sys.stderr.flush()
 
 
 def dead_processes() -> list[int]:

@@ -65,11 +65,17 @@ class CommunicationOptions:
 
 
 def _task_names(resolver: ClusterResolver, layout: ProcessLayout) -> dict[int, str]:
-    spec = resolver.cluster_spec().as_dict() if layout.num_processes > 1 else {}
-    chiefs = 1 if "chief" in spec else 0
-    names = {p: f"worker {p - chiefs}" for p in range(layout.num_processes)}
-    if chiefs:
-        names[0] = "chief 0"
+    """``"worker 1 (host:port)"``-style names of the processes, for error messages."""
+    spec = resolver.cluster_spec() if layout.num_processes > 1 else None
+    jobs = spec.as_dict() if spec else {}
+    chiefs = 1 if "chief" in jobs else 0
+    names = {}
+    for process in range(layout.num_processes):
+        job, index = ("chief", 0) if chiefs and process == 0 else ("worker", process - chiefs)
+        try:
+            names[process] = f"{job} {index} ({spec.task_address(job, index)})"
+        except (AttributeError, KeyError, IndexError, ValueError):
+            names[process] = f"{job} {index}"
     return names
 
 
