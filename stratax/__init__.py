@@ -12,8 +12,9 @@ Port a TensorFlow program by changing two import lines::
         model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
     model.fit(x_train, y_train, epochs=5, batch_size=64)   # 64 = global batch
 
-Importing stratax selects Keras' JAX backend (import stratax before keras) and applies
-``STRATAX_CPU_DEVICES`` if set.
+Keras must run on JAX: an installed stratax makes JAX Keras' default backend (a ``.pth`` hook,
+only while ``KERAS_BACKEND`` is unset), and importing stratax before keras selects it too.
+Importing stratax also applies ``STRATAX_CPU_DEVICES`` if set.
 """
 
 from stratax._src.keras.backend import ensure_jax_backend as _ensure_jax_backend
