@@ -181,11 +181,11 @@ for epoch in range(EPOCHS):
     state["train_accuracy"] = values(train_accuracy.variables)
 
 # ---------------------------------------------------------------------------- back to Keras
-for variable, value in zip(model.trainable_variables, state["trainable"]):
+for variable, value in zip(model.trainable_variables, state["trainable"], strict=True):
     variable.assign(value)
-for variable, value in zip(model.non_trainable_variables, state["non_trainable"]):
+for variable, value in zip(model.non_trainable_variables, state["non_trainable"], strict=True):
     variable.assign(value)
-for variable, value in zip(optimizer.variables, state["optimizer"]):
+for variable, value in zip(optimizer.variables, state["optimizer"], strict=True):
     variable.assign(value)
 
 with strategy.scope():

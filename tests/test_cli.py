@@ -157,7 +157,7 @@ def test_load_digits_shapes_dtypes_and_ranges():
 
 def test_load_digits_split_is_deterministic_per_seed():
     first, second, other = load_digits(split_seed=3), load_digits(split_seed=3), load_digits()
-    for a, b in zip(first, second):
+    for a, b in zip(first, second, strict=True):
         np.testing.assert_array_equal(a[0], b[0])
         np.testing.assert_array_equal(a[1], b[1])
     assert not np.array_equal(first[1][0], other[1][0])

@@ -58,7 +58,7 @@ def test_resume_mid_epoch_equals_uninterrupted(tmp_path, crash_step):
     resumed = _model(strategy)
     resumed.fit(x, y, batch_size=16, epochs=3, verbose=0,
                 callbacks=[sx.BackupAndRestore(backup, save_freq=3)])
-    for got, want in zip(resumed.get_weights(), reference.get_weights()):
+    for got, want in zip(resumed.get_weights(), reference.get_weights(), strict=True):
         np.testing.assert_array_equal(got, want)
     assert checkpoint_io.latest_version(backup) is None  # deleted when training completed
 
@@ -83,7 +83,7 @@ def test_sigterm_saves_and_exits_with_preemption_code(tmp_path):
     reference = _model(strategy)
     reference.fit(x, y, batch_size=16, epochs=2, verbose=0,
                   callbacks=[sx.BackupAndRestore(str(tmp_path / "ref"))])
-    for got, want in zip(resumed.get_weights(), reference.get_weights()):
+    for got, want in zip(resumed.get_weights(), reference.get_weights(), strict=True):
         np.testing.assert_array_equal(got, want)
 
 

@@ -55,7 +55,7 @@ def reference_fit():
 def test_fit_matches_one_device(reference_fit, replicas):
     ref_weights, ref_history = reference_fit
     weights, history = _fit(replicas)
-    for got, want in zip(weights, ref_weights):
+    for got, want in zip(weights, ref_weights, strict=True):
         np.testing.assert_allclose(got, want, atol=TOLERANCE, rtol=TOLERANCE)
     np.testing.assert_allclose(history["loss"], ref_history["loss"], rtol=1e-5)
     np.testing.assert_allclose(history["accuracy"], ref_history["accuracy"], rtol=1e-6)
@@ -63,7 +63,7 @@ def test_fit_matches_one_device(reference_fit, replicas):
 
 def test_fit_with_steps_per_execution_matches_one_device(reference_fit):
     weights, _ = _fit(4, steps_per_execution=4)
-    for got, want in zip(weights, reference_fit[0]):
+    for got, want in zip(weights, reference_fit[0], strict=True):
         np.testing.assert_allclose(got, want, atol=TOLERANCE, rtol=TOLERANCE)
 
 
@@ -115,7 +115,7 @@ def reference_loop():
 @pytest.mark.parametrize("replicas", [1, 2, 4, 8])
 def test_custom_loop_matches_one_device(reference_loop, replicas):
     weights, losses = _custom_loop(replicas)
-    for got, want in zip(weights, reference_loop[0]):
+    for got, want in zip(weights, reference_loop[0], strict=True):
         np.testing.assert_allclose(got, want, atol=TOLERANCE, rtol=TOLERANCE)
     np.testing.assert_allclose(losses, reference_loop[1], rtol=1e-5)
     assert losses[-1] < losses[0]

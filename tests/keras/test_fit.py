@@ -29,7 +29,7 @@ def _compiled(strategy, **compile_kwargs):
 
 
 def _assert_same_weights(a, b, tol=2e-5):
-    for got, want in zip(a.get_weights(), b.get_weights()):
+    for got, want in zip(a.get_weights(), b.get_weights(), strict=True):
         np.testing.assert_allclose(got, want, atol=tol, rtol=tol)
 
 

@@ -34,7 +34,7 @@ def load_weights(path: Path) -> list[np.ndarray]:
 
 def assert_same_weights(a, b, tol=0.0):
     assert len(a) == len(b)
-    for x, y in zip(a, b):
+    for x, y in zip(a, b, strict=True):
         np.testing.assert_allclose(x, y, atol=tol, rtol=tol)
 
 

@@ -48,7 +48,7 @@ def test_per_replica_outputs_reduce_and_gather(strategy):
     n = strategy.num_replicas_in_sync
     per_replica = strategy.run(lambda x: x * 2.0, args=(_ids(strategy),))
     expected = [np.full((2,), 2.0 * i) for i in range(n)]
-    for got, want in zip(strategy.experimental_local_results(per_replica), expected):
+    for got, want in zip(strategy.experimental_local_results(per_replica), expected, strict=True):
         np.testing.assert_array_equal(got, want)
     assert float(strategy.reduce("sum", per_replica, axis=None).sum()) == pytest.approx(
         sum(w.sum() for w in expected))

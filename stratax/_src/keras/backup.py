@@ -140,14 +140,14 @@ class BackupAndRestore(keras.callbacks.Callback):
     def _restore(self, arrays: list[np.ndarray], meta: dict[str, Any]) -> None:
         variables = self._state_variables()
         if meta.get("format") != _FORMAT or len(arrays) != len(variables) or any(
-            tuple(a.shape) != tuple(v.shape) for a, v in zip(arrays, variables)
+            tuple(a.shape) != tuple(v.shape) for a, v in zip(arrays, variables, strict=True)
         ):
             raise ValueError(
                 f"The backup in {self.backup_dir!r} does not match this model and optimizer "
                 f"({len(arrays)} saved arrays, {len(variables)} variables now). Use another "
                 "backup_dir, or delete this one to start over."
             )
-        for variable, value in zip(variables, arrays):
+        for variable, value in zip(variables, arrays, strict=True):
             variable.assign(value)
         epoch, self._skip = self._normalize(int(meta["epoch"]), int(meta["steps_in_epoch"]))
         self.model._initial_epoch = epoch  # noqa: SLF001 - Keras' resume hook

@@ -41,7 +41,7 @@ from stratax._src.keras import checkpoint_io, session
 from stratax._src.keras.backup import BackupAndRestore
 from stratax._src.keras.distribution import StrategyDistribution
 from stratax._src.keras.inputs import BatchList, adapt_input
-from stratax._src.keras.process_shard import ProcessShard, shard_arguments
+from stratax._src.keras.process_shard import shard_arguments
 from stratax._src.runtime import distributed
 from stratax._src.runtime.throttle import DispatchWindow
 from stratax._src.strategies.base import Strategy

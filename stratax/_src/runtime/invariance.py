@@ -40,7 +40,7 @@ def varying_outputs(jaxpr: Any, varying_inputs: Sequence[bool], axis: str) -> li
         raise ValueError(
             f"Got {len(varying_inputs)} input flags for a jaxpr with {len(inner.invars)} inputs."
         )
-    varying: dict[Any, bool] = dict(zip(inner.invars, varying_inputs))
+    varying: dict[Any, bool] = dict(zip(inner.invars, varying_inputs, strict=True))
     for var in inner.constvars:
         varying[var] = False
 
@@ -52,7 +52,7 @@ def varying_outputs(jaxpr: Any, varying_inputs: Sequence[bool], axis: str) -> li
     for eqn in inner.eqns:
         flags = [is_varying(v) for v in eqn.invars]
         out = _equation_outputs(eqn, flags, axis)
-        for var, flag in zip(eqn.outvars, out):
+        for var, flag in zip(eqn.outvars, out, strict=True):
             varying[var] = flag
     return [is_varying(v) for v in inner.outvars]
 

@@ -150,11 +150,11 @@ class Strategy:
         call, out_tree, out_varying = compiled
         placed = [
             jax.device_put(x, self._stacked if k == _PER_REPLICA else self._replicated)
-            for x, k in zip(dynamic, (k for k in kinds if k != _STATIC))
+            for x, k in zip(dynamic, (k for k in kinds if k != _STATIC), strict=True)
         ]
         flat = call(*placed)
         self._window.admit(flat)
-        wrapped = [PerReplica(x) if v else x for x, v in zip(flat, out_varying)]
+        wrapped = [PerReplica(x) if v else x for x, v in zip(flat, out_varying, strict=True)]
         return jax.tree.unflatten(out_tree, wrapped)
 
     def _classify(self, leaves: list[Any]) -> tuple[list[str], list[Any], list[Any]]:
@@ -193,7 +193,7 @@ class Strategy:
         def body(expand_flags: list[bool] | None, *local: Any) -> list[Any]:
             it = iter(local)
             rebuilt = []
-            for kind, leaf in zip(kinds, leaves):
+            for kind, leaf in zip(kinds, leaves, strict=True):
                 if kind == _PER_REPLICA:
                     rebuilt.append(next(it)[0])
                 elif kind == _REPLICATED:
@@ -208,7 +208,7 @@ class Strategy:
             flat = [jnp.asarray(x) for x in flat]
             if expand_flags is None:
                 return [x[None] for x in flat]
-            return [x[None] if e else x for x, e in zip(flat, expand_flags)]
+            return [x[None] if e else x for x, e in zip(flat, expand_flags, strict=True)]
 
         in_specs = tuple(P(REPLICA_AXIS) if k == _PER_REPLICA else P() for k in kinds if k != _STATIC)
         probe = jax.shard_map(
