@@ -135,3 +135,19 @@ def test_mismatched_backup_and_bad_arguments(tmp_path):
     with pytest.raises(RuntimeError, match="needs a model built under a strategy scope"):
         plain.fit(x, np.zeros((120, 3)), verbose=0,
                   callbacks=[sx.BackupAndRestore(str(tmp_path / "other"))])
+
+
+def test_backup_with_validation_data_trains_like_plain_fit(tmp_path):
+    """fit's own validation ``evaluate`` gets a CallbackList; backups must not change training."""
+    strategy = sx.MirroredStrategy(["cpu:0", "cpu:1"])
+    x, y = _data()
+    kwargs = {"batch_size": 16, "epochs": 2, "shuffle": False, "verbose": 0,
+              "validation_data": (x[:30], y[:30])}
+    with_backup = _model(strategy)
+    history = with_backup.fit(x, y, callbacks=[sx.BackupAndRestore(str(tmp_path), save_freq=3)],
+                              **kwargs)
+    plain = _model(strategy)
+    plain_history = plain.fit(x, y, **kwargs)
+    assert history.history == plain_history.history
+    for got, want in zip(with_backup.get_weights(), plain.get_weights(), strict=True):
+        np.testing.assert_array_equal(got, want)

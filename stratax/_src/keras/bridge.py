@@ -159,6 +159,7 @@ def _prepare_arguments(strategy: Strategy, method: Callable[..., Any], name: str
             arguments["shuffle"] = False  # batches come in the order given, as from a dataset
     _check_batch_size(strategy, name, arguments)
     callbacks = arguments.get("callbacks") or ()
+    callbacks = getattr(callbacks, "callbacks", callbacks)  # a CallbackList, from fit's validation
     needs_plan = any(isinstance(c, BackupAndRestore) for c in callbacks)
     if strategy.is_multi_process or needs_plan:
         processes = sorted({d.process_index for d in strategy.devices})
