@@ -19,7 +19,7 @@ import os
 from stratax._src.cluster import envvars
 from stratax._src.cluster.cluster_spec import ClusterSpec, parse_address
 from stratax._src.cluster.layout import SYNC_JOBS, ProcessLayout
-from stratax._src.cluster.resolver import ClusterResolver, format_master_url
+from stratax._src.cluster.resolver import ClusterResolver
 from stratax._src.cluster.tfconfig import parse_tf_config
 from stratax._src.core import env
 
@@ -154,10 +154,4 @@ class LauncherClusterResolver(ClusterResolver):
         """
         if self._num_processes == 1 and task_type is None and task_id is None:
             return ""
-        task_type = task_type if task_type is not None else self.task_type
-        task_id = task_id if task_id is not None else self.task_id
-        if task_type is None or task_id is None:
-            return ""
-        return format_master_url(
-            self._cluster_spec.task_address(task_type, task_id), rpc_layer or self.rpc_layer
-        )
+        return super().master(task_type, task_id, rpc_layer)

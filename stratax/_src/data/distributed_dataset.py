@@ -25,6 +25,7 @@ from jax.sharding import PartitionSpec as P
 
 from stratax._src.data.input_context import AutoShardPolicy, InputContext, InputOptions
 from stratax._src.data.values import PerReplica
+from stratax._src.runtime.devices import local_replica_ids, process_rank
 
 _REPLICA_AXIS = "replica"
 
@@ -51,10 +52,9 @@ class _Placement:
     def __init__(self, mesh: Mesh) -> None:
         devices = list(mesh.devices.flat)
         self.num_replicas = len(devices)
-        self.local_replicas = [i for i, d in enumerate(devices) if d.process_index == jax.process_index()]
+        self.local_replicas = local_replica_ids(devices)
         self.sharding = NamedSharding(mesh, P(_REPLICA_AXIS))
-        self.num_processes = len({d.process_index for d in devices})
-        self.process_rank = sorted({d.process_index for d in devices}).index(jax.process_index())
+        self.process_rank, self.num_processes = process_rank(devices)
 
     def stack(self, local_rows: np.ndarray | jax.Array) -> PerReplica:
         """Places this process's ``(num_local_replicas, per_replica, ...)`` block as a PerReplica."""
@@ -198,24 +198,21 @@ class DistributedDatasetsFromFunction:
         self._dataset = dataset_fn(context)
 
     def __iter__(self) -> DistributedIterator:
-        return DistributedIterator(self._produce(), self._options.experimental_prefetch_to_device)
+        produce = (stack_per_replica_batches(step, self._placement) for step in self._steps())
+        return DistributedIterator(produce, self._options.experimental_prefetch_to_device)
 
     def local_global_batches(self) -> Iterator[Any]:
         """This process's share of each step as one batch: its replicas' batches concatenated."""
-        per_step = len(self._placement.local_replicas)
-        pending: list[Any] = []
-        for batch in iterate_batches(self._dataset):
-            pending.append(batch)
-            if len(pending) == per_step:
-                yield jax.tree.map(lambda *parts: np.concatenate([np.asarray(p) for p in parts]),
-                                   *pending)
-                pending = []
+        for step in self._steps():
+            yield jax.tree.map(lambda *parts: np.concatenate([np.asarray(p) for p in parts]),
+                               *step)
 
-    def _produce(self) -> Iterator[Any]:
+    def _steps(self) -> Iterator[list[Any]]:
+        """The per-replica batches of each step: one per local replica."""
         per_step = len(self._placement.local_replicas)
         pending: list[Any] = []
         for batch in iterate_batches(self._dataset):
             pending.append(batch)
             if len(pending) == per_step:
-                yield stack_per_replica_batches(pending, self._placement)
+                yield pending
                 pending = []

@@ -162,10 +162,9 @@ def _prepare_arguments(strategy: Strategy, method: Callable[..., Any], name: str
     callbacks = getattr(callbacks, "callbacks", callbacks)  # a CallbackList, from fit's validation
     needs_plan = any(isinstance(c, BackupAndRestore) for c in callbacks)
     if strategy.is_multi_process or needs_plan:
-        processes = sorted({d.process_index for d in strategy.devices})
         arguments = shard_arguments(
-            arguments, name, process_rank=processes.index(jax.process_index()),
-            num_processes=len(processes), num_replicas=strategy.num_replicas_in_sync,
+            arguments, name, process_rank=strategy.process_rank,
+            num_processes=strategy.num_processes, num_replicas=strategy.num_replicas_in_sync,
         )
     return arguments
 

@@ -144,6 +144,17 @@ def _name(device: jax.Device) -> str:
     return f"{device.platform}:{same.index(device)}"
 
 
+def local_replica_ids(devices: Sequence[jax.Device]) -> list[int]:
+    """Indices in ``devices`` of this process's devices (its replicas, in replica order)."""
+    return [i for i, d in enumerate(devices) if d.process_index == jax.process_index()]
+
+
+def process_rank(devices: Sequence[jax.Device]) -> tuple[int, int]:
+    """``(rank of this process, number of processes)`` among the processes owning ``devices``."""
+    processes = sorted({d.process_index for d in devices})
+    return processes.index(jax.process_index()), len(processes)
+
+
 def device_name(device: jax.Device) -> str:
     """TensorFlow-style short name of a local device, e.g. ``"cpu:1"``."""
     return _name(device)

@@ -171,8 +171,8 @@ def dead_processes() -> list[int]:
     everyone = list(range(layout.num_processes))
     try:
         alive = client.get_live_nodes(everyone)
-    except Exception:  # noqa: BLE001 - the service itself may be gone with process 0
-        return [p for p in everyone if p != layout.process_id and p == 0]
+    except Exception:  # noqa: BLE001 - the service is gone: process 0, which hosts it, died
+        return [0] if layout.process_id != 0 else []
     return [p for p in everyone if p not in alive]
 
 

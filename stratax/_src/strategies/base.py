@@ -28,6 +28,7 @@ from stratax._src.data.distributed_dataset import (
 from stratax._src.data.input_context import InputContext, InputOptions, ValueContext
 from stratax._src.data.values import Mirrored, PerReplica, is_distributed_leaf
 from stratax._src.runtime import throttle
+from stratax._src.runtime.devices import local_replica_ids, process_rank
 from stratax._src.runtime.invariance import varying_outputs
 from stratax._src.strategies.replica_context import REPLICA_AXIS, ReplicaContext
 
@@ -50,6 +51,8 @@ class Strategy:
 
     def __init__(self, devices: Sequence[jax.Device]) -> None:
         self._devices = list(devices)
+        self._local_ids = local_replica_ids(self._devices)
+        self._process_rank, self._num_processes = process_rank(self._devices)
         self._mesh = Mesh(np.array(self._devices, dtype=object), (REPLICA_AXIS,))
         self._replicated = NamedSharding(self._mesh, P())
         self._stacked = NamedSharding(self._mesh, P(REPLICA_AXIS))
@@ -75,12 +78,21 @@ class Strategy:
     @property
     def is_multi_process(self) -> bool:
         """True when the replicas span several processes (multi-worker)."""
-        return len({d.process_index for d in self._devices}) > 1
+        return self._num_processes > 1
+
+    @property
+    def process_rank(self) -> int:
+        """This process's rank among the strategy's processes (0 on one process)."""
+        return self._process_rank
+
+    @property
+    def num_processes(self) -> int:
+        return self._num_processes
 
     @property
     def is_chief(self) -> bool:
         """True on the process that writes checkpoints and logs (process 0)."""
-        return jax.process_index() == min(d.process_index for d in self._devices)
+        return self._process_rank == 0
 
     @property
     def dispatch_window(self) -> throttle.DispatchWindow:
@@ -242,25 +254,24 @@ class Strategy:
         op = ReduceOp.from_string(reduce_op)
 
         def one(leaf: Any) -> Any:
-            if isinstance(leaf, PerReplica):
-                stacked = leaf.stacked
-            else:
-                base = leaf.value if isinstance(leaf, Mirrored) else jnp.asarray(leaf)
-                stacked = jnp.broadcast_to(base, (self.num_replicas_in_sync, *base.shape))
+            stacked = self._stacked_components(leaf)
             axes = (0,) if axis is None else (0, _normalize_axis(axis, stacked.ndim - 1) + 1)
             return _REDUCERS[op](stacked, axis=axes)
 
         return jax.tree.map(one, value, is_leaf=is_distributed_leaf)
 
+    def _stacked_components(self, leaf: Any) -> Any:
+        """A leaf as ``(num_replicas, ...)``: a replicated value counts once per replica."""
+        if isinstance(leaf, PerReplica):
+            return leaf.stacked
+        base = leaf.value if isinstance(leaf, Mirrored) else jnp.asarray(leaf)
+        return jnp.broadcast_to(base, (self.num_replicas_in_sync, *base.shape))
+
     def gather(self, value: Any, axis: int) -> Any:
         """Concatenates every replica's component of ``value`` along ``axis``, in replica order."""
 
         def one(leaf: Any) -> Any:
-            if isinstance(leaf, PerReplica):
-                stacked = leaf.stacked
-            else:
-                base = leaf.value if isinstance(leaf, Mirrored) else jnp.asarray(leaf)
-                stacked = jnp.broadcast_to(base, (self.num_replicas_in_sync, *base.shape))
+            stacked = self._stacked_components(leaf)
             if stacked.ndim < 2:
                 raise ValueError(
                     "gather needs components with at least one dimension; received scalars. "
@@ -278,7 +289,7 @@ class Strategy:
         A replicated value gives one identical entry per local replica; a pytree gives a tuple
         of pytrees.
         """
-        local = [i for i, d in enumerate(self._devices) if d.process_index == jax.process_index()]
+        local = self._local_ids
 
         def components(leaf: Any) -> list[Any]:
             if isinstance(leaf, PerReplica):
@@ -311,8 +322,7 @@ class Strategy:
     ) -> Any:
         """Builds a ``PerReplica`` value from ``value_fn(ValueContext)`` called for each local replica."""
         n = self.num_replicas_in_sync
-        local = [i for i, d in enumerate(self._devices) if d.process_index == jax.process_index()]
-        values = [value_fn(ValueContext(i, n)) for i in local]
+        values = [value_fn(ValueContext(i, n)) for i in self._local_ids]
 
         def stack(*components: Any) -> PerReplica:
             block = np.stack([np.asarray(c) for c in components])

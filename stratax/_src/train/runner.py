@@ -14,11 +14,10 @@ import sys
 import time
 from typing import Any, Optional, TextIO
 
-import jax
 import keras
 
 from stratax._src.datasets import load_digits
-from stratax._src.runtime.devices import device_name, set_cpu_device_count
+from stratax._src.runtime.devices import device_name, local_replica_ids, set_cpu_device_count
 from stratax._src.strategies.registry import strategy_from_name
 from stratax._src.train.config import TrainConfig, check_batch_size
 from stratax._src.train.models import build_model
@@ -140,7 +139,7 @@ def run_training(config: TrainConfig, out: Optional[TextIO] = None) -> TrainResu
             metrics=["accuracy"],
         )
     (x_train, y_train), (x_test, y_test) = load_digits(flatten=flat)
-    local = [d for d in strategy.devices if d.process_index == jax.process_index()]
+    local = [strategy.devices[i] for i in local_replica_ids(strategy.devices)]
     names = ", ".join(device_name(d) for d in local)
     if len(local) < replicas:
         names += f"; {replicas - len(local)} more in other processes"
