@@ -80,7 +80,7 @@ def test_batch_size_that_does_not_split_is_a_usage_error(capsys):
     code = cli.main(["train", "--batch-size", str(replicas * 8 + 1), "--verbose", "0"])
     assert code == 2
     err = capsys.readouterr().err
-    assert f"--batch-size {replicas * 8 + 1} does not split over {replicas} replicas" in err
+    assert f"Global batch size {replicas * 8 + 1} does not split over {replicas} replicas" in err
     assert f"--batch-size {replicas * 8}" in err  # the suggested fix
 
 

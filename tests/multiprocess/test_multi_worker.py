@@ -38,7 +38,8 @@ def _launch(args, tmp_path, **kwargs):
 
 @pytest.fixture(autouse=True)
 def _no_inherited_cluster(monkeypatch):
-    for name in ("STRATAX_CPU_DEVICES", "TF_CONFIG"):
+    # XLA_FLAGS holds the 8-device split that `import stratax` made from STRATAX_CPU_DEVICES.
+    for name in ("STRATAX_CPU_DEVICES", "TF_CONFIG", "XLA_FLAGS"):
         monkeypatch.delenv(name, raising=False)
 
 

@@ -56,3 +56,5 @@ STRATAX_K8S_JOB_NAME = "STRATAX_K8S_JOB_NAME"
 STRATAX_K8S_PORT = "STRATAX_K8S_PORT"
 # How many compiled steps the host may dispatch ahead on multi-device CPU (0 = unbounded).
 STRATAX_MAX_STEPS_IN_FLIGHT = "STRATAX_MAX_STEPS_IN_FLIGHT"
+# Set to 1 to run with Keras/JAX versions outside the tested range (stratax._src.seam).
+STRATAX_SKIP_VERSION_CHECK = "STRATAX_SKIP_VERSION_CHECK"

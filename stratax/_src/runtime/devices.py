@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from typing import Union
 
 import jax
-from jax._src import xla_bridge
 
+from stratax._src import seam, startup
 from stratax._src.core import env
 
 DeviceLike = Union[str, jax.Device]
@@ -26,7 +26,7 @@ _FORCE_FLAG = "--xla_force_host_platform_device_count"
 
 def jax_started() -> bool:
     """True once JAX has initialised its backends (device counts are then fixed)."""
-    return bool(xla_bridge.backends_are_initialized())
+    return seam.jax_backends_initialized()
 
 
 def set_cpu_device_count(count: int) -> None:
@@ -58,24 +58,8 @@ def set_cpu_device_count(count: int) -> None:
             f"any JAX computation, or set `{env.STRATAX_CPU_DEVICES}={count}` in the environment."
         )
     if _FORCE_FLAG in os.environ.get(env.XLA_FLAGS, ""):
-        flags = [f for f in os.environ[env.XLA_FLAGS].split() if not f.startswith(_FORCE_FLAG)]
-        os.environ[env.XLA_FLAGS] = " ".join(flags + [f"{_FORCE_FLAG}={count}"])
+        startup.force_cpu_devices_flag(count)
     jax.config.update("jax_num_cpu_devices", count)
-
-
-def apply_cpu_device_env() -> None:
-    """Applies ``STRATAX_CPU_DEVICES`` from the environment, if set (called on ``import stratax``)."""
-    raw = os.environ.get(env.STRATAX_CPU_DEVICES, "").strip()
-    if not raw:
-        return
-    try:
-        count = int(raw)
-    except ValueError:
-        raise ValueError(
-            f"{env.STRATAX_CPU_DEVICES}={raw!r} is not an integer; set it to the number of CPU "
-            f"replicas wanted, e.g. {env.STRATAX_CPU_DEVICES}=2."
-        ) from None
-    set_cpu_device_count(count)
 
 
 def default_devices() -> list[jax.Device]:

@@ -27,6 +27,7 @@ from typing import TypeVar
 
 import jax
 
+from stratax._src import seam
 from stratax._src.cluster.layout import ProcessLayout
 from stratax._src.core.errors import CollectiveTimeoutError, WorkerUnavailableError
 from stratax._src.runtime.devices import jax_started
@@ -162,9 +163,7 @@ def _report_join_timeout(layout: ProcessLayout, timeout: int) -> None:
 
 def dead_processes() -> list[int]:
     """Processes the coordination service no longer sees (empty when unknown or all alive)."""
-    from jax._src import distributed as jax_distributed  # the client has no public accessor
-
-    client = jax_distributed.global_state.client
+    client = seam.distributed_client()
     layout = runtime.layout
     if client is None or layout is None:
         return []

@@ -49,6 +49,8 @@ class Strategy:
         >>> model.fit(x, y, batch_size=256)     # 256 = global batch
     """
 
+    is_default = False  # True only for the strategy current outside any scope
+
     def __init__(self, devices: Sequence[jax.Device]) -> None:
         self._devices = list(devices)
         self._local_ids = local_replica_ids(self._devices)
