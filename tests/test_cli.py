@@ -81,7 +81,7 @@ def test_batch_size_that_does_not_split_is_a_usage_error(capsys):
     assert code == 2
     err = capsys.readouterr().err
     assert f"Global batch size {replicas * 8 + 1} does not split over {replicas} replicas" in err
-    assert f"--batch-size {replicas * 8}" in err  # the suggested fix
+    assert f"stratax train --batch-size={replicas * 8}" in err  # the suggested fix
 
 
 def test_unknown_strategy_is_rejected_with_the_choices(capsys):
