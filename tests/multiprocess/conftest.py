@@ -22,7 +22,8 @@ def free_port() -> int:
 
 def worker_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith("STRATAX_") and k not in ("TF_CONFIG", "PYTEST_CURRENT_TEST")}
+           if not k.startswith("STRATAX_")
+           and k not in ("TF_CONFIG", "PYTEST_CURRENT_TEST", "XLA_FLAGS")}
     env.update(extra)
     return env
 
