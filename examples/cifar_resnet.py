@@ -19,6 +19,7 @@ import argparse
 import time
 
 import stratax as sx  # import stratax before keras: it selects Keras' JAX backend
+
 import keras  # isort: skip
 import numpy as np  # isort: skip
 

@@ -22,6 +22,7 @@ import os
 import tempfile
 
 import stratax as sx  # import stratax before keras: it selects Keras' JAX backend
+
 import jax  # isort: skip
 import keras  # isort: skip
 import numpy as np  # isort: skip

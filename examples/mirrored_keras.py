@@ -22,6 +22,7 @@ import os
 import tempfile
 
 import stratax as sx  # stratax: was `import tensorflow as tf`; import it before keras
+
 import keras  # isort: skip
 
 from stratax.datasets import load_digits  # stratax: was tensorflow_datasets' MNIST

@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 
 from stratax._src import cli
-from stratax.datasets import load_digits
 from stratax._src.train.config import MODEL_NAMES, TrainConfig, check_batch_size
 from stratax._src.train.models import MODELS
 from stratax._src.train.runner import SUMMARY_PREFIX, throughput
+from stratax.datasets import load_digits
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SUMMARY_RE = re.compile(
@@ -126,7 +126,7 @@ def test_config_and_throughput_helpers():
     with pytest.raises(ValueError, match="Unknown model 'resnet'"):
         TrainConfig(model="resnet").validate()
     check_batch_size(64, 8)
-    with pytest.raises(ValueError, match="multiple of 3, e.g. --batch-size 63"):
+    with pytest.raises(ValueError, match=r"multiple of 3, e\.g\. --batch-size 63"):
         check_batch_size(64, 3)
     # The first (compiling) epoch is ignored; the median resists one slow epoch.
     steady, mean, timed = throughput([9.0, 1.0, 1.0, 4.0], samples_per_epoch=100)
