@@ -110,10 +110,11 @@ def main(argv: list[str] | None = None) -> int:
         print("error: invalid plan:\n  " + "\n  ".join(problems), file=sys.stderr)
         return 2
     started = time.monotonic()
-    suite = Suite(mode=mode, reps=args.reps, say=lambda s: print(s, flush=True))
+    suite = Suite(mode=mode, reps=args.reps, say=lambda s: print(s, flush=True),
+                  results_dir=RESULTS_DIR)
     for bench in benches:
         suite.run_benchmark(bench)
-    summary = write_summary(RESULTS_DIR, list(BENCHMARKS))
+    summary = write_summary(suite.results_dir, list(BENCHMARKS))
     failed = sum(o.status != "ok" for o in suite.done.values())
     print(f"\nDone in {(time.monotonic() - started) / 60:.1f} min: {len(suite.done)} "
           f"configurations, {failed} failed or not installed. Results in {RESULTS_DIR}/ "
