@@ -100,7 +100,8 @@ def test_timeout_stops_the_group_even_a_worker_ignoring_sigterm(scripts):
 
 POLITE = '''
 def on_term(signum, frame):
-    open(os.path.join(OUT, "term_%d" % RANK), "w").close()
+    with open(os.path.join(OUT, "term_%d" % RANK), "w") as f:
+        f.write(str(signum))
     sys.exit(0)
 signal.signal(signal.SIGTERM, on_term)
 record_pid("polite_%d" % RANK)
@@ -118,5 +119,7 @@ def test_sigterm_to_launcher_is_forwarded_to_workers(scripts, run_cli):
     assert proc.returncode == 128 + signal.SIGTERM, stderr
     assert "interrupted by SIGTERM" in stderr
     for rank, pid in enumerate(pids):
-        assert (scripts.out / f"term_{rank}").exists(), f"worker {rank} never got SIGTERM"
+        term = scripts.out / f"term_{rank}"
+        assert term.exists(), f"worker {rank} never got SIGTERM"
+        assert term.read_text() == str(int(signal.SIGTERM))  # what its handler received
         assert scripts.wait_gone(pid, 3.0)
