@@ -51,7 +51,7 @@ def _run(args: list[str], timeout: float, env: dict[str, str] | None = None
 @pytest.mark.timeout(150)
 def test_train_two_cpu_replicas_end_to_end():
     result = _run(["-m", "stratax._src.cli", "train", "--epochs", "3", "--devices", "2",
-                   "--verbose", "2", "--min-accuracy", "0.5"], timeout=120)
+                   "--verbose", "2", "--min-accuracy", "0.88"], timeout=120)
     assert result.returncode == 0, result.stderr
     assert "MirroredStrategy with 2 replicas [cpu:0, cpu:1], global batch 64 (32 per replica)" \
         in result.stdout
@@ -60,7 +60,8 @@ def test_train_two_cpu_replicas_end_to_end():
     assert match, result.stdout
     assert match["replicas"] == "2"
     assert (match["strategy"], match["cls"]) == ("mirrored", "MirroredStrategy")
-    assert 0.5 < float(match["acc"]) <= 1.0  # 10 classes: chance is 0.1; 3 epochs give ~0.89
+    # 10 classes: chance is 0.1; 3 epochs with the default seed 0 give 0.8942 on every run.
+    assert 0.88 <= float(match["acc"]) <= 1.0
     assert float(match["rate"].replace(",", "")) > 0
 
 

@@ -57,7 +57,8 @@ def test_wheel_ships_the_backend_hook_and_the_guide_program_runs_keras_first(tmp
     lines = done.stdout.split("\n")
     assert lines[0] == "2"
     backend, accuracy = lines[1].split()[1], float(lines[1].split()[3])
-    assert backend == "jax" and accuracy > 0.85
+    # The program is unseeded (as written): 12 runs gave 0.886-0.905.
+    assert backend == "jax" and accuracy >= 0.87
 
 
 def test_ci_runs_exactly_the_readme_test_command():

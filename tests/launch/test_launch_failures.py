@@ -38,8 +38,7 @@ def test_failing_worker_stops_sleeping_sibling_and_is_named(scripts):
     for name in ("sleeper", "grandchild"):
         assert scripts.wait_gone(scripts.pid(name), 3.0), f"{name} survived the teardown"
     failure = result.failure
-    assert failure is not None and failure.name == "worker 1"
-    assert (failure.exit_code, failure.signal_name) == (3, None)
+    assert (failure.name, failure.exit_code, failure.signal_name) == ("worker 1", 3, None)
     assert "worker 1" in result.summary and "exit code 3" in result.summary
     assert "Traceback: something broke" in result.summary
     assert "worker one is about to fail" in result.summary
@@ -52,7 +51,7 @@ def test_worker_killed_by_signal_is_reported_with_the_signal_name(scripts):
     script = scripts.write("kill.py", FAIL_ONE.format(exit="os.kill(os.getpid(), 9)"))
     result = launch([sys.executable, script], nproc_per_node=2, stream_output=False)
     assert result.exit_code == 128 + 9
-    assert result.failure is not None and result.failure.signal_name == "SIGKILL"
+    assert (result.failure.name, result.failure.signal_name) == ("worker 1", "SIGKILL")
     assert "worker 1" in result.summary and "signal SIGKILL" in result.summary
     assert scripts.wait_gone(scripts.pid("sleeper"), 3.0)
 
