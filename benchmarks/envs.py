@@ -26,9 +26,10 @@ from benchmarks.configs import Device
 TF_REQUIREMENTS = {"cpu": ("tensorflow>=2.16,<3", "tf-keras"),
                    "gpu": ("tensorflow[and-cuda]>=2.16,<3", "tf-keras")}
 INSTALL_TIMEOUT_S = 1800
-# What the parent process itself imports (data files, plots), with the pip name that provides
-# it; declared as the ``bench`` extra in pyproject.toml: ``python -m pip install -e ".[bench]"``.
-HARNESS_MODULES = {"numpy": "numpy", "matplotlib": "matplotlib"}
+# What the parent process imports beyond stratax's own dependencies (numpy, which it also
+# uses, is one of those), with the pip name that provides it; declared as the ``bench`` extra
+# in pyproject.toml: ``python -m pip install -e ".[bench]"``.
+HARNESS_MODULES = {"matplotlib": "matplotlib"}
 VERSION_PACKAGES = ("stratax", "jax", "jaxlib", "keras", "numpy", "tensorflow", "tf-keras",
                     "ml_dtypes", "optree", "protobuf", "h5py", "matplotlib", "jax-cuda12-plugin")
 THREAD_ENV = ("OPENBLAS_CORETYPE", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS",

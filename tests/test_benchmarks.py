@@ -109,7 +109,7 @@ def test_run_writes_tables_plot_and_summary_from_the_repetitions(fake_runs, caps
 
 def test_missing_harness_dependency_stops_run_before_any_child(monkeypatch, fake_runs, capsys):
     monkeypatch.setattr(benchmarks.envs, "HARNESS_MODULES",
-                        {"numpy": "numpy", "no_such_module_for_this_test": "no-such-dist"})
+                        {"matplotlib": "matplotlib", "no_such_module_in_test": "no-such-dist"})
 
     def no_child(*args):
         pytest.fail("a child was started although a harness dependency is missing")
