@@ -38,8 +38,7 @@ def test_failing_worker_stops_sleeping_sibling_and_is_named(scripts):
     for name in ("sleeper", "grandchild"):
         assert scripts.wait_gone(scripts.pid(name), 3.0), f"{name} survived the teardown"
     failure = result.failure
-    assert failure is not None and failure.name == "worker 1"
-    assert (failure.exit_code, failure.signal_name) == (3, None)
+    assert (failure.name, failure.exit_code, failure.signal_name) == ("worker 1", 3, None)
     assert "worker 1" in result.summary and "exit code 3" in result.summary
     assert "Traceback: something broke" in result.summary
     assert "worker one is about to fail" in result.summary
@@ -52,7 +51,7 @@ def test_worker_killed_by_signal_is_reported_with_the_signal_name(scripts):
     script = scripts.write("kill.py", FAIL_ONE.format(exit="os.kill(os.getpid(), 9)"))
     result = launch([sys.executable, script], nproc_per_node=2, stream_output=False)
     assert result.exit_code == 128 + 9
-    assert result.failure is not None and result.failure.signal_name == "SIGKILL"
+    assert (result.failure.name, result.failure.signal_name) == ("worker 1", "SIGKILL")
     assert "worker 1" in result.summary and "signal SIGKILL" in result.summary
     assert scripts.wait_gone(scripts.pid("sleeper"), 3.0)
 
@@ -100,7 +99,8 @@ def test_timeout_stops_the_group_even_a_worker_ignoring_sigterm(scripts):
 
 POLITE = '''
 def on_term(signum, frame):
-    open(os.path.join(OUT, "term_%d" % RANK), "w").close()
+    with open(os.path.join(OUT, "term_%d" % RANK), "w") as f:
+        f.write(str(signum))
     sys.exit(0)
 signal.signal(signal.SIGTERM, on_term)
 record_pid("polite_%d" % RANK)
@@ -118,5 +118,7 @@ def test_sigterm_to_launcher_is_forwarded_to_workers(scripts, run_cli):
     assert proc.returncode == 128 + signal.SIGTERM, stderr
     assert "interrupted by SIGTERM" in stderr
     for rank, pid in enumerate(pids):
-        assert (scripts.out / f"term_{rank}").exists(), f"worker {rank} never got SIGTERM"
+        term = scripts.out / f"term_{rank}"
+        assert term.exists(), f"worker {rank} never got SIGTERM"
+        assert term.read_text() == str(int(signal.SIGTERM))  # what its handler received
         assert scripts.wait_gone(pid, 3.0)
