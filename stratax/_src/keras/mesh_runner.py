@@ -17,7 +17,6 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import keras
 
 from stratax._src import seam
@@ -43,10 +42,9 @@ class MeshRunner(KerasRunner):
 
     def batches(self, local_batches: Iterator[tuple[Any, bool]]) -> Iterator[Any]:
         if self.distribution is None:
-            # Uncommitted arrays on the default device, as Keras makes them: committing them
-            # would change jit's cache key between steps and recompile the step.
+            device = self.strategy.devices[0]
             for batch, _ in local_batches:
-                yield jax.tree.map(jnp.asarray, batch)
+                yield jax.device_put(batch, device)
             return
         for batch, replicated in local_batches:
             sharding = self.distribution.placement(replicated)
@@ -72,6 +70,8 @@ class MeshRunner(KerasRunner):
 
     def make_step(self, build: Callable[[Callable[..., Any]], Callable[..., Any]],
                   step_fn: Callable[..., Any]) -> Callable[..., Any]:
+        if self.distribution is None:
+            return build(_committed(step_fn, self.strategy.devices[0]))
         window = self.strategy.dispatch_window
         if window.size <= 0:
             return build(step_fn)
@@ -90,3 +90,23 @@ class MeshRunner(KerasRunner):
 
     def finish(self) -> None:
         self.strategy.dispatch_window.drain()
+
+
+def _committed(step_fn: Callable[..., Any], device: Any) -> Callable[..., Any]:
+    """``step_fn`` with its state committed to ``device``, so it compiles once.
+
+    jit's cache key includes whether each argument is committed to a device. Keras hands over
+    fresh, uncommitted state at the start of a call and after ``reset_metrics``; committing it
+    (and the batches) keeps every call of the step on one compiled program. A state the step
+    returned is already committed and passes through untouched.
+    """
+    returned: list[Any] = [None]
+
+    def step(state: Any, data: Any) -> Any:
+        if state is not returned[0]:
+            state = jax.device_put(state, device)
+        logs, new_state = step_fn(state, data)
+        returned[0] = new_state
+        return logs, new_state
+
+    return step
