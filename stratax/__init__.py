@@ -71,7 +71,7 @@ _EXPORTS = {
     "in_cross_replica_context": "stratax._src.core.context",
     "launch": "stratax.launch",
     "scale_regularization_loss": "stratax._src.strategies.losses",
-    "set_cpu_device_count": "stratax._src.runtime.devices",
+    "set_cpu_device_count": "stratax._src.startup",
 }
 # Names that need neither JAX nor Keras: using them does not run the install step.
 _LIGHT = frozenset({"cluster_resolver", "launch", "CollectiveTimeoutError", "MixedStrategyError",

@@ -1,22 +1,35 @@
 """The seam: the only place where stratax touches private parts of Keras and JAX.
 
-Everything else in stratax uses public Keras and JAX API. What is hooked, and why:
+Everything else in stratax uses public Keras and JAX API. What is hooked (replaced, read or
+written), what for, and which stratax module relies on it:
 
-| private part | used for | by |
-| --- | --- | --- |
-| ``keras.Model.{fit,evaluate,predict,train_on_batch,test_on_batch,predict_on_batch}`` and ``Trainer.compile`` (replaced) | a model bound to a strategy runs its calls through the strategy's Keras runner | ``keras.methods`` |
-| ``keras.Model.{save,save_weights}`` (replaced) | atomic, chief-only saves | ``keras.saving`` |
-| ``JAXTrainer._make_function`` (replaced) | the runner decides how a group of ``steps_per_execution`` steps runs | ``keras.runner`` |
-| ``JAXEpochIterator._get_iterator`` (replaced), its ``data_adapter`` (read) | the runner feeds the epoch's batches, placed on the replicas | ``keras.session`` |
-| ``PyDatasetAdapter.py_dataset`` (read) | finding stratax's feed behind Keras' epoch iterator | ``keras.session`` |
-| ``keras.src.trainers.data_adapters.array_slicing.train_validation_split`` | ``validation_split`` exactly as Keras cuts it | ``keras.feed`` |
-| ``keras.src.trainers.data_adapters.data_adapter_utils.class_weight_to_sample_weights`` | ``class_weight`` exactly as Keras weighs it | ``keras.feed`` |
-| ``keras.src.utils.rng_utils.get_random_seed`` | the seed of ``keras.utils.set_random_seed`` (no public getter) | ``keras.feed``, ``keras.binding`` |
-| ``keras.src.backend.jax.trainer._distribute_data`` | placing batches of inputs stratax does not convert (e.g. ``tf.data``) as Keras would | ``keras.session`` |
-| ``model._symbolic_build``, ``model._flatten_layers`` | building a model from a batch the feed leaves in place (Keras' own build reads one from the epoch iterator, losing it from a generator) | ``keras.methods`` |
-| ``model._initial_epoch`` (written) | Keras' own resume hook: the epoch ``fit`` starts at after a restore | ``keras.backup`` |
-| ``jax._src.xla_bridge.backends_are_initialized`` | whether JAX started (the CPU device count is then fixed) | ``runtime.devices`` |
-| ``jax._src.distributed.global_state.client`` | which processes the coordination service still sees | ``runtime.distributed`` |
+- ``keras.Model.{fit, evaluate, predict, train_on_batch, test_on_batch, predict_on_batch}``
+  and ``Trainer.compile`` (replaced): a model bound to a strategy runs its calls through the
+  strategy's Keras runner. -> ``keras.methods``
+- ``keras.Model.{save, save_weights}`` (replaced): atomic, chief-only saves. -> ``keras.saving``
+- ``JAXTrainer._make_function`` (replaced): the runner decides how a group of
+  ``steps_per_execution`` steps runs. -> ``keras.runner``
+- ``JAXEpochIterator._get_iterator`` (replaced) and its ``data_adapter`` (read): the runner
+  feeds the epoch's batches, placed on the replicas. -> ``keras.session``
+- ``PyDatasetAdapter.py_dataset`` (read): finding stratax's feed behind Keras' epoch iterator.
+  -> ``keras.session``
+- ``array_slicing.train_validation_split``: ``validation_split`` cut exactly as Keras cuts it.
+  -> ``keras.feed``
+- ``data_adapter_utils.class_weight_to_sample_weights``: ``class_weight`` exactly as Keras
+  weighs it. -> ``keras.feed``
+- ``rng_utils.get_random_seed``: the seed of ``keras.utils.set_random_seed`` (no public
+  getter). -> ``keras.feed``, ``keras.install``
+- ``jax_trainer._distribute_data``: placing batches of inputs stratax leaves to Keras (e.g.
+  ``tf.data``) as Keras would. -> ``keras.mesh_runner``
+- ``model._symbolic_build``, ``model._flatten_layers``: building a model from a batch the feed
+  leaves in place (Keras' own build reads one from the epoch iterator, which loses it from a
+  generator). -> ``keras.methods``
+- ``model._initial_epoch`` (written): Keras' own resume hook, the epoch ``fit`` starts at after
+  a restore. -> ``keras.backup``
+- ``jax._src.xla_bridge.backends_are_initialized``: whether JAX started (the CPU device count
+  is then fixed). -> ``startup``, ``runtime.devices``
+- ``jax._src.distributed.global_state.client``: which processes the coordination service still
+  sees. -> ``runtime.distributed``
 
 Each private import happens inside the function that needs it, so importing this module costs
 nothing. :func:`check_versions` refuses Keras and JAX versions outside the tested range, where

@@ -73,6 +73,43 @@ def force_cpu_devices_flag(count: int) -> None:
     os.environ[env.XLA_FLAGS] = " ".join([*flags, f"{_FORCE_FLAG}={count}"])
 
 
+def set_cpu_device_count(count: int) -> None:
+    """Splits the host CPU into ``count`` JAX devices: ``MirroredStrategy`` gets ``count`` replicas.
+
+    Must run before JAX starts (before the first computation or device query). The environment
+    equivalent is ``STRATAX_CPU_DEVICES=count`` (read on ``import stratax``) or
+    ``XLA_FLAGS=--xla_force_host_platform_device_count=count``.
+
+    Example:
+        >>> import stratax as sx
+        >>> sx.set_cpu_device_count(4)           # doctest: +SKIP
+        >>> sx.MirroredStrategy().num_replicas_in_sync   # doctest: +SKIP
+        4
+
+    Raises:
+        ValueError: ``count`` is not a positive integer.
+        RuntimeError: JAX already started with a different number of CPU devices.
+    """
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise ValueError(f"CPU device count must be a positive integer; received {count!r}.")
+    import jax
+
+    from stratax._src import seam
+
+    if seam.jax_backends_initialized():
+        have = len(jax.local_devices(backend="cpu"))
+        if have == count:
+            return
+        raise RuntimeError(
+            f"JAX has already started with {have} CPU device(s), so it cannot be split into "
+            f"{count}. Call `sx.set_cpu_device_count({count})` at the top of the program, before "
+            f"any JAX computation, or set `{env.STRATAX_CPU_DEVICES}={count}` in the environment."
+        )
+    if _FORCE_FLAG in os.environ.get(env.XLA_FLAGS, ""):
+        force_cpu_devices_flag(count)
+    jax.config.update("jax_num_cpu_devices", count)
+
+
 def prepare_environment() -> None:
     """Everything ``import stratax`` does (see the module docstring)."""
     ensure_jax_backend()
@@ -80,8 +117,6 @@ def prepare_environment() -> None:
     if count is None:
         return
     if "jax" in sys.modules:
-        from stratax._src.runtime.devices import set_cpu_device_count
-
         set_cpu_device_count(count)
     else:
         force_cpu_devices_flag(count)

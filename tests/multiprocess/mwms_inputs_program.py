@@ -13,7 +13,6 @@ strategy = sx.MultiWorkerMirroredStrategy(
     communication_options=sx.CommunicationOptions(timeout_seconds=60))
 
 import numpy as np  # noqa: E402
-
 from input_matrix import VARIANTS, run_variant  # noqa: E402
 
 out_dir = sys.argv[1]

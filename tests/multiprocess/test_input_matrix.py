@@ -9,12 +9,11 @@ import sys
 
 import numpy as np
 import pytest
+from conftest import HERE
+from input_matrix import VARIANTS, run_variant
 
 import stratax as sx
 from stratax._src.launch import launch
-
-from conftest import HERE
-from input_matrix import VARIANTS, run_variant
 
 pytestmark = pytest.mark.timeout(300)
 

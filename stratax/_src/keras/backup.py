@@ -169,7 +169,8 @@ class BackupAndRestore(keras.callbacks.Callback):
         return self._sigterm.is_set()
 
     def _install_sigterm_handler(self) -> None:
-        if self._strategy.is_multi_process or threading.current_thread() is not threading.main_thread():
+        in_main_thread = threading.current_thread() is threading.main_thread()
+        if self._strategy.is_multi_process or not in_main_thread:
             return
         self._sigterm.clear()
         self._previous_handler = signal.signal(signal.SIGTERM, lambda *_: self._sigterm.set())

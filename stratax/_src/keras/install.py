@@ -1,4 +1,4 @@
-"""The one install step of stratax: plug the strategies into Keras (``stratax/__init__.py`` calls it).
+"""The one install step of stratax: plug the strategies into Keras (called by ``stratax``).
 
 It checks that Keras and JAX are in the tested range, registers the default strategy and each
 strategy's Keras runner, makes ``scope()`` lay Keras variables out for the strategy, and

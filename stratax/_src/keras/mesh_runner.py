@@ -1,4 +1,4 @@
-"""``MeshRunner``: Keras on the replicas of a data-parallel strategy (OneDevice, Mirrored, MultiWorker).
+"""``MeshRunner``: Keras on the replicas of a data-parallel strategy (OneDevice, Mirrored, MWMS).
 
 Several replicas (or several processes) use the strategy's Keras distribution
 (``StrategyDistribution``: variables mirrored, each batch split over the ``"replica"`` axis or,

@@ -1,4 +1,4 @@
-"""The running ``fit``/``evaluate``/``predict`` calls of this thread, and where their batches come from.
+"""The running ``fit``/``evaluate``/``predict`` calls of this thread, and where batches come from.
 
 Keras asks its epoch iterator for an iterator once per pass over the data; for a call under a
 strategy, :func:`epoch_batches` answers with the feed's batches placed by the strategy's runner.

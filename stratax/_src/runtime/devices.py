@@ -7,59 +7,22 @@ the index among this process's devices of that platform, as in TensorFlow.
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Sequence
-from typing import Union
 
 import jax
 
-from stratax._src import seam, startup
-from stratax._src.core import env
+from stratax._src import seam
 
-DeviceLike = Union[str, jax.Device]
+DeviceLike = str | jax.Device
 
 _DEVICE_RE = re.compile(r"(?:^|/)(?:device:)?(?P<kind>[A-Za-z]+):(?P<index>\d+)$")
 _PLATFORM_ALIASES = {"cpu": "cpu", "gpu": "gpu", "cuda": "gpu", "rocm": "gpu", "tpu": "tpu"}
-_FORCE_FLAG = "--xla_force_host_platform_device_count"
 
 
 def jax_started() -> bool:
     """True once JAX has initialised its backends (device counts are then fixed)."""
     return seam.jax_backends_initialized()
-
-
-def set_cpu_device_count(count: int) -> None:
-    """Splits the host CPU into ``count`` JAX devices, so ``MirroredStrategy`` gets ``count`` replicas.
-
-    Must run before JAX starts (before the first computation or device query). The environment
-    equivalent is ``STRATAX_CPU_DEVICES=count`` (read on ``import stratax``) or
-    ``XLA_FLAGS=--xla_force_host_platform_device_count=count``.
-
-    Example:
-        >>> import stratax as sx
-        >>> sx.set_cpu_device_count(4)           # doctest: +SKIP
-        >>> sx.MirroredStrategy().num_replicas_in_sync   # doctest: +SKIP
-        4
-
-    Raises:
-        ValueError: ``count`` is not a positive integer.
-        RuntimeError: JAX already started with a different number of CPU devices.
-    """
-    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-        raise ValueError(f"CPU device count must be a positive integer; received {count!r}.")
-    if jax_started():
-        have = len(jax.local_devices(backend="cpu"))
-        if have == count:
-            return
-        raise RuntimeError(
-            f"JAX has already started with {have} CPU device(s), so it cannot be split into "
-            f"{count}. Call `sx.set_cpu_device_count({count})` at the top of the program, before "
-            f"any JAX computation, or set `{env.STRATAX_CPU_DEVICES}={count}` in the environment."
-        )
-    if _FORCE_FLAG in os.environ.get(env.XLA_FLAGS, ""):
-        startup.force_cpu_devices_flag(count)
-    jax.config.update("jax_num_cpu_devices", count)
 
 
 def default_devices() -> list[jax.Device]:
