@@ -59,6 +59,7 @@ _EXPORTS = {
     "ReductionToOneDevice": "stratax._src.strategies.cross_device_ops",
     "ReplicaContext": "stratax._src.strategies.replica_context",
     "Strategy": "stratax._src.strategies.base",
+    "SyncBatchNormalization": "stratax._src.keras.sync_batch_norm",
     "StrataxError": "stratax._src.core.errors",
     "ValueContext": "stratax._src.data.input_context",
     "WorkerUnavailableError": "stratax._src.core.errors",

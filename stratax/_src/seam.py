@@ -24,6 +24,8 @@ written), what for, and which stratax module relies on it:
 - ``model._symbolic_build``, ``model._flatten_layers``: building a model from a batch the feed
   leaves in place (Keras' own build reads one from the epoch iterator, which loses it from a
   generator). -> ``keras.methods``
+- ``BatchNormalization._moments`` (overridden in a subclass): batch statistics combined over
+  the replicas inside ``strategy.run``. -> ``keras.sync_batch_norm``
 - ``model._initial_epoch`` (written): Keras' own resume hook, the epoch ``fit`` starts at after
   a restore. -> ``keras.backup``
 - ``jax._src.xla_bridge.backends_are_initialized``: whether JAX started (the CPU device count
@@ -205,6 +207,24 @@ def build_for(model: Any, method: str, batch: Any) -> None:
         return
     if unbuilt or getattr(model, "compiled", False):
         model._symbolic_build(data_batch=batch)
+
+
+def batch_normalization_with_moments(
+    combine: Callable[[Any, Any], tuple[Any, Any]],
+) -> type:
+    """A ``keras.layers.BatchNormalization`` subclass whose batch moments pass through ``combine``.
+
+    ``combine(mean, variance) -> (mean, variance)`` sees the moments Keras computed over the
+    layer's own batch and returns the ones to normalise with (and to update the moving
+    statistics with).
+    """
+    import keras
+
+    class BatchNormalizationWithMoments(keras.layers.BatchNormalization):
+        def _moments(self, inputs: Any, mask: Any) -> tuple[Any, Any]:
+            return combine(*super()._moments(inputs, mask))
+
+    return BatchNormalizationWithMoments
 
 
 def set_initial_epoch(model: Any, epoch: int) -> None:
