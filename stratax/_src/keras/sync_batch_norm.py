@@ -2,11 +2,10 @@
 
 Where stratax's batch statistics come from, next to TensorFlow's:
 
-| path | TensorFlow | stratax |
-| --- | --- | --- |
-| ``model.fit`` with N replicas, ``BatchNormalization`` | per replica | over the global batch (equal to one device) |
-| ``strategy.run`` (custom loop), ``BatchNormalization`` | per replica | per replica |
-| either path, ``SyncBatchNormalization`` | over all replicas | over all replicas |
+- ``model.fit`` with N replicas, ``BatchNormalization``: TensorFlow per replica; stratax over
+  the global batch (equal to one device).
+- ``strategy.run`` (custom loop), ``BatchNormalization``: per replica in both.
+- either path, ``SyncBatchNormalization``: over all replicas in both.
 
 ``fit`` computes each step as one program over the global batch, so its statistics equal one
 device's (the synchronous-equivalence promise); in a custom loop each replica runs the replica
