@@ -10,6 +10,7 @@ replicated ``jax.Array``s.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -55,8 +56,11 @@ class Strategy:
         self._replicated = NamedSharding(self._mesh, P())
         self._stacked = NamedSharding(self._mesh, P(REPLICA_AXIS))
         self._runner = RunCompiler(self, self._mesh, self._to_global)
-        self._concat_real_rows = jax.jit(_concat_real_rows, static_argnums=1,
-                                         out_shardings=self._replicated)
+        # Cross-replica results are replicated, so every process can read them.
+        replicated = functools.partial(jax.jit, out_shardings=self._replicated)
+        self._concat_real_rows = replicated(_concat_real_rows, static_argnums=1)
+        self._reduce_stacked = replicated(_reduce_stacked, static_argnums=(1, 2))
+        self._gather_stacked = replicated(_gather_stacked, static_argnums=1)
         window = throttle.cpu_window_from_env() if throttle.needs_bound(self._devices) else 0
         self._window = throttle.DispatchWindow(window)
 
@@ -189,10 +193,10 @@ class Strategy:
         def one(leaf: Any) -> Any:
             if isinstance(leaf, PerReplica) and leaf.is_padded:
                 self._require_row_axis(leaf, axis, "reduce")
-                return _REDUCERS[op](self._real_rows(leaf), axis=0)
+                return self._reduce_stacked(self._real_rows(leaf)[None], op, (0, 1))
             stacked = self._stacked_components(leaf)
             axes = (0,) if axis is None else (0, _normalize_axis(axis, stacked.ndim - 1) + 1)
-            return _REDUCERS[op](stacked, axis=axes)
+            return self._reduce_stacked(stacked, op, axes)
 
         return jax.tree.map(one, value, is_leaf=is_distributed_leaf)
 
@@ -239,9 +243,7 @@ class Strategy:
                     "gather needs components with at least one dimension; received scalars. "
                     "Use `strategy.experimental_local_results(value)` or reshape to (1,)."
                 )
-            k = _normalize_axis(axis, stacked.ndim - 1)
-            moved = jnp.moveaxis(stacked, 0, k)
-            return moved.reshape(*moved.shape[:k], -1, *moved.shape[k + 2 :])
+            return self._gather_stacked(stacked, _normalize_axis(axis, stacked.ndim - 1))
 
         return jax.tree.map(one, value, is_leaf=is_distributed_leaf)
 
@@ -317,6 +319,16 @@ def _normalize_axis(axis: int, ndim: int) -> int:
     if not -ndim <= axis < ndim:
         raise ValueError(f"axis {axis} is out of range for per-replica values of rank {ndim}.")
     return axis % ndim
+
+
+def _reduce_stacked(stacked: jax.Array, op: ReduceOp, axes: tuple[int, ...]) -> jax.Array:
+    return _REDUCERS[op](stacked, axis=axes)
+
+
+def _gather_stacked(stacked: jax.Array, axis: int) -> jax.Array:
+    """``(replicas, ...)`` components concatenated along component axis ``axis``."""
+    moved = jnp.moveaxis(stacked, 0, axis)
+    return moved.reshape(*moved.shape[:axis], -1, *moved.shape[axis + 2 :])
 
 
 def _concat_real_rows(stacked: jax.Array, valid_rows: tuple[int, ...]) -> jax.Array:

@@ -203,7 +203,10 @@ class RunCompiler:
                 out = fn(*call_args, **call_kwargs)
             return jax.tree.map(lambda x: jnp.asarray(x)[None], out)
 
-        avals = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in arguments.dynamic]
+        avals = [  # A PerReplica's host block may hold only this process's replicas.
+            jax.ShapeDtypeStruct((self._num_replicas, *x.shape[1:]) if per else x.shape, x.dtype)
+            for x, per in zip(arguments.dynamic, in_flags, strict=False)
+        ]
         if masked:
             avals.append(jax.ShapeDtypeStruct((self._num_replicas,), jnp.int32))
         in_specs = tuple(P(REPLICA_AXIS) if per else P() for per in in_flags)
