@@ -91,6 +91,12 @@ def test_distributed_iterator_places_batches_in_the_background():
     rest = list(iterator)
     assert [float(strategy.gather(b, axis=0)[0, 0]) for b in rest] == [1, 2, 3, 4]
     assert _wait_until(lambda: not _prefetch_threads())
+    abandoned = iter(strategy.experimental_distribute_dataset(batches))
+    next(abandoned)
+    assert _prefetch_threads()
+    del abandoned
+    gc.collect()
+    assert _wait_until(lambda: not _prefetch_threads())  # stopped when garbage collected
 
 
 def test_fetch_to_device_false_keeps_host_numpy_per_replica():

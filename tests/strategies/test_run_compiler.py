@@ -1,5 +1,7 @@
 """``strategy.run``'s compiler: one Python trace per argument structure; closures over values."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import keras
@@ -7,6 +9,7 @@ import numpy as np
 import pytest
 
 import stratax as sx
+from stratax._src.strategies.run_compiler import RunCompiler
 
 
 def _strategy(n):
@@ -45,19 +48,23 @@ def test_replica_function_is_traced_once_per_structure(n):
 
 def test_compile_cache_is_bounded_lru():
     strategy = _strategy(2)
+    to_global = functools.partial(jax.device_put, device=strategy.batch_sharding())
+    runner = RunCompiler(strategy, strategy.mesh, to_global, cache_size=3)
     traces = []
 
     def fn(x):
         traces.append(x.shape)
         return x * 2
 
-    shapes = [(2, k) for k in range(1, 70)]
-    for shape in shapes:
-        strategy.run(fn, args=(jnp.ones(shape),))
-    assert strategy._runner.cache_info() == 64
-    strategy.run(fn, args=(jnp.ones(shapes[-1]),))  # recent: cached
-    strategy.run(fn, args=(jnp.ones(shapes[0]),))  # evicted: traced again
-    assert len(traces) == len(shapes) + 1
+    for k in range(1, 5):
+        np.testing.assert_array_equal(runner.run(fn, (jnp.ones((2, k)),), {}), np.full((2, k), 2))
+    assert runner.cache_info() == 3 and len(traces) == 4
+    runner.run(fn, (jnp.ones((2, 4)),), {})  # recent: cached
+    runner.run(fn, (jnp.ones((2, 2)),), {})  # still cached; now the most recent
+    assert len(traces) == 4
+    runner.run(fn, (jnp.ones((2, 1)),), {})  # evicted first: traced again
+    runner.run(fn, (jnp.ones((2, 2)),), {})  # kept, as recently used
+    assert traces[4:] == [(2, 1)]
 
 
 @pytest.mark.parametrize("n", [2, 4])

@@ -49,6 +49,7 @@ from stratax._src.strategies.replica_context import (
 )
 
 CACHE_SIZE = 64
+_COUNTS_CACHE_SIZE = 16
 PER_REPLICA, REPLICATED, STATIC = "per_replica", "replicated", "static"
 
 
@@ -99,6 +100,7 @@ class RunCompiler:
         self._replicated = NamedSharding(mesh, P())
         self._cache: collections.OrderedDict[Any, CompiledRun] = collections.OrderedDict()
         self._cache_size = cache_size
+        self._counts_cache: dict[tuple[int, ...], jax.Array] = {}
 
     def run(self, fn: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
         """Runs ``fn(*args, **kwargs)`` on every replica; returns its outputs (see module doc)."""
@@ -109,14 +111,23 @@ class RunCompiler:
             for x, kind in zip(arguments.dynamic, _dynamic_kinds(arguments.kinds), strict=True)
         ]
         if arguments.valid_rows is not None:
-            placed.append(jax.device_put(np.asarray(arguments.valid_rows, np.int32),
-                                         self._replicated))
+            placed.append(self._row_counts(arguments.valid_rows))
         flat = compiled.call(*placed)
         wrapped = [
             self._wrap(x, arguments) if varying else x
             for x, varying in zip(flat, compiled.out_varying, strict=True)
         ]
         return jax.tree.unflatten(compiled.out_tree, wrapped)
+
+    def _row_counts(self, valid_rows: tuple[int, ...]) -> jax.Array:
+        """The real-row counts as a replicated device array (kept: a few patterns recur)."""
+        counts = self._counts_cache.get(valid_rows)
+        if counts is None:
+            if len(self._counts_cache) >= _COUNTS_CACHE_SIZE:
+                self._counts_cache.clear()
+            counts = jax.device_put(np.asarray(valid_rows, np.int32), self._replicated)
+            self._counts_cache[valid_rows] = counts
+        return counts
 
     def cache_info(self) -> int:
         """How many compiled steps the cache holds."""
