@@ -117,9 +117,10 @@ def main() -> None:
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "input_prefetch.json").write_text(json.dumps({"meta": meta, "rows": rows},
                                                             indent=2))
-    table = [f"# Custom loop input prefetch ({meta['device']}, {meta['replicas']} replica(s), "
-             f"jax {meta['jax']}, {meta['cpus']} CPUs)", "",
-             "| InputOptions | samples/s median | min | max |", "| --- | --- | --- | --- |"]
+    title = (f"# Custom loop input prefetch ({meta['device']}, {meta['replicas']} replica(s), "
+             f"jax {meta['jax']}, {meta['cpus']} CPUs)")
+    table = [title, "", "| InputOptions | samples/s median | min | max |",
+             "| --- | --- | --- | --- |"]
     table += [f"| {r['options']} | {r['median']:,.0f} | {r['min']:,.0f} | {r['max']:,.0f} |"
               for r in rows]
     (RESULTS / "input_prefetch.md").write_text("\n".join(table) + "\n")
