@@ -1,6 +1,7 @@
 """MultiWorkerMirroredStrategy with real processes: equivalence, launcher, failures, preemption."""
 
 import json
+import os
 import sys
 import time
 
@@ -30,9 +31,11 @@ def _reference(epochs=2, whole_batches_only=False, batch=GLOBAL_BATCH):
     return model.get_weights(), evaluation, model.predict(all_x, verbose=0)
 
 
-def _launch(args, tmp_path, **kwargs):
+def _launch(args, tmp_path, env=None, **kwargs):
+    # Keep an inherited PYTHONPATH (a worktree under test) behind the test programs' folder.
+    path = os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH", "")) if p)
     result = launch([sys.executable, *map(str, args)], cwd=str(HERE), capture_output=True,
-                    stream_output=False, env={"PYTHONPATH": str(HERE)}, **kwargs)
+                    stream_output=False, env={**(env or {}), "PYTHONPATH": path}, **kwargs)
     return result
 
 
@@ -176,3 +179,24 @@ def test_multi_worker_guide_example_via_stratax_launch(tmp_path):
     assert "Number of replicas in sync: 2" in done.stdout
     assert (tmp_path / "keras-model.keras").exists()
     assert not list(tmp_path.glob("workertemp_*"))  # the non-chief removed its copy
+
+
+def test_uneven_custom_loop_batches_over_two_workers(tmp_path):
+    """2 workers x 2 devices: uneven global batches, per-worker pipelines of different lengths
+    (the shorter worker joins the remaining steps with empty batches), nothing dropped."""
+    result = _launch(["mwms_uneven_program.py"], tmp_path, nproc_per_node=2, timeout=240,
+                     env={"STRATAX_CPU_DEVICES": "2"})
+    assert result.ok, result.summary + "\n" + "\n".join(result.outputs[0][-20:])
+    lines = [next(line for line in result.outputs[w] if "RESULT" in line) for w in (0, 1)]
+    parsed = [json.loads(line.split(" ", 3)[3]) for line in lines]
+    assert all(line.split()[2] == "4" for line in lines)  # 4 replicas in sync
+    assert parsed[0] == parsed[1]  # every worker sees the same global results
+    data, off, from_function = (parsed[0][k] for k in ("data", "off", "from_function"))
+    assert data["gathered"] == list(range(22)) and data["sum"] == 231 and data["rows"] == 22
+    batches = [np.arange(0, 8), np.arange(8, 16), np.arange(16, 22)]
+    np.testing.assert_allclose(data["losses"], [np.mean((b + 1.0) ** 2) for b in batches],
+                               rtol=1e-6)
+    assert off["steps"] == 3 and off["rows"] == 21 and off["sum"] == 630
+    assert off["gathered"] == [*range(8), *range(100, 104), *range(8, 14), 104, 14, 15]
+    assert from_function["steps"] == 3 and from_function["sum"] == 339
+    assert from_function["gathered"] == [0, 1, 2, 3, 100, 101, 102, 4, 5, 6, 7, 8]

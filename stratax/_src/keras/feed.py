@@ -294,7 +294,7 @@ def feed_arguments(method: str, arguments: dict[str, Any], layout: FeedLayout) -
     x = arguments.get("x")
     shuffle = arguments.get("shuffle", True) if method == "fit" else False
     class_weight = arguments.get("class_weight") if method == "fit" else None
-    hint = f"model.{method}(..., batch_size=N)"
+    hint = f"`model.{method}(..., batch_size={{batch}})`"
     if _is_array_like(x) and not _is_batch_list(x):
         if method == "fit" and arguments.get("validation_split"):
             (x, y, weights), validation = seam.train_validation_split(
@@ -333,6 +333,6 @@ def _validation_feed(arguments: dict[str, Any], layout: FeedLayout) -> Any:
         size = arguments.get("validation_batch_size") or arguments.get("batch_size")
         arguments["validation_batch_size"] = None
         return _arrays_feed(tuple(v for v in validation if v is not None), size, False, layout,
-                            None, "model.fit(..., validation_batch_size=N)")
+                            None, "`model.fit(..., validation_batch_size={batch})`")
     feed = as_feed(validation, layout)
     return validation if feed is None else feed
