@@ -58,3 +58,5 @@ STRATAX_K8S_PORT = "STRATAX_K8S_PORT"
 STRATAX_MAX_STEPS_IN_FLIGHT = "STRATAX_MAX_STEPS_IN_FLIGHT"
 # Set to 1 to run with Keras/JAX versions outside the tested range (stratax._src.seam).
 STRATAX_SKIP_VERSION_CHECK = "STRATAX_SKIP_VERSION_CHECK"
+# How many batches fit places on the devices ahead of the step (default 2, 0 = off).
+STRATAX_PREFETCH_DEPTH = "STRATAX_PREFETCH_DEPTH"

@@ -20,6 +20,10 @@ without callbacks. The rules, each written once:
   global batch of ``B`` rows (auto-shard by data), so the global batch is exactly the one a
   single process would see. Per-worker data (``AutoShardPolicy.OFF``,
   ``distribute_datasets_from_function``) is fed as it comes.
+- **Placement ahead of the step.** A background thread places up to ``prefetch`` batches on
+  the replicas while the previous step runs (``InputOptions(experimental_fetch_to_device=...,
+  experimental_prefetch_to_device=...)`` of a distributed dataset, else
+  ``STRATAX_PREFETCH_DEPTH``, default 2; 0 places each batch when the step asks for it).
 - **The last partial batch** is trained, never dropped: split when it divides over the
   replicas, else fed whole to every replica (each computes the same update one device would:
   exact, one slower step). ``predict`` in a multi-process run feeds every batch whole to every
@@ -30,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import os
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -38,6 +43,7 @@ import keras
 import numpy as np
 
 from stratax._src import seam
+from stratax._src.core import env
 from stratax._src.data import global_batch
 from stratax._src.data.distributed_dataset import (
     DistributedDataset,
@@ -46,6 +52,7 @@ from stratax._src.data.distributed_dataset import (
 from stratax._src.data.input_context import AutoShardPolicy
 
 _KERAS_DEFAULT_BATCH = 32
+_DEFAULT_PREFETCH = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,6 +182,7 @@ class GlobalFeed(keras.utils.PyDataset):
         self.layout = layout
         self.seed = seed
         self.per_worker = per_worker
+        self.prefetch = default_prefetch_depth()
         self.epoch = 0
         self._skip = 0
 
@@ -227,6 +235,19 @@ class FeedEpochs(keras.callbacks.Callback):
         self.feed.set_epoch(epoch)
 
 
+def default_prefetch_depth() -> int:
+    """Batches placed ahead of the step: ``STRATAX_PREFETCH_DEPTH``, else 2 (0 turns it off)."""
+    raw = os.environ.get(env.STRATAX_PREFETCH_DEPTH, "").strip()
+    if not raw:
+        return _DEFAULT_PREFETCH
+    if not raw.isdigit():
+        raise ValueError(
+            f"{env.STRATAX_PREFETCH_DEPTH}={raw!r} is not a non-negative integer; set it to how "
+            f"many batches fit may place ahead of the step (default {_DEFAULT_PREFETCH}, 0 = off)."
+        )
+    return int(raw)
+
+
 def data_seed() -> int:
     """The seed of the data order: Keras' global seed, else a fresh draw (like Keras' shuffle)."""
     seed = seam.keras_random_seed()
@@ -266,6 +287,9 @@ def as_feed(x: Any, layout: FeedLayout, *, shuffle: bool | str = False,
         feed = as_feed(x.dataset, layout, class_weight=class_weight)
         if feed is not None:
             feed.per_worker = per_worker
+            options = x.options
+            feed.prefetch = (options.experimental_prefetch_to_device
+                             if options.experimental_fetch_to_device else 0)
         return feed
     if isinstance(x, DistributedDatasetsFromFunction):
         return GlobalFeed(_IterableSource(x.local_global_batches(), class_weight), layout,

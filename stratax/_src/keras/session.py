@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from stratax._src import seam
+from stratax._src.data.prefetch import Prefetcher
 from stratax._src.keras.feed import GlobalFeed
 from stratax._src.keras.runner import KerasRunner
 
@@ -57,5 +58,5 @@ def epoch_batches(data_adapter: Any, keras_iterator: Callable[[], Iterator[Any]]
         return keras_iterator()
     feed = seam.adapter_dataset(data_adapter)
     if isinstance(feed, GlobalFeed):
-        return call.runner.batches(feed.local_batches())
+        return Prefetcher(call.runner.batches(feed.local_batches()), feed.prefetch)
     return call.runner.place_unconverted(data_adapter.get_jax_iterator())
