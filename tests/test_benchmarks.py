@@ -28,7 +28,8 @@ MIRRORED_KEYS = [c.key for c in BENCHMARKS["mirrored"].configs("quick")]
 # Median samples/s per system at steps_per_execution=1 (doubled at 32); repetitions spread
 # +-5 % around it, except kjax-dp-2dev (+-50 %, so its row carries the spread flag).
 BASE = {"sx-onedevice": 1000.0, "sx-mirrored-1": 1200.0, "sx-mirrored-2dev": 800.0,
-        "kjax-single": 2000.0, "kjax-dp-2dev": 600.0}
+        "kjax-single": 2000.0, "kjax-dp-2dev": 600.0, "sx-onedevice-noprefetch": 900.0,
+        "sx-mirrored-2dev-noprefetch": 700.0}
 FAILS = "mlp.spe32.sx-mirrored-2dev"  # fails at repetition 2
 
 
@@ -62,7 +63,7 @@ def _row(markdown: str, spe: int, label: str) -> list[str]:
 def test_run_writes_tables_plot_and_summary_from_the_repetitions(fake_runs, capsys):
     assert bench_cli.main(["run", "--quick", "--only", "mirrored"]) == 0
     out = capsys.readouterr().out
-    assert f"Results in {fake_runs}/" in out and "10 configurations, 1 failed" in out
+    assert f"Results in {fake_runs}/" in out and "14 configurations, 1 failed" in out
 
     md = (fake_runs / "mirrored.md").read_text()
     # workload, spe, system, samples/s median (min-max), x baseline (kjax-single), ...
@@ -76,6 +77,7 @@ def test_run_writes_tables_plot_and_summary_from_the_repetitions(fake_runs, caps
     assert failed[4] == "-"
     assert "| `sx-mirrored-1` / `sx-onedevice` | 1.20 | 1.20 |" in md
     assert "| `sx-mirrored-2dev` / `sx-onedevice` | 0.80 | - |" in md
+    assert "| `sx-onedevice` / `sx-onedevice-noprefetch` | 1.11 | 1.11 |" in md
     assert "Versions: jax 0.0-fake, keras 0.0-fake." in md
 
     raw = json.loads((fake_runs / "mirrored.json").read_text())
@@ -134,7 +136,7 @@ def test_dry_run_prints_the_plan_and_starts_nothing():
     assert done.returncode == 0, done.stderr
     listed = [ln.strip() for ln in done.stdout.splitlines() if ln.startswith("    mlp.")]
     assert listed == MIRRORED_KEYS
-    assert "plan: 10 configurations, 40 child runs (4 reps, quick mode)" in done.stdout
+    assert "plan: 14 configurations, 56 child runs (4 reps, quick mode)" in done.stdout
     assert done.stdout.strip().endswith("dry run: OK")
 
 
