@@ -1,9 +1,12 @@
 """MultiWorkerMirroredStrategy with real processes: equivalence, launcher, failures, preemption."""
 
 import json
+import os
 import sys
 import time
 
+import jax
+import jax.numpy as jnp
 import keras
 import numpy as np
 import pytest
@@ -31,8 +34,10 @@ def _reference(epochs=2, whole_batches_only=False, batch=GLOBAL_BATCH):
 
 
 def _launch(args, tmp_path, **kwargs):
+    # The workers import the stratax under test (this checkout), not whatever is installed.
+    path = os.pathsep.join([str(HERE), str(HERE.parent.parent)])
     result = launch([sys.executable, *map(str, args)], cwd=str(HERE), capture_output=True,
-                    stream_output=False, env={"PYTHONPATH": str(HERE)}, **kwargs)
+                    stream_output=False, env={"PYTHONPATH": path}, **kwargs)
     return result
 
 
@@ -175,3 +180,17 @@ def test_multi_worker_guide_example_via_stratax_launch(tmp_path):
     assert "Number of replicas in sync: 2" in done.stdout
     assert (tmp_path / "keras-model.keras").exists()
     assert not list(tmp_path.glob("workertemp_*"))  # the non-chief removed its copy
+
+
+def test_one_task_tf_config_without_task_runs_as_one_local_worker(monkeypatch):
+    """TensorFlow runs `{"cluster": {"worker": ["worker0:2222"]}}` as one worker (issue 8,
+    item 11); auto-detection tries TF_CONFIG first, so it must not stop the program."""
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"worker": ["worker0:2222"]}}))
+    resolver = sx.cluster_resolver.detect_cluster_resolver()
+    assert isinstance(resolver, sx.cluster_resolver.TFConfigClusterResolver)
+    assert resolver.master() == ""
+    strategy = sx.MultiWorkerMirroredStrategy()
+    assert (strategy.num_workers, strategy.worker_index, strategy.is_chief) == (1, 0, True)
+    assert strategy.num_replicas_in_sync == len(jax.local_devices())
+    total = strategy.reduce(sx.ReduceOp.SUM, strategy.run(lambda: jnp.ones(())), axis=None)
+    assert float(total) == strategy.num_replicas_in_sync
