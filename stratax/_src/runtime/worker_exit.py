@@ -79,6 +79,12 @@ def _get_sigterm() -> Optional[ctypes.Array[ctypes.c_char]]:
     return action
 
 
+def _handler(action: ctypes.Array[ctypes.c_char]) -> bytes:
+    """The handler address, the first field of ``struct sigaction`` (the rest of the buffer may
+    hold bytes the C library copies without meaning, so whole buffers are not compared)."""
+    return action.raw[: ctypes.sizeof(ctypes.c_void_p)]
+
+
 def _set_sigterm(action: ctypes.Array[ctypes.c_char]) -> None:
     if state.libc.sigaction(signal.SIGTERM, action, None) != 0:
         error = ctypes.get_errno()
@@ -103,7 +109,7 @@ def joining(name: str) -> Iterator[None]:
     state.name = name
     if before is not None:
         after = _get_sigterm()
-        if after is not None and after.raw != before.raw:
+        if after is not None and _handler(after) != _handler(before):
             state.jax_sigterm = after  # JAX's preemption notifier
             _set_sigterm(before)
     else:
