@@ -138,8 +138,10 @@ def test_bad_json_shows_the_position(cluster_env: pytest.MonkeyPatch) -> None:
         ({"cluster": CLUSTER, "task": "worker"}, r"field 'task' must be an object"),
         ({"cluster": CLUSTER, "task": {"index": 0}}, r"has no 'type'"),
         ({"cluster": CLUSTER, "task": {"type": "worker"}}, r"has no 'index'"),
-        ({"cluster": CLUSTER, "task": {"type": "", "index": 0}}, r"'task.type' must be a non-empty"),
-        ({"cluster": CLUSTER, "task": {"type": [1], "index": 0}}, r"'task.type' must be a non-empty"),
+        ({"cluster": CLUSTER, "task": {"type": "", "index": 0}},
+         r"'task.type' must be a non-empty"),
+        ({"cluster": CLUSTER, "task": {"type": [1], "index": 0}},
+         r"'task.type' must be a non-empty"),
         ({"cluster": CLUSTER, "task": {"type": 3, "index": 0}},
          r"task type '3' is not a job of the cluster"),
         ({"cluster": CLUSTER, "task": {"type": "worker", "index": "one"}},
@@ -195,7 +197,8 @@ def test_whole_number_indices_are_cast_as_tensorflow_does(cluster_env: pytest.Mo
 
 
 def test_a_task_is_only_required_where_it_is_needed(cluster_env: pytest.MonkeyPatch) -> None:
-    """TensorFlow accepts a cluster without "task"; stratax fails where a task is needed (item 11)."""
+    """TensorFlow accepts a cluster without "task"; stratax fails where a task is needed
+    (issue 8, item 11)."""
     from stratax._src.cluster.layout import process_layout
 
     _set(cluster_env, {"cluster": CLUSTER})

@@ -60,10 +60,11 @@ def process_layout(resolver: ClusterResolver) -> ProcessLayout:
 
     Processes are the chief (if any) followed by the workers in task-index order; ``ps`` and
     ``evaluator`` tasks are not part of the group. The coordinator is the chief's address, or
-    worker 0's when there is no chief. A cluster of one task needs no task type or id: this
-    process is that task (as TensorFlow runs ``{"cluster": {"worker": ["host:port"]}}``). With an empty cluster (local mode) the layout is a single
-    process with no coordinator. A resolver whose environment states the layout directly (the
-    stratax launcher) provides it through ``explicit_process_layout()``.
+    worker 0's when there is no chief. With an empty cluster (local mode) the layout is a single
+    process with no coordinator. A cluster of one task needs no task type or id: this process
+    is that task (TensorFlow runs ``{"cluster": {"worker": ["host:port"]}}`` so). A resolver
+    whose environment states the layout directly (the stratax launcher) provides it through
+    ``explicit_process_layout()``.
 
     Args:
       resolver: Any cluster resolver.
