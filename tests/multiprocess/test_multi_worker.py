@@ -5,6 +5,8 @@ import os
 import sys
 import time
 
+import jax
+import jax.numpy as jnp
 import keras
 import numpy as np
 import pytest
@@ -32,8 +34,8 @@ def _reference(epochs=2, whole_batches_only=False, batch=GLOBAL_BATCH):
 
 
 def _launch(args, tmp_path, env=None, **kwargs):
-    # Keep an inherited PYTHONPATH (a worktree under test) behind the test programs' folder.
-    path = os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH", "")) if p)
+    # The workers import the stratax under test (this checkout), not whatever is installed.
+    path = os.pathsep.join([str(HERE), str(HERE.parent.parent)])
     result = launch([sys.executable, *map(str, args)], cwd=str(HERE), capture_output=True,
                     stream_output=False, env={**(env or {}), "PYTHONPATH": path}, **kwargs)
     return result
@@ -200,3 +202,17 @@ def test_uneven_custom_loop_batches_over_two_workers(tmp_path):
     assert off["gathered"] == [*range(8), *range(100, 104), *range(8, 14), 104, 14, 15]
     assert from_function["steps"] == 3 and from_function["sum"] == 339
     assert from_function["gathered"] == [0, 1, 2, 3, 100, 101, 102, 4, 5, 6, 7, 8]
+
+
+def test_one_task_tf_config_without_task_runs_as_one_local_worker(monkeypatch):
+    """TensorFlow runs `{"cluster": {"worker": ["worker0:2222"]}}` as one worker (issue 8,
+    item 11); auto-detection tries TF_CONFIG first, so it must not stop the program."""
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"worker": ["worker0:2222"]}}))
+    resolver = sx.cluster_resolver.detect_cluster_resolver()
+    assert isinstance(resolver, sx.cluster_resolver.TFConfigClusterResolver)
+    assert resolver.master() == ""
+    strategy = sx.MultiWorkerMirroredStrategy()
+    assert (strategy.num_workers, strategy.worker_index, strategy.is_chief) == (1, 0, True)
+    assert strategy.num_replicas_in_sync == len(jax.local_devices())
+    total = strategy.reduce(sx.ReduceOp.SUM, strategy.run(lambda: jnp.ones(())), axis=None)
+    assert float(total) == strategy.num_replicas_in_sync

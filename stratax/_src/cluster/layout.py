@@ -29,8 +29,10 @@ def process_layout(resolver: ClusterResolver) -> ProcessLayout:
     Processes are the chief (if any) followed by the workers in task-index order; ``ps`` and
     ``evaluator`` tasks are not part of the group. The coordinator is the chief's address, or
     worker 0's when there is no chief. With an empty cluster (local mode) the layout is a single
-    process with no coordinator. A resolver whose environment states the layout directly (the
-    stratax launcher) provides it through ``explicit_process_layout()``.
+    process with no coordinator. A cluster of one task needs no task type or id: this process
+    is that task (TensorFlow runs ``{"cluster": {"worker": ["host:port"]}}`` so). A resolver
+    whose environment states the layout directly (the stratax launcher) provides it through
+    ``explicit_process_layout()``.
 
     Args:
       resolver: Any cluster resolver.
@@ -57,6 +59,10 @@ def process_layout(resolver: ClusterResolver) -> ProcessLayout:
         )
     if spec.total_tasks() == 0:
         return ProcessLayout(None, 1, 0, task_type, task_id)
+    if (task_type is None or task_id is None) and spec.total_tasks() == 1:
+        # TensorFlow accepts a one-task cluster without "task": this process is that task.
+        (task_type,) = spec.jobs
+        (task_id,) = spec.task_indices(task_type)
     if task_type is None or task_id is None:
         raise ValueError(
             f"The cluster {spec!r} has tasks but this process' task is unknown "

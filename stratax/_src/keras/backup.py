@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import keras
@@ -27,6 +28,7 @@ from jax.experimental import multihost_utils
 
 from stratax._src import seam
 from stratax._src.keras import binding, checkpoint_io, session
+from stratax._src.runtime import worker_exit
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +71,7 @@ class BackupAndRestore(keras.callbacks.Callback):
         self._completed = False
         self._sigterm = threading.Event()
         self._previous_handler: Any = None
+        self._give_back_sigterm: Callable[[], None] | None = None
 
     # --------------------------------------------------------------- lifecycle
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
@@ -169,13 +172,18 @@ class BackupAndRestore(keras.callbacks.Callback):
         return self._sigterm.is_set()
 
     def _install_sigterm_handler(self) -> None:
-        in_main_thread = threading.current_thread() is threading.main_thread()
-        if self._strategy.is_multi_process or not in_main_thread:
+        if self._strategy.is_multi_process:  # SIGTERM goes to JAX's notifier while training
+            self._give_back_sigterm = worker_exit.route_sigterm_to_preemption()
+            return
+        if threading.current_thread() is not threading.main_thread():
             return
         self._sigterm.clear()
         self._previous_handler = signal.signal(signal.SIGTERM, lambda *_: self._sigterm.set())
 
     def _restore_sigterm_handler(self) -> None:
+        if self._give_back_sigterm is not None:
+            self._give_back_sigterm()
+            self._give_back_sigterm = None
         if self._previous_handler is not None:
             signal.signal(signal.SIGTERM, self._previous_handler)
             self._previous_handler = None

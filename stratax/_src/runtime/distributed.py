@@ -10,6 +10,8 @@ users expect around it:
 - a worker first checks that the coordinator answers, and fails with an error naming it
   instead of aborting inside XLA;
 - every wait is bounded by ``timeout_seconds`` (start-up, heartbeats, shutdown);
+- an uncaught exception ends the worker at once instead of in JAX's shutdown barrier, and
+  SIGTERM ends it unless a preemption-aware callback is training (``worker_exit``);
 - a failed collective is reported as ``WorkerUnavailableError`` naming the processes that
   stopped answering.
 """
@@ -30,6 +32,7 @@ import jax
 from stratax._src import seam
 from stratax._src.cluster.layout import ProcessLayout
 from stratax._src.core.errors import CollectiveTimeoutError, WorkerUnavailableError
+from stratax._src.runtime import worker_exit
 from stratax._src.runtime.devices import jax_started
 
 logger = logging.getLogger(__name__)
@@ -135,15 +138,16 @@ def initialize(layout: ProcessLayout, *, timeout_seconds: float, task_names: dic
     watchdog.daemon = True
     watchdog.start()
     try:
-        jax.distributed.initialize(
-            coordinator_address=address,
-            num_processes=layout.num_processes,
-            process_id=layout.process_id,
-            coordinator_bind_address=bind,
-            initialization_timeout=timeout,
-            heartbeat_timeout_seconds=timeout,
-            shutdown_timeout_seconds=timeout,
-        )
+        with worker_exit.joining(task_name(layout.process_id)):
+            jax.distributed.initialize(
+                coordinator_address=address,
+                num_processes=layout.num_processes,
+                process_id=layout.process_id,
+                coordinator_bind_address=bind,
+                initialization_timeout=timeout,
+                heartbeat_timeout_seconds=timeout,
+                shutdown_timeout_seconds=timeout,
+            )
     finally:
         watchdog.cancel()
     runtime.layout = layout
