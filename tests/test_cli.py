@@ -127,7 +127,7 @@ def test_config_and_throughput_helpers():
     with pytest.raises(ValueError, match="Unknown model 'resnet'"):
         TrainConfig(model="resnet").validate()
     check_batch_size(64, 8)
-    with pytest.raises(ValueError, match=r"multiple of 3, e\.g\. --batch-size 63"):
+    with pytest.raises(ValueError, match=r"multiple of 3, e\.g\. `stratax train --batch-size=63`"):
         check_batch_size(64, 3)
     # The first (compiling) epoch is ignored; the median resists one slow epoch.
     steady, mean, timed = throughput([9.0, 1.0, 1.0, 4.0], samples_per_epoch=100)

@@ -36,8 +36,6 @@ def test_launcher_modules_import_neither_jax_nor_keras():
     assert done.returncode == 0, done.stderr
 
 
-@pytest.mark.xfail(strict=False, reason="stratax/__init__.py still imports JAX and Keras "
-                                        "eagerly; passes once the package __init__ is lazy")
 @pytest.mark.timeout(90)
 def test_importing_the_launcher_through_the_package_imports_neither_jax_nor_keras():
     done = _run(CHECK.format(prelude=""))

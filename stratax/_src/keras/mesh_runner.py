@@ -68,7 +68,8 @@ class MeshRunner(KerasRunner):
                 shapes = key
             yield seam.distribute_data(batch, layouts)
 
-    def make_step(self, build: Callable[[Callable[..., Any]], Callable[..., Any]],
+    def make_step(self, model: Any, kind: str,
+                  build: Callable[[Callable[..., Any]], Callable[..., Any]],
                   step_fn: Callable[..., Any]) -> Callable[..., Any]:
         if self.distribution is None:
             return build(_committed(step_fn, self.strategy.devices[0]))

@@ -20,6 +20,9 @@ from stratax._src.keras.feed import GlobalFeed
 from stratax._src.keras.runner import runner_for
 
 _BATCHED_METHODS = ("fit", "evaluate", "predict")
+# The step a method compiles: Keras' train_step, test_step or predict_step.
+_STEP_KINDS = {"fit": "train", "train_on_batch": "train", "evaluate": "test",
+               "test_on_batch": "test", "predict": "predict", "predict_on_batch": "predict"}
 
 
 def _bind(method: Callable[..., Any], args: tuple[Any, ...],
@@ -41,7 +44,7 @@ def model_method(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
         if name == "compile":
             binding.bind(self, strategy)
         runner = runner_for(strategy)
-        call = session.Call(runner)
+        call = session.Call(runner, name)
         if name in _BATCHED_METHODS:
             kwargs = runner.prepare(name, _bind(original, args, kwargs))
             args = ()
@@ -66,6 +69,10 @@ def make_step(model: Any, build: Callable[[Callable[..., Any]], Callable[..., An
               step_function: Callable[..., Any]) -> Callable[..., Any]:
     """How ``model`` runs a group of steps: its runner's way, else Keras' own (``build``)."""
     strategy = binding.model_strategy(model)
-    if strategy is None:
+    call = session.active()
+    if strategy is None or call is None:
         return build(step_function)
-    return runner_for(strategy).make_step(build, step_function)
+    kind = _STEP_KINDS.get(call.method)
+    if kind is None:
+        return build(step_function)
+    return runner_for(strategy).make_step(model, kind, build, step_function)

@@ -62,12 +62,14 @@ class KerasRunner:
         """Places batches of an input kind stratax leaves to Keras (e.g. a ``tf.data`` dataset)."""
         return batches
 
-    def make_step(self, build: Callable[[Callable[..., Any]], Callable[..., Any]],
+    def make_step(self, model: Any, kind: str,
+                  build: Callable[[Callable[..., Any]], Callable[..., Any]],
                   step_fn: Callable[..., Any]) -> Callable[..., Any]:
         """Returns ``iterator_step(state, iterator) -> (logs, state)`` for one step group.
 
-        ``step_fn(state, batch)`` is Keras' (compiled) single step and ``build`` Keras' own way
-        of running ``steps_per_execution`` of them.
+        ``kind`` is ``"train"``, ``"test"`` or ``"predict"``; ``step_fn(state, batch)`` is
+        Keras' (compiled) single step of ``model`` and ``build`` Keras' own way of running
+        ``steps_per_execution`` of them.
         """
         return build(step_fn)
 

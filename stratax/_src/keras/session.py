@@ -24,6 +24,7 @@ class Call:
     """One ``fit``/``evaluate``/``predict`` call of a model under a strategy."""
 
     runner: KerasRunner
+    method: str  # "fit", "evaluate", "predict", "compile", "train_on_batch", ...
     feed: GlobalFeed | None = None
 
 
