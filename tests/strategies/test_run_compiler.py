@@ -151,3 +151,17 @@ def test_closure_with_gradient_and_all_reduce_matches_one_device():
     reference = grads_on(_strategy(1))
     for n in (2, 4):
         np.testing.assert_allclose(grads_on(_strategy(n)), reference, rtol=1e-5, atol=1e-7)
+
+
+def test_indexing_a_closed_over_mesh_array_is_explained_and_arguments_work():
+    """JAX cannot index a mesh-placed array closed over in shard_map (jax-ml/jax#29162)."""
+    strategy = _strategy(2)
+    full, batch = _rows(strategy)
+    placed = jax.device_put(np.arange(4, dtype=np.float32), strategy.replicated_sharding())
+    with pytest.raises(ValueError, match=r"closes over an array placed on the strategy's devices"):
+        strategy.run(lambda t: t + placed[1], args=(batch,))
+    out = strategy.run(lambda t, w: t + w[1], args=(batch, placed))
+    np.testing.assert_allclose(strategy.gather(out, axis=0), full + 1.0)
+    host = np.asarray(placed)
+    np.testing.assert_allclose(strategy.gather(strategy.run(lambda t: t + host[1], args=(batch,)),
+                                               axis=0), full + 1.0)

@@ -223,7 +223,7 @@ class RunCompiler:
         in_specs = tuple(P(REPLICA_AXIS) if per else P() for per in in_flags)
         probe = jax.shard_map(replica_body, mesh=self._mesh, in_specs=in_specs,
                               out_specs=P(REPLICA_AXIS), check_vma=False)
-        traced = jax.jit(probe).trace(*avals)  # The one trace of ``fn`` for this structure.
+        traced = _trace(probe, avals, fn)  # The one trace of ``fn`` for this structure.
         program = traced.jaxpr
         if self._num_replicas == 1:
             out_varying = tuple(False for _ in program.jaxpr.outvars)
@@ -231,6 +231,24 @@ class RunCompiler:
             out_varying = tuple(varying_outputs(program, in_flags, REPLICA_AXIS))
         step = _replay(program, out_varying, self._mesh)
         return CompiledRun(jax.jit(step), jax.tree.structure(traced.out_info), out_varying)
+
+
+def _trace(probe: Callable[..., Any], avals: list[Any], fn: Callable[..., Any]) -> Any:
+    """``jax.jit(probe).trace(*avals)``, with JAX's mesh-closure limitation explained."""
+    try:
+        return jax.jit(probe).trace(*avals)
+    except ValueError as error:
+        if "should match the mesh of sharding" not in str(error):
+            raise
+        name = getattr(fn, "__qualname__", repr(fn))
+        raise ValueError(
+            f"`strategy.run({name})`: the replica function closes over an array placed on the "
+            "strategy's devices (a Keras variable created under `strategy.scope()`, or "
+            "`jax.device_put(x, strategy.replicated_sharding())`) and indexes it; JAX cannot "
+            "index such a closed-over array inside the SPMD step. Pass it as an argument "
+            "instead, e.g. `strategy.run(fn, args=(batch, w))`, or close over a host copy "
+            "(`np.asarray(w)`). JAX's message follows."
+        ) from error
 
 
 def _replay(program: Any, out_varying: tuple[bool, ...], mesh: Mesh) -> Callable[..., Any]:
