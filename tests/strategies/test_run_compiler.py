@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import stratax as sx
+from stratax._src.strategies import run_compiler
 from stratax._src.strategies.run_compiler import RunCompiler
 
 
@@ -165,3 +166,30 @@ def test_indexing_a_closed_over_mesh_array_is_explained_and_arguments_work():
     host = np.asarray(placed)
     np.testing.assert_allclose(strategy.gather(strategy.run(lambda t: t + host[1], args=(batch,)),
                                                axis=0), full + 1.0)
+
+
+def test_registered_variables_are_read_at_every_call(monkeypatch):
+    """Closed-over values are captured at compile time, except variables a source lists."""
+    monkeypatch.setattr(run_compiler, "_variable_sources", [])
+    strategy = _strategy(2)
+    full, batch = _rows(strategy)
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1, use_bias=False)])
+    kernel = model.layers[0].kernel
+
+    def predict(t):
+        return model(t)
+
+    kernel.assign(np.ones((4, 1), np.float32))
+    before = strategy.gather(strategy.run(predict, args=(batch,)), axis=0)
+    kernel.assign(np.full((4, 1), 3.0, np.float32))
+    captured = strategy.gather(strategy.run(predict, args=(batch,)), axis=0)
+    np.testing.assert_allclose(captured, before)  # jax.jit semantics: the value at compile time
+
+    run_compiler.register_variable_source(lambda: model.variables)
+    fresh = lambda t: model(t)
+    np.testing.assert_allclose(strategy.gather(strategy.run(fresh, args=(batch,)), axis=0),
+                               full.sum(axis=1, keepdims=True) * 3.0, rtol=1e-6)
+    kernel.assign(np.full((4, 1), -2.0, np.float32))
+    np.testing.assert_allclose(strategy.gather(strategy.run(fresh, args=(batch,)), axis=0),
+                               full.sum(axis=1, keepdims=True) * -2.0, rtol=1e-6)
