@@ -144,7 +144,9 @@ def test_closure_with_gradient_and_all_reduce_matches_one_device():
 
         def fn(xy):
             x, y = xy
-            loss = lambda w: sx.compute_average_loss((x @ w - y) ** 2)
+            def loss(w):
+                return sx.compute_average_loss((x @ w - y) ** 2)
+
             return sx.get_replica_context().all_reduce("sum", jax.grad(loss)(w0))
 
         return np.asarray(strategy.run(fn, args=(batch,)))
@@ -187,7 +189,10 @@ def test_registered_variables_are_read_at_every_call(monkeypatch):
     np.testing.assert_allclose(captured, before)  # jax.jit semantics: the value at compile time
 
     run_compiler.register_variable_source(lambda: model.variables)
-    fresh = lambda t: model(t)
+
+    def fresh(t):  # a new function: compiled with the source active
+        return model(t)
+
     np.testing.assert_allclose(strategy.gather(strategy.run(fresh, args=(batch,)), axis=0),
                                full.sum(axis=1, keepdims=True) * 3.0, rtol=1e-6)
     kernel.assign(np.full((4, 1), -2.0, np.float32))
