@@ -23,7 +23,8 @@ def test_every_example_seen_exactly_once_per_epoch(replicas):
             parts = strategy.experimental_local_results(x)
             assert all(p.shape == (16 // replicas,) for p in parts)
             seen.extend(int(v) for p in parts for v in np.asarray(p))
-            np.testing.assert_array_equal(strategy.gather(y, axis=0), strategy.gather(x, axis=0) * 10)
+            np.testing.assert_array_equal(strategy.gather(y, axis=0),
+                                          strategy.gather(x, axis=0) * 10)
         assert seen == list(range(64))
 
 

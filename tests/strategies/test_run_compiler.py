@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import stratax as sx
+from stratax._src.strategies import run_compiler
 from stratax._src.strategies.run_compiler import RunCompiler
 
 
@@ -143,7 +144,9 @@ def test_closure_with_gradient_and_all_reduce_matches_one_device():
 
         def fn(xy):
             x, y = xy
-            loss = lambda w: sx.compute_average_loss((x @ w - y) ** 2)
+            def loss(w):
+                return sx.compute_average_loss((x @ w - y) ** 2)
+
             return sx.get_replica_context().all_reduce("sum", jax.grad(loss)(w0))
 
         return np.asarray(strategy.run(fn, args=(batch,)))
@@ -151,3 +154,47 @@ def test_closure_with_gradient_and_all_reduce_matches_one_device():
     reference = grads_on(_strategy(1))
     for n in (2, 4):
         np.testing.assert_allclose(grads_on(_strategy(n)), reference, rtol=1e-5, atol=1e-7)
+
+
+def test_indexing_a_closed_over_mesh_array_is_explained_and_arguments_work():
+    """JAX cannot index a mesh-placed array closed over in shard_map (jax-ml/jax#29162)."""
+    strategy = _strategy(2)
+    full, batch = _rows(strategy)
+    placed = jax.device_put(np.arange(4, dtype=np.float32), strategy.replicated_sharding())
+    with pytest.raises(ValueError, match=r"closes over an array placed on the strategy's devices"):
+        strategy.run(lambda t: t + placed[1], args=(batch,))
+    out = strategy.run(lambda t, w: t + w[1], args=(batch, placed))
+    np.testing.assert_allclose(strategy.gather(out, axis=0), full + 1.0)
+    host = np.asarray(placed)
+    np.testing.assert_allclose(strategy.gather(strategy.run(lambda t: t + host[1], args=(batch,)),
+                                               axis=0), full + 1.0)
+
+
+def test_registered_variables_are_read_at_every_call(monkeypatch):
+    """Closed-over values are captured at compile time, except variables a source lists."""
+    monkeypatch.setattr(run_compiler, "_variable_sources", [])
+    strategy = _strategy(2)
+    full, batch = _rows(strategy)
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1, use_bias=False)])
+    kernel = model.layers[0].kernel
+
+    def predict(t):
+        return model(t)
+
+    kernel.assign(np.ones((4, 1), np.float32))
+    before = strategy.gather(strategy.run(predict, args=(batch,)), axis=0)
+    kernel.assign(np.full((4, 1), 3.0, np.float32))
+    captured = strategy.gather(strategy.run(predict, args=(batch,)), axis=0)
+    np.testing.assert_allclose(captured, before)  # jax.jit semantics: the value at compile time
+
+    run_compiler.register_variable_source(lambda: model.variables)
+
+    def fresh(t):  # a new function: compiled with the source active
+        return model(t)
+
+    np.testing.assert_allclose(strategy.gather(strategy.run(fresh, args=(batch,)), axis=0),
+                               full.sum(axis=1, keepdims=True) * 3.0, rtol=1e-6)
+    kernel.assign(np.full((4, 1), -2.0, np.float32))
+    np.testing.assert_allclose(strategy.gather(strategy.run(fresh, args=(batch,)), axis=0),
+                               full.sum(axis=1, keepdims=True) * -2.0, rtol=1e-6)

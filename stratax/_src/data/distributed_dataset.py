@@ -94,7 +94,7 @@ class _Step:
 
 
 class _Placement:
-    """Where one process's share of a batch goes: the mesh, this process's replicas, the sharding."""
+    """Where one process's share of a batch goes: the mesh, its replicas, the sharding."""
 
     def __init__(self, mesh: Mesh) -> None:
         devices = list(mesh.devices.flat)
@@ -134,7 +134,7 @@ class _Placement:
 
 
 def _finish(step: _Step, counts: tuple[int, ...], placement: _Placement, to_device: bool) -> Any:
-    """The ``PerReplica`` batch of a step, given every replica's real rows: padded, placed if asked."""
+    """The ``PerReplica`` batch of a step, given every replica's real rows: padded, placed."""
     padded = max(counts)
 
     def leaf(block: np.ndarray | jax.Array) -> PerReplica:
@@ -173,7 +173,8 @@ def _stack_parts(parts: list[Any], placement: _Placement, template: Any, index: 
     local = len(placement.local_replicas)
     empty = jax.tree.map(lambda a: np.zeros((0, *np.shape(a)[1:]), np.asarray(a).dtype), template)
     parts = parts + [empty] * (local - len(parts))
-    rows = [_rows(p, f"the batch of local replica {k} in step {index}") for k, p in enumerate(parts)]
+    rows = [_rows(p, f"the batch of local replica {k} in step {index}")
+            for k, p in enumerate(parts)]
 
     def stack(*leaves: Any) -> np.ndarray:
         stacked, _ = global_batch.stack_padded(
@@ -294,7 +295,7 @@ class DistributedDataset:
 
 
 class DistributedDatasetsFromFunction:
-    """The ``PerReplica`` batches of ``distribute_datasets_from_function``: one pipeline per process."""
+    """The ``PerReplica`` batches of ``distribute_datasets_from_function``, one pipeline each."""
 
     def __init__(
         self,

@@ -20,7 +20,7 @@ import numpy as np
 
 
 def suggested_batch(global_batch: int, num_replicas: int) -> int:
-    """The nearest multiple of ``num_replicas`` not above ``global_batch`` (at least one per replica)."""
+    """The nearest multiple of ``num_replicas`` not above ``global_batch`` (at least one each)."""
     return max(num_replicas, global_batch // num_replicas * num_replicas)
 
 
@@ -39,7 +39,8 @@ def check_divisible(global_batch: int, num_replicas: int, *, hint: str = "") -> 
     """
     if global_batch % num_replicas == 0:
         return
-    example = f", e.g. {hint.format(batch=suggested_batch(global_batch, num_replicas))}" if hint else ""
+    suggestion = suggested_batch(global_batch, num_replicas)
+    example = f", e.g. {hint.format(batch=suggestion)}" if hint else ""
     raise ValueError(
         f"Global batch size {global_batch} does not split over {num_replicas} replicas; use a "
         f"multiple of {num_replicas}{example}."

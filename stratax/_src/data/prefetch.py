@@ -46,7 +46,7 @@ def _produce(source: Iterator[Any], items: queue.Queue[Any], stop: threading.Eve
             if stop.is_set():
                 return
         item = _End()
-    except BaseException as error:  # noqa: BLE001 - re-raised in the consumer
+    except BaseException as error:  # re-raised in the consumer
         item = _Failure(error)
     while not stop.is_set():
         try:

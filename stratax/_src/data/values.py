@@ -1,4 +1,4 @@
-"""Distributed values: ``PerReplica`` (one value per replica) and ``Mirrored`` (one value, everywhere).
+"""Distributed values: ``PerReplica`` (one value per replica), ``Mirrored`` (one value everywhere).
 
 Both are JAX pytrees, so they pass through ``jax.jit``, ``jax.tree.map`` and ``strategy.run``.
 

@@ -34,7 +34,7 @@ _DIVERSIFYING = frozenset(
 
 
 def varying_outputs(jaxpr: Any, varying_inputs: Sequence[bool], axis: str) -> list[bool]:
-    """For each output of ``jaxpr`` (a ``Jaxpr`` or ``ClosedJaxpr``), whether it varies over ``axis``.
+    """For each output of ``jaxpr`` (``Jaxpr`` or ``ClosedJaxpr``): does it vary over ``axis``?
 
     Args:
         jaxpr: the traced program (constants included), e.g. ``jit(shard_map(body))``'s, or a

@@ -294,7 +294,7 @@ class Strategy:
     def experimental_distribute_values_from_function(
         self, value_fn: Callable[[ValueContext], Any]
     ) -> Any:
-        """Builds a ``PerReplica`` value from ``value_fn(ValueContext)`` called for each local replica."""
+        """A ``PerReplica`` value from ``value_fn(ValueContext)``, called for each local replica."""
         n = self.num_replicas_in_sync
         values = [value_fn(ValueContext(i, n)) for i in self._local_ids]
 

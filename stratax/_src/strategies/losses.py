@@ -23,7 +23,7 @@ def compute_average_loss(
     sample_weight: Any = None,
     global_batch_size: int | None = None,
 ) -> Any:
-    """``sum(per_example_loss * sample_weight) / global_batch_size`` (``tf.nn.compute_average_loss``).
+    """``sum(per_example_loss * sample_weight) / global_batch_size`` (TF's compute_average_loss).
 
     Args:
         per_example_loss: this replica's per-example losses, shape ``(per_replica_batch, ...)``.

@@ -82,7 +82,7 @@ class ReplicaContext:
 
     @property
     def global_num_valid_rows(self) -> Any:
-        """The real rows of the batch over all replicas (the true global batch size), or ``None``."""
+        """The real rows of the batch over all replicas (the true global batch), or ``None``."""
         rows = self._batch_rows
         return None if rows is None else jnp.sum(rows.counts)
 
@@ -105,7 +105,7 @@ class ReplicaContext:
         return None if self._batch_rows is None else self._batch_rows.padded_rows
 
     def all_reduce(self, reduce_op: ReduceOp | str, value: Any) -> Any:
-        """Combines ``value`` (any pytree of arrays) across all replicas; every replica gets the result."""
+        """Combines ``value`` (a pytree of arrays) across all replicas; every replica gets it."""
         op = ReduceOp.from_string(reduce_op)
         if not self._traced:
             return value
@@ -113,7 +113,7 @@ class ReplicaContext:
         return jax.tree.map(lambda v: collective(v, REPLICA_AXIS), value)
 
     def all_gather(self, value: Any, axis: int) -> Any:
-        """Concatenates every replica's ``value`` along ``axis``, in replica order (TF's meaning)."""
+        """Concatenates every replica's ``value`` along ``axis`` in replica order (TF's meaning)."""
         if not self._traced:
             return value
         return jax.tree.map(

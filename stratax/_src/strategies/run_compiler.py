@@ -17,7 +17,10 @@ per replica. That one jaxpr then serves twice without calling ``fn`` again:
    specs follow that decision, and jitted: the compiled step.
 
 Closed-over values are captured when a structure is first compiled, as with ``jax.jit``: pass
-values that change between calls (weights, a learning rate) as arguments.
+values that change between calls (weights, a learning rate) as arguments. The exception are
+variables that a *variable source* lists (``register_variable_source``; e.g. the Keras layer's
+variables): a closed-over value that is such a variable's current value is read from the
+variable again at every call, so an assignment between calls is seen.
 
 A batch from a distributed dataset may be padded (uneven last batch); its real-row counts are
 passed as one more replicated input and exposed inside ``fn`` through ``get_replica_context()``
@@ -29,7 +32,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import jax
@@ -53,13 +56,44 @@ _COUNTS_CACHE_SIZE = 16
 PER_REPLICA, REPLICATED, STATIC = "per_replica", "replicated", "static"
 
 
+_variable_sources: list[Callable[[], Iterable[Any]]] = []
+
+
+def register_variable_source(source: Callable[[], Iterable[Any]]) -> None:
+    """Makes closed-over variables be read at every ``run`` call, not captured once.
+
+    ``source()`` returns live variable objects: anything with a ``.value`` array, such as Keras
+    variables. When a replica function is compiled, a value it closed over that *is* (the same
+    object as) a listed variable's current ``.value`` becomes an input of the compiled step, fed
+    with that variable's ``.value`` at every call, so ``variable.assign(...)`` between calls is
+    seen, as TensorFlow reads variables by reference. Registering the same source twice is a
+    no-op.
+    """
+    if source not in _variable_sources:
+        _variable_sources.append(source)
+
+
+def _live_variables() -> dict[int, Any]:
+    """``id(variable.value) -> variable`` for every variable the sources list now."""
+    found: dict[int, Any] = {}
+    for source in _variable_sources:
+        for variable in source():
+            found[id(variable.value)] = variable
+    return found
+
+
 @dataclasses.dataclass(frozen=True)
 class CompiledRun:
-    """A compiled step: ``call(*dynamic[, row_counts])`` gives the flat outputs."""
+    """A compiled step: ``call(*dynamic[, row_counts], *variable values)`` gives the flat outputs.
+
+    ``variables`` are the closed-over variables read at every call (see
+    ``register_variable_source``).
+    """
 
     call: Callable[..., Any]
     out_tree: Any
     out_varying: tuple[bool, ...]
+    variables: tuple[Any, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,7 +146,7 @@ class RunCompiler:
         ]
         if arguments.valid_rows is not None:
             placed.append(self._row_counts(arguments.valid_rows))
-        flat = compiled.call(*placed)
+        flat = compiled.call(*placed, *(variable.value for variable in compiled.variables))
         wrapped = [
             self._wrap(x, arguments) if varying else x
             for x, varying in zip(flat, compiled.out_varying, strict=True)
@@ -223,22 +257,47 @@ class RunCompiler:
         in_specs = tuple(P(REPLICA_AXIS) if per else P() for per in in_flags)
         probe = jax.shard_map(replica_body, mesh=self._mesh, in_specs=in_specs,
                               out_specs=P(REPLICA_AXIS), check_vma=False)
-        traced = jax.jit(probe).trace(*avals)  # The one trace of ``fn`` for this structure.
+        traced = _trace(probe, avals, fn)  # The one trace of ``fn`` for this structure.
         program = traced.jaxpr
         if self._num_replicas == 1:
             out_varying = tuple(False for _ in program.jaxpr.outvars)
         else:
             out_varying = tuple(varying_outputs(program, in_flags, REPLICA_AXIS))
-        step = _replay(program, out_varying, self._mesh)
-        return CompiledRun(jax.jit(step), jax.tree.structure(traced.out_info), out_varying)
+        step, variables = _replay(program, out_varying, self._mesh, _live_variables())
+        return CompiledRun(jax.jit(step), jax.tree.structure(traced.out_info), out_varying,
+                           variables)
 
 
-def _replay(program: Any, out_varying: tuple[bool, ...], mesh: Mesh) -> Callable[..., Any]:
+def _trace(probe: Callable[..., Any], avals: list[Any], fn: Callable[..., Any]) -> Any:
+    """``jax.jit(probe).trace(*avals)``, with JAX's mesh-closure limitation explained."""
+    try:
+        return jax.jit(probe).trace(*avals)
+    except ValueError as error:
+        if "should match the mesh of sharding" not in str(error):
+            raise
+        name = getattr(fn, "__qualname__", repr(fn))
+        raise ValueError(
+            f"`strategy.run({name})`: the replica function closes over an array placed on the "
+            "strategy's devices (a Keras variable created under `strategy.scope()`, or "
+            "`jax.device_put(x, strategy.replicated_sharding())`) and indexes it; JAX cannot "
+            "index such a closed-over array inside the SPMD step. Pass it as an argument "
+            "instead, e.g. `strategy.run(fn, args=(batch, w))`, or close over a host copy "
+            "(`np.asarray(w)`). JAX's message follows."
+        ) from error
+
+
+def _replay(
+    program: Any, out_varying: tuple[bool, ...], mesh: Mesh, live: dict[int, Any]
+) -> tuple[Callable[..., Any], tuple[Any, ...]]:
     """The traced ``shard_map`` again, from its jaxpr, with replicated outputs where invariant.
 
     ``program`` is ``jit(shard_map(replica_body))`` traced: one ``shard_map`` equation whose
     operands are the program's constants (values the replica function closed over, lifted by
     ``shard_map``), literals and inputs. Its body is evaluated, not re-traced from Python.
+    Constants that are the current value of a variable in ``live`` become trailing inputs.
+
+    Returns:
+        ``(step, variables)``: ``step(*inputs, *values of variables)`` gives the flat outputs.
     """
     (eqn,) = program.jaxpr.eqns
     if eqn.primitive.name != "shard_map":
@@ -246,9 +305,13 @@ def _replay(program: Any, out_varying: tuple[bool, ...], mesh: Mesh) -> Callable
     consts = dict(zip(program.jaxpr.constvars, program.consts, strict=True))
     positions = {var: i for i, var in enumerate(program.jaxpr.invars)}
     operands: list[tuple[str, Any]] = []
+    variables: list[Any] = []
     for atom in eqn.invars:
         if isinstance(atom, jax_core.Literal):
             operands.append(("value", atom.val))
+        elif atom in consts and id(consts[atom]) in live:
+            operands.append(("input", len(positions) + len(variables)))
+            variables.append(live[id(consts[atom])])
         elif atom in consts:
             operands.append(("value", consts[atom]))
         else:
@@ -266,7 +329,7 @@ def _replay(program: Any, out_varying: tuple[bool, ...], mesh: Mesh) -> Callable
     def step(*inputs: Any) -> list[Any]:
         return mapped(*(value if kind == "value" else inputs[value] for kind, value in operands))
 
-    return step
+    return step, tuple(variables)
 
 
 def _dynamic_kinds(kinds: list[str]) -> list[str]:
