@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import numpy as np
@@ -11,6 +12,16 @@ from keras import distribution as keras_distribution
 
 from stratax._src.strategies.base import Strategy
 from stratax._src.strategies.replica_context import REPLICA_AXIS
+
+
+# Keras variables created under a several-replica strategy (by id; weakly held), so that
+# ``strategy.run`` reads a closed-over variable's current value at every call.
+_created_variables: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
+
+
+def created_variables() -> list[Any]:
+    """The live Keras variables created under the scope of a several-replica strategy."""
+    return list(_created_variables.values())
 
 
 class StrategyDistribution(keras_distribution.DataParallel):
@@ -34,6 +45,10 @@ class StrategyDistribution(keras_distribution.DataParallel):
         """The JAX sharding of a batch: whole on every replica, or split along axis 0."""
         mesh = self.strategy.mesh
         return NamedSharding(mesh, P()) if replicated else NamedSharding(mesh, P(REPLICA_AXIS))
+
+    def get_variable_layout(self, variable: Any) -> keras_distribution.TensorLayout:
+        _created_variables[id(variable)] = variable
+        return super().get_variable_layout(variable)
 
     def get_data_layout(self, data_shape: Any) -> keras_distribution.TensorLayout:
         shape = tuple(data_shape)

@@ -17,9 +17,10 @@ from jax.experimental import multihost_utils
 
 from stratax._src import seam
 from stratax._src.core import context
-from stratax._src.keras import methods, saving, session
+from stratax._src.keras import distribution, methods, saving, session
 from stratax._src.keras.mesh_runner import MeshRunner
 from stratax._src.keras.runner import register_runner, runner_for
+from stratax._src.strategies import run_compiler
 from stratax._src.strategies.base import Strategy
 from stratax._src.strategies.default import DefaultStrategy
 
@@ -61,6 +62,7 @@ def install() -> None:
     context.set_default_strategy_factory(DefaultStrategy)
     register_runner(Strategy, MeshRunner)
     context.register_scope_hook(_keras_scope)
+    run_compiler.register_variable_source(distribution.created_variables)
     seam.install_keras_hooks(
         model_method=methods.model_method,
         save_method=saving.save_method,
