@@ -75,6 +75,8 @@ from stratax._src.keras.backup import PREEMPTION_EXIT_CODE, BackupAndRestore  # 
 
 _bridge.install()
 
+from stratax import callbacks, observe  # noqa: E402  (after install: callbacks use the bridge)
+
 __version__ = "0.1.0"
 
 __all__ = [
@@ -113,4 +115,6 @@ __all__ = [
     "in_cross_replica_context",
     "scale_regularization_loss",
     "set_cpu_device_count",
+    "callbacks",
+    "observe",
 ]

@@ -84,6 +84,8 @@ class MetricsWriter:
 def _number(name: str, value: object) -> Optional[float]:
     if value is None:
         return None
+    if isinstance(value, int):  # bool included: stays an exact integer
+        return int(value)
     try:
         number = float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError):

@@ -119,6 +119,7 @@ class WorkerMetrics(keras.callbacks.Callback):
         self._step = 0
         self._epoch = 0
         self._processes = 1
+        self._warm = False
 
     # ------------------------------------------------------------------ keras hooks
     def on_train_begin(self, logs: Optional[dict[str, Any]] = None) -> None:
@@ -129,6 +130,7 @@ class WorkerMetrics(keras.callbacks.Callback):
                                                  self.probe_repeats)
         self._original = self.model.train_function
         self.model.train_function = self._timed_train_function
+        self._warm = False
         self._window.reset(time.perf_counter())
 
     def on_train_end(self, logs: Optional[dict[str, Any]] = None) -> None:
@@ -141,14 +143,19 @@ class WorkerMetrics(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch: int, logs: Optional[dict[str, Any]] = None) -> None:
         scalars = {k: v for k, v in (logs or {}).items() if isinstance(v, (int, float))}
-        self.writer.write(self._step, epoch=epoch, epoch_end=1, **scalars)
+        self.writer.write(self._step + self._window.steps, epoch=epoch, epoch_end=1, **scalars)
 
     # ------------------------------------------------------------------ measurement
     def _timed_train_function(self, state: Any, iterator: Iterator[Any]) -> Any:
         original = cast(Callable[..., Any], self._original)  # set by on_train_begin
         logs, new_state = original(state, _TimedIterator(iterator, self._window, self._rows))
         window = self._window
-        if time.perf_counter() - window.start >= self.every_seconds and window.steps:
+        if not self._warm:  # the first call compiles the step: not timed
+            jax.block_until_ready(logs)
+            self._warm = True
+            self._step += window.steps
+            window.reset(time.perf_counter())
+        elif time.perf_counter() - window.start >= self.every_seconds and window.steps:
             jax.block_until_ready(logs)
             self._report(logs, time.perf_counter())
         return logs, new_state
