@@ -11,8 +11,8 @@ import stratax as sx
 from stratax.callbacks import TensorBoard
 
 # Imported at collection: tensorboardX sets CRC32C_SW_MODE in os.environ on import.
-pytest.importorskip("tensorboardX", reason="sx.callbacks.TensorBoard needs tensorboardX: pip install "
-                    "'stratax[tensorboard]'")
+pytest.importorskip("tensorboardX", reason="sx.callbacks.TensorBoard needs tensorboardX: "
+                    "pip install 'stratax[tensorboard]'")
 event_accumulator = pytest.importorskip(
     "tensorboard.backend.event_processing.event_accumulator",
     reason="the test reads events with TensorBoard's EventAccumulator: pip install tensorboard")
@@ -58,7 +58,7 @@ def test_scalars_histograms_and_learning_rate_equal_history(tmp_path, name):
 
     train = _events(tmp_path / "train")
     for metric in ("loss", "accuracy"):
-        steps, values = zip(*_scalars(train, f"epoch_{metric}"))
+        steps, values = zip(*_scalars(train, f"epoch_{metric}"), strict=True)
         assert steps == (0, 1, 2)
         np.testing.assert_allclose(values, history[metric], rtol=1e-6)
     assert [v for _, v in _scalars(train, "epoch_learning_rate")] == pytest.approx([0.01] * 3)

@@ -3,7 +3,7 @@
 Layout of a run directory (every writer appends, every reader tails; nothing is rewritten)::
 
     <run_dir>/metrics/<task>.jsonl   one JSON object per line per report of that process
-    <run_dir>/events.jsonl           the launcher's starts, failures (with root cause), restarts, end
+    <run_dir>/events.jsonl           the launcher's starts, failures (root cause), restarts, end
 
 Modules and their layer: ``run_dir``, ``record``, ``events``, ``reader``, ``server`` and
 ``arguments`` are pure Python (standard library, ``stratax._src.core`` only), so any layer, the

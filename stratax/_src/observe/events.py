@@ -3,12 +3,11 @@
 ``stratax launch`` appends one JSON object per event, so the dashboard can show restarts and
 failures with their root cause, live and after the run:
 
-| kind | fields |
-| --- | --- |
-| ``start`` | ``restart`` (0, 1, ...), ``tasks`` (names), ``pids`` |
-| ``failure`` | ``restart``, ``task``, ``pid``, ``returncode``, ``message`` (one line), ``tail`` (its last output lines) |
-| ``restart`` | ``restart`` (the coming start), ``message`` |
-| ``end`` | ``exit_code``, ``message`` (the launcher's summary) |
+- ``start``: ``restart`` (0, 1, ...), ``tasks`` (names), ``pids``;
+- ``failure``: ``restart``, ``task``, ``pid``, ``returncode``, ``message`` (one line),
+  ``tail`` (the task's last output lines: the root cause);
+- ``restart``: ``restart`` (the coming start), ``message``;
+- ``end``: ``exit_code``, ``message`` (the launcher's summary).
 """
 
 from __future__ import annotations
@@ -29,7 +28,7 @@ class EventLog:
 
     Example:
         >>> log = EventLog("/tmp/run")  # doctest: +SKIP
-        >>> log.append("failure", task="worker_1", returncode=-9, message="killed")  # doctest: +SKIP
+        >>> log.append("restart", restart=1, message="restart 1 of 3")  # doctest: +SKIP
     """
 
     def __init__(self, run_dir: PathLike) -> None:

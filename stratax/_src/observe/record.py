@@ -15,7 +15,7 @@ Scalar names the dashboard understands (any other name is shown as a metric):
 | ``samples_per_s`` | samples this process trained per second |
 | ``input_s`` | seconds per step spent fetching the next batch |
 | ``collective_s`` | seconds per step in all-reduce (estimated, see ``WorkerMetrics``) |
-| ``pull_s``, ``push_s`` | seconds per step pulling variables / pushing gradients (parameter servers) |
+| ``pull_s``, ``push_s`` | seconds per step pulling variables / pushing gradients (ps) |
 | ``requests_per_s``, ``bytes_per_s`` | load of a parameter-server shard (task ``ps_<i>``) |
 """
 

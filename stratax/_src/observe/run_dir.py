@@ -12,7 +12,7 @@ import os
 import re
 import time
 from pathlib import Path
-from typing import Optional, Union
+from typing import Optional
 
 from stratax._src.core import env as env_names
 
@@ -20,7 +20,7 @@ METRICS_DIR = "metrics"
 EVENTS_FILE = "events.jsonl"
 _TASK_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
-PathLike = Union[str, os.PathLike]
+PathLike = str | os.PathLike
 
 
 def resolve_run_dir(run_dir: Optional[PathLike] = None) -> Optional[Path]:

@@ -4,14 +4,15 @@
 This callback takes the same arguments and writes the same tags to the same places, through the
 ``tensorboardX`` event writer (TensorBoard's own file format; no hand-written encoder):
 
-| Keras writes | here |
-| --- | --- |
-| ``<log_dir>/train``: ``epoch_<metric>``, ``epoch_learning_rate``, ``epoch_steps_per_second`` at step = epoch | same |
-| ``<log_dir>/validation``: ``epoch_<metric>`` (``val_`` removed) at step = epoch; ``evaluation_<metric>_vs_iterations`` at step = optimizer iterations | same |
-| ``batch_<metric>`` (and ``batch_steps_per_second``) every ``update_freq`` batches | same |
-| ``<weight path>/histogram`` every ``histogram_freq`` epochs | same |
-| ``write_graph``: the Keras model config and the TF graph | the model config (JSON) as text ``keras_model/config``; JAX has no TF graph |
-| ``write_images``, ``embeddings_freq``, ``profile_batch`` | not supported: a ``ValueError`` says what to use |
+- ``<log_dir>/train``: ``epoch_<metric>``, ``epoch_learning_rate``, ``epoch_steps_per_second``
+  at step = epoch; ``batch_<metric>`` (and ``batch_steps_per_second``) every ``update_freq``
+  batches; ``<weight path>/histogram`` every ``histogram_freq`` epochs (as Keras);
+- ``<log_dir>/validation``: ``epoch_<metric>`` (``val_`` removed) at step = epoch and
+  ``evaluation_<metric>_vs_iterations`` at step = optimizer iterations (as Keras);
+- ``write_graph``: Keras writes the model config and the TF graph; here the model config
+  (JSON) as the text summary ``keras_model/config`` (JAX has no TF graph);
+- ``write_images``, ``embeddings_freq``, ``profile_batch``: not supported, a ``ValueError``
+  says what to use.
 
 Only the chief writes (the model's strategy decides, as for checkpoints); other workers' calls
 do nothing. Install the writer with ``pip install "stratax[tensorboard]"``.
@@ -20,7 +21,7 @@ do nothing. Install the writer with ``pip install "stratax[tensorboard]"``.
 from __future__ import annotations
 
 import time
-from typing import Any, Optional, Union
+from typing import Any, Optional
 
 import keras
 import numpy as np
@@ -60,7 +61,7 @@ class TensorBoard(keras.callbacks.Callback):
 
     def __init__(self, log_dir: str = "logs", histogram_freq: int = 0, write_graph: bool = True,
                  write_images: bool = False, write_steps_per_second: bool = False,
-                 update_freq: Union[str, int] = "epoch", profile_batch: Any = 0,
+                 update_freq: str | int = "epoch", profile_batch: Any = 0,
                  embeddings_freq: int = 0, embeddings_metadata: Any = None) -> None:
         super().__init__()
         unsupported = {"write_images": (write_images, "write histograms instead "

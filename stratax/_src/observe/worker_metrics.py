@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Iterator
-from typing import Any, Callable, Optional, cast
+from collections.abc import Callable, Iterator
+from typing import Any, Optional, cast
 
 import jax
 import keras
