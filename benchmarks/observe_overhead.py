@@ -11,6 +11,10 @@ Side by side, each run in a fresh process, the variants of one repetition run ba
 Workload: the suite's MLP 784->128->10, global batch 256, Adam, ``steps_per_execution`` 1 (the
 per-step cost of the callback is largest there), 100 steps per epoch on fixed random data;
 samples/s = samples per epoch / median epoch time over epochs 2..E (epoch 1 compiles).
+Also samples per CPU-second of the process (``time.process_time``, all its threads): on a
+machine shared with other work, wall-clock rates move with the neighbours' load far more than
+by 2%, while the CPU time the training process itself spends per sample barely does; the
+overhead of a callback is the extra CPU it costs.
 Run: ``python -m benchmarks.observe_overhead [--reps 5]``; writes
 ``benchmarks/results/observe_overhead.{json,md}``.
 """
@@ -67,11 +71,14 @@ def _child(variant: str, epochs: int, out_dir: str, pin: bool) -> None:
             super().__init__()
             self.times: list[float] = []
 
+            self.cpu: list[float] = []
+
         def on_epoch_begin(self, epoch, logs=None):
-            self.start = time.perf_counter()
+            self.start, self.cpu_start = time.perf_counter(), time.process_time()
 
         def on_epoch_end(self, epoch, logs=None):
             self.times.append(time.perf_counter() - self.start)
+            self.cpu.append(time.process_time() - self.cpu_start)
 
     timer = EpochTimer()
     callbacks = [timer]
@@ -82,9 +89,9 @@ def _child(variant: str, epochs: int, out_dir: str, pin: bool) -> None:
     history = model.fit(x, y, batch_size=GLOBAL_BATCH, epochs=epochs, shuffle=False, verbose=0,
                         callbacks=callbacks)
     if strategy.is_chief:
-        timed = timer.times[1:]
         print("RESULT " + json.dumps({
-            "samples_per_s": n / statistics.median(timed),
+            "samples_per_s": n / statistics.median(timer.times[1:]),
+            "samples_per_cpu_s": n / statistics.median(timer.cpu[1:]),
             "final_loss": float(history.history["loss"][-1])}), flush=True)
 
 
@@ -159,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
                 result = _run(kind, variant)
                 runs[kind][variant].append(result)
                 print(f"rep {rep + 1}/{args.reps} {kind:5s} {variant:15s} "
-                      f"{result['samples_per_s']:>10,.0f} samples/s", flush=True)
+                      f"{result['samples_per_s']:>10,.0f} samples/s "
+                      f"{result['samples_per_cpu_s']:>10,.0f} samples/cpu-s", flush=True)
     _write(runs, args.reps)
     return 0
 
@@ -169,24 +177,26 @@ def _write(runs: dict[str, dict[str, list[dict[str, float]]]], reps: int) -> Non
     import jax
     import keras
 
-    rows = ["| configuration | callback | samples/s, median [min-max] | vs no callback "
-            "(ratio of medians) | paired overhead, median of reps |",
-            "| --- | --- | --- | --- | --- |"]
-    summary: dict[str, dict[str, dict[str, float]]] = {}
+    rows = ["| configuration | callback | measure | median [min-max] | ratio of medians to no "
+            "callback | paired overhead, median of reps |",
+            "| --- | --- | --- | --- | --- | --- |"]
+    summary: dict[str, dict[str, dict[str, dict[str, float]]]] = {}
     for kind, variants in runs.items():
-        base = [r["samples_per_s"] for r in variants["none"]]
+        label = {"1proc": "1 process, MirroredStrategy (1 CPU)",
+                 "2proc": "2 processes x 1 core, MultiWorkerMirrored"}[kind]
         for variant, results in variants.items():
-            rates = [r["samples_per_s"] for r in results]
-            ratio = statistics.median(rates) / statistics.median(base)
-            paired = statistics.median(1 - r / b for r, b in zip(rates, base, strict=True))
-            summary.setdefault(kind, {})[variant] = {
-                "median": statistics.median(rates), "min": min(rates), "max": max(rates),
-                "ratio": ratio, "paired_overhead": paired}
-            label = {"1proc": "1 process, MirroredStrategy (1 CPU)",
-                     "2proc": "2 processes x 1 core, MultiWorkerMirrored"}[kind]
-            rows.append(f"| {label} | {variant} | {statistics.median(rates):,.0f} "
-                        f"[{min(rates):,.0f}-{max(rates):,.0f}] | {ratio:.3f} | "
-                        + ("-" if variant == "none" else f"{100 * paired:+.1f}%") + " |")
+            for measure in ("samples_per_s", "samples_per_cpu_s"):
+                base = [r[measure] for r in variants["none"]]
+                rates = [r[measure] for r in results]
+                ratio = statistics.median(rates) / statistics.median(base)
+                paired = statistics.median(1 - r / b for r, b in zip(rates, base, strict=True))
+                summary.setdefault(kind, {}).setdefault(variant, {})[measure] = {
+                    "median": statistics.median(rates), "min": min(rates), "max": max(rates),
+                    "ratio": ratio, "paired_overhead": paired}
+                rows.append(f"| {label} | {variant} | {measure.replace('_', ' ')} | "
+                            f"{statistics.median(rates):,.0f} [{min(rates):,.0f}-"
+                            f"{max(rates):,.0f}] | {ratio:.3f} | "
+                            + ("-" if variant == "none" else f"{100 * paired:+.1f}%") + " |")
     RESULTS.mkdir(parents=True, exist_ok=True)
     meta = {"reps": reps, "python": platform.python_version(), "jax": jax.__version__,
             "keras": keras.__version__, "cpus": os.cpu_count(),
@@ -197,7 +207,8 @@ def _write(runs: dict[str, dict[str, list[dict[str, float]]]], reps: int) -> Non
     text = ("# Overhead of the observe callbacks\n\n"
             f"`python -m benchmarks.observe_overhead --reps {reps}`; {reps} repetitions, each "
             "configuration in fresh processes, variants interleaved within a repetition. "
-            "Paired overhead: 1 - rate/rate(no callback) within each repetition, median.\n\n"
+            "Paired overhead: 1 - rate/rate(no callback) within each repetition, median. "
+            f"Load average at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs.\n\n"
             + "\n".join(rows) + "\n")
     (RESULTS / "observe_overhead.md").write_text(text)
     print(text)

@@ -92,6 +92,21 @@ def _wait_for_reports(run_dir: Path, launcher: subprocess.Popen, count: int) -> 
                          f"{DATA_TIMEOUT_S} s")
 
 
+def _check_tensorboard_equals_reports(tb_train: Path, reports: Path) -> None:
+    """The chief's TensorBoard ``epoch_loss`` equals the epoch losses WorkerMetrics reported."""
+    accumulator = pytest.importorskip(
+        "tensorboard.backend.event_processing.event_accumulator",
+        reason="reading TensorBoard events needs the tensorboard package")
+    acc = accumulator.EventAccumulator(str(tb_train), size_guidance={accumulator.SCALARS: 0})
+    acc.Reload()
+    written = [(e.step, e.value) for e in acc.Scalars("epoch_loss")]
+    epochs = [json.loads(line) for line in reports.read_text().splitlines()]
+    reported = [(r["epoch"], r["loss"]) for r in epochs if r.get("epoch_end")]
+    assert len(written) == len(reported) >= 2
+    for (step, value), (epoch, loss) in zip(written, reported, strict=True):
+        assert step == epoch and value == pytest.approx(loss, rel=1e-6)
+
+
 def test_live_dashboard_of_two_workers_in_chromium(tmp_path):
     chromium = _chromium()
     run_dir, stop_file, tb_dir = tmp_path / "run", tmp_path / "stop", tmp_path / "tb"
@@ -126,8 +141,9 @@ def test_live_dashboard_of_two_workers_in_chromium(tmp_path):
         assert launcher.wait(timeout=90) == 0, (tmp_path / "launch.log").read_text()[-3000:]
         events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
         assert [e["kind"] for e in events] == ["start", "end"] and events[-1]["exit_code"] == 0
-        # TensorBoard in a 2-worker run: only the chief wrote.
+        # TensorBoard in a 2-worker run: only the chief wrote, the values of its History.
         assert len(list((tb_dir / "train").glob("events.out.tfevents.*"))) == 1
+        _check_tensorboard_equals_reports(tb_dir / "train", run_dir / "metrics" / "worker_0.jsonl")
     finally:
         if launcher.poll() is None:
             os.killpg(launcher.pid, signal.SIGTERM)

@@ -6,7 +6,9 @@ How each number is measured (all on the worker's own clock, no extra collective 
   ``fit``. Once per report window (``every_seconds``) it waits for the step just dispatched to
   finish (``jax.block_until_ready`` of its logs) and divides the wall time since the previous
   window's wait by the steps dispatched in between. One wait per window (not per step) keeps
-  JAX's asynchronous dispatch intact. Samples are the rows of each batch this process feeds
+  JAX's asynchronous dispatch intact. The first call of each ``fit`` (it compiles the step) is
+  waited for and left out; a window also closes where an epoch's steps end (before validation),
+  so validation and epoch-end work count in no step. Samples are the rows of each batch this process feeds
   (a global array counts its share: rows / processes).
 - **input time** (``input_s``): host seconds per step spent in ``next()`` of Keras' batch
   iterator (slicing, conversion, placement of the batch). It is the time the device can wait
@@ -120,6 +122,7 @@ class WorkerMetrics(keras.callbacks.Callback):
         self._epoch = 0
         self._processes = 1
         self._warm = False
+        self._last_logs: Any = None
 
     # ------------------------------------------------------------------ keras hooks
     def on_train_begin(self, logs: Optional[dict[str, Any]] = None) -> None:
@@ -131,6 +134,7 @@ class WorkerMetrics(keras.callbacks.Callback):
         self._original = self.model.train_function
         self.model.train_function = self._timed_train_function
         self._warm = False
+        self._last_logs = None
         self._window.reset(time.perf_counter())
 
     def on_train_end(self, logs: Optional[dict[str, Any]] = None) -> None:
@@ -140,15 +144,22 @@ class WorkerMetrics(keras.callbacks.Callback):
 
     def on_epoch_begin(self, epoch: int, logs: Optional[dict[str, Any]] = None) -> None:
         self._epoch = epoch
+        self._window.reset(time.perf_counter())  # time between epochs is no step's
+
+    def on_test_begin(self, logs: Optional[dict[str, Any]] = None) -> None:
+        if self._original is not None:  # validation inside fit: the epoch's steps end here
+            self._close_window()
 
     def on_epoch_end(self, epoch: int, logs: Optional[dict[str, Any]] = None) -> None:
+        self._close_window()
         scalars = {k: v for k, v in (logs or {}).items() if isinstance(v, (int, float))}
-        self.writer.write(self._step + self._window.steps, epoch=epoch, epoch_end=1, **scalars)
+        self.writer.write(self._step, epoch=epoch, epoch_end=1, **scalars)
 
     # ------------------------------------------------------------------ measurement
     def _timed_train_function(self, state: Any, iterator: Iterator[Any]) -> Any:
         original = cast(Callable[..., Any], self._original)  # set by on_train_begin
         logs, new_state = original(state, _TimedIterator(iterator, self._window, self._rows))
+        self._last_logs = logs
         window = self._window
         if not self._warm:  # the first call compiles the step: not timed
             jax.block_until_ready(logs)
@@ -159,6 +170,12 @@ class WorkerMetrics(keras.callbacks.Callback):
             jax.block_until_ready(logs)
             self._report(logs, time.perf_counter())
         return logs, new_state
+
+    def _close_window(self) -> None:
+        """Reports the steps of the open window, if any (waiting for the last to finish)."""
+        if self._window.steps and self._warm:
+            jax.block_until_ready(self._last_logs)
+            self._report(self._last_logs, time.perf_counter())
 
     def _report(self, logs: Any, now: float) -> None:
         window = self._window
