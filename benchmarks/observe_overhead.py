@@ -172,6 +172,43 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _per_step_cost(reps: int, steps: int = 20_000) -> dict[str, float]:
+    """Host microseconds ``WorkerMetrics`` adds to one step, outside its once-per-window wait.
+
+    Times ``steps`` calls of a no-op train function (it only takes the next batch, a numpy
+    array of 256 rows, from the iterator) directly and through the callback's wrapper, with a
+    window too long to close; median over ``reps`` repetitions of the difference per step.
+    """
+    import stratax  # noqa: F401  # isort: skip  (selects Keras' JAX backend)
+    import numpy as np
+
+    from stratax._src.observe.worker_metrics import WorkerMetrics
+
+    batch = np.zeros((GLOBAL_BATCH, 784), np.float32)
+
+    def no_op_step(state, iterator):
+        return {"loss": next(iterator)}, state
+
+    costs = []
+    with tempfile.TemporaryDirectory(prefix="observe-overhead-") as out_dir:
+        callback = WorkerMetrics(out_dir, task="micro", every_seconds=1e9)
+        callback._original, callback._warm = no_op_step, True
+        for _ in range(reps):
+            data = iter([(batch,)] * steps)
+            start = time.perf_counter()
+            for _ in range(steps):
+                no_op_step(None, data)
+            bare = time.perf_counter() - start
+            data = iter([(batch,)] * steps)
+            start = time.perf_counter()
+            for _ in range(steps):
+                callback._timed_train_function(None, data)
+            wrapped = time.perf_counter() - start
+            costs.append((wrapped - bare) / steps * 1e6)
+        callback.writer.close()
+    return {"us_per_step_median": statistics.median(costs), "min": min(costs), "max": max(costs)}
+
+
 def _write(runs: dict[str, dict[str, list[dict[str, float]]]], reps: int) -> None:
     import stratax  # noqa: F401  # isort: skip  (selects Keras' JAX backend)
     import jax
@@ -197,19 +234,25 @@ def _write(runs: dict[str, dict[str, list[dict[str, float]]]], reps: int) -> Non
                             f"{statistics.median(rates):,.0f} [{min(rates):,.0f}-"
                             f"{max(rates):,.0f}] | {ratio:.3f} | "
                             + ("-" if variant == "none" else f"{100 * paired:+.1f}%") + " |")
+    micro = _per_step_cost(reps)
     RESULTS.mkdir(parents=True, exist_ok=True)
     meta = {"reps": reps, "python": platform.python_version(), "jax": jax.__version__,
             "keras": keras.__version__, "cpus": os.cpu_count(),
             "load_avg_at_end": os.getloadavg(), "workload": "mlp 784-128-10, batch 256, spe 1",
             "steps_per_epoch": STEPS_PER_EPOCH, "epochs": EPOCHS}
     (RESULTS / "observe_overhead.json").write_text(
-        json.dumps({"meta": meta, "summary": summary, "runs": runs}, indent=1))
+        json.dumps({"meta": meta, "summary": summary, "per_step_cost": micro, "runs": runs},
+                   indent=1))
     text = ("# Overhead of the observe callbacks\n\n"
             f"`python -m benchmarks.observe_overhead --reps {reps}`; {reps} repetitions, each "
             "configuration in fresh processes, variants interleaved within a repetition. "
             "Paired overhead: 1 - rate/rate(no callback) within each repetition, median. "
             f"Load average at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs.\n\n"
-            + "\n".join(rows) + "\n")
+            + "\n".join(rows) + "\n\n"
+            f"Host cost WorkerMetrics adds to each step (its wrapper and timed iterator, a no-op "
+            f"step, median of {reps}): {micro['us_per_step_median']:.2f} us "
+            f"[{micro['min']:.2f}-{micro['max']:.2f}]; plus one wait for the step in flight per "
+            f"1 s window.\n")
     (RESULTS / "observe_overhead.md").write_text(text)
     print(text)
 

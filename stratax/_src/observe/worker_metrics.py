@@ -8,8 +8,8 @@ How each number is measured (all on the worker's own clock, no extra collective 
   window's wait by the steps dispatched in between. One wait per window (not per step) keeps
   JAX's asynchronous dispatch intact. The first call of each ``fit`` (it compiles the step) is
   waited for and left out; a window also closes where an epoch's steps end (before validation),
-  so validation and epoch-end work count in no step. Samples are the rows of each batch this process feeds
-  (a global array counts its share: rows / processes).
+  so validation and epoch-end work count in no step. Samples are the rows of each batch this
+  process feeds (a global array counts its share: rows / processes).
 - **input time** (``input_s``): host seconds per step spent in ``next()`` of Keras' batch
   iterator (slicing, conversion, placement of the batch). It is the time the device can wait
   for input when the host is the bottleneck; when the host runs ahead it is hidden, so it is an
@@ -123,11 +123,13 @@ class WorkerMetrics(keras.callbacks.Callback):
         self._processes = 1
         self._warm = False
         self._last_logs: Any = None
+        self._rows_by_shape: dict[tuple[type, tuple[int, ...]], float] = {}
 
     # ------------------------------------------------------------------ keras hooks
     def on_train_begin(self, logs: Optional[dict[str, Any]] = None) -> None:
         strategy = model_strategy(self.model)
         self._processes = strategy.num_processes if strategy is not None else 1
+        self._rows_by_shape.clear()
         if strategy is not None and strategy.num_replicas_in_sync > 1 and self.probe_repeats:
             self.collective_s = probe_all_reduce(strategy, _trainable_size(self.model),
                                                  self.probe_repeats)
@@ -196,13 +198,20 @@ class WorkerMetrics(keras.callbacks.Callback):
         window.reset(now)
 
     def _rows(self, data: Any) -> float:
-        leaves = jax.tree.leaves(data)
-        if not leaves or not getattr(leaves[0], "shape", None):
-            return 0.0
-        first = leaves[0]
-        rows = float(first.shape[0])
-        if isinstance(first, jax.Array) and not first.is_fully_addressable:
-            rows /= self._processes
+        # Keras batches are (x, y, sample_weight) tuples; look at x before walking the tree.
+        first = data[0] if isinstance(data, tuple) and data else data
+        if not getattr(first, "shape", None):
+            leaves = jax.tree.leaves(data)
+            first = leaves[0] if leaves else None
+            if not getattr(first, "shape", None):
+                return 0.0
+        key = (type(first), first.shape)
+        rows = self._rows_by_shape.get(key)
+        if rows is None:  # once per batch shape: a global array counts this process's share
+            rows = float(first.shape[0])
+            if isinstance(first, jax.Array) and not first.is_fully_addressable:
+                rows /= self._processes
+            self._rows_by_shape[key] = rows
         return rows
 
 
