@@ -127,7 +127,7 @@ def test_live_dashboard_of_two_workers_in_chromium(tmp_path):
         assert "start (start 0): worker_0, worker_1" in first
         time.sleep(1.5)
         SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
-        _browser(chromium, "--window-size=1400,1300", f"--screenshot={SCREENSHOT}", url)
+        _browser(chromium, "--window-size=1400,1750", f"--screenshot={SCREENSHOT}", url)
         later = _rows(_browser(chromium, "--dump-dom", url))
         steps = {task: int(cells[1]) for task, cells in rows.items()}
         later_steps = {task: int(cells[1]) for task, cells in later.items()}

@@ -42,7 +42,9 @@ def test_failure_with_root_cause_and_restart_are_journaled(tmp_path):
     assert "Traceback: boom on worker one" in failure["tail"]
     assert restart["restart"] == 1 and end["exit_code"] == 0
     recorded = {p.name: p.read_text() for p in tmp_path.glob("env_*")}
-    assert len(recorded) == 4 and set(recorded.values()) == {str(run_dir.resolve())}
+    # Worker 0 of the first start may be stopped before it writes; every other start does.
+    assert {"env_1_0", "env_0_1", "env_1_1"} <= set(recorded)
+    assert set(recorded.values()) == {str(run_dir.resolve())}
 
 
 def test_unobserved_launch_writes_no_journal(tmp_path, monkeypatch):
