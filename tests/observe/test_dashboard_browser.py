@@ -153,3 +153,38 @@ def test_live_dashboard_of_two_workers_in_chromium(tmp_path):
                 os.killpg(launcher.pid, signal.SIGKILL)
                 launcher.wait(timeout=10)
         log.close()
+
+
+def test_saved_run_shows_straggler_failure_cause_and_server_load(tmp_path):
+    """A finished run's directory: the straggler row is highlighted, the failure shows its
+    root cause (the failing worker's last lines), parameter-server shards their load."""
+    from stratax._src.observe import record as record_mod
+    from stratax._src.observe.events import EventLog
+    from stratax._src.observe.server import DashboardServer
+
+    chromium = _chromium()
+    for step in (10, 20, 30):
+        record_mod.record(step=step, run_dir=tmp_path, task="worker_0", step_s=0.010,
+                          samples_per_s=3200, loss=1.0 / step, pull_s=0.001, push_s=0.002)
+        record_mod.record(step=step, run_dir=tmp_path, task="worker_1", step_s=0.020,
+                          samples_per_s=1600, loss=1.0 / step, pull_s=0.001, push_s=0.002)
+        record_mod.record(run_dir=tmp_path, task="ps_0", requests_per_s=40.0 * step,
+                          bytes_per_s=2e6)
+    record_mod.close_all()
+    log = EventLog(tmp_path)
+    log.append("start", restart=0, tasks=["worker_0", "worker_1"], pids=[11, 12])
+    log.failure(restart=0, task="worker_1", pid=12, returncode=-9,
+                message="worker 1 (local rank 1, pid 12) failed with signal SIGKILL",
+                tail=["epoch 3", "Killed by the OOM killer"])
+    log.append("end", exit_code=137, message="stratax launch: worker 1 failed")
+    with DashboardServer(tmp_path) as server:
+        dom = _browser(chromium, "--dump-dom", server.url)
+    assert re.search(r'<tr class="straggler" data-task="worker_1">', dom)
+    assert not re.search(r'<tr class="straggler" data-task="worker_0">', dom)
+    assert "failed with signal SIGKILL" in dom and "Killed by the OOM killer" in dom
+    assert "failed (exit 137)" in dom
+    rows = _rows(dom)
+    assert rows["worker_0"][5] == "30.0 %"  # (pull 1 ms + push 2 ms) / step 10 ms
+    ps_rows = re.findall(r"<tr><td>ps_0</td><td>([^<]*)</td><td>([^<]*)</td>", dom)
+    assert ps_rows == [("1200.0", "2.00")]
+    assert dom.count('class="uplot') >= 5  # ps load chart too
