@@ -11,11 +11,12 @@ import time
 
 from benchmarks import RESULTS_DIR
 from benchmarks.configs import BENCHMARKS, SYSTEMS, WORKLOADS, Mode
-from benchmarks.envs import tf_interpreter
+from benchmarks.envs import missing_harness_modules, tf_interpreter
 from benchmarks.report import write_summary
 from benchmarks.suite import Suite, select, stratax_importable, validate
 
 MIN_REPS = 3
+INSTALL_HINT = 'python -m pip install -e ".[bench]"'
 
 
 def _reps(text: str) -> int:
@@ -58,9 +59,17 @@ def _list() -> int:
     return 0
 
 
+def _missing_deps_problem() -> list[str]:
+    missing = missing_harness_modules()
+    if not missing:
+        return []
+    return [f"the harness needs {', '.join(missing)} (not importable by {sys.executable}); "
+            f"install its dependencies from the repository root: {INSTALL_HINT}"]
+
+
 def _dry_run(names: list[str] | None, mode: Mode, reps: int) -> int:
     benches = select(names)
-    problems = validate(benches, mode)
+    problems = validate(benches, mode) + _missing_deps_problem()
     seen: set[str] = set()
     runs = 0
     for b in benches:
@@ -96,15 +105,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.dry_run:
         return _dry_run(names or None, mode, args.reps)
-    problems = validate(benches, mode)
+    problems = validate(benches, mode) + _missing_deps_problem()
     if problems:
         print("error: invalid plan:\n  " + "\n  ".join(problems), file=sys.stderr)
         return 2
     started = time.monotonic()
-    suite = Suite(mode=mode, reps=args.reps, say=lambda s: print(s, flush=True))
+    suite = Suite(mode=mode, reps=args.reps, say=lambda s: print(s, flush=True),
+                  results_dir=RESULTS_DIR)
     for bench in benches:
         suite.run_benchmark(bench)
-    summary = write_summary(RESULTS_DIR, list(BENCHMARKS))
+    summary = write_summary(suite.results_dir, list(BENCHMARKS))
     failed = sum(o.status != "ok" for o in suite.done.values())
     print(f"\nDone in {(time.monotonic() - started) / 60:.1f} min: {len(suite.done)} "
           f"configurations, {failed} failed or not installed. Results in {RESULTS_DIR}/ "

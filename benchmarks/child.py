@@ -22,8 +22,8 @@ import statistics
 import sys
 import time
 import traceback
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 _T0 = time.perf_counter()
@@ -149,7 +149,7 @@ def main(argv: list[str]) -> int:
     affinity = _pin(spec.get("pin_core"))
     try:
         result = _train(spec)
-    except BaseException as exc:  # noqa: BLE001 - every failure becomes a one-line reason
+    except BaseException as exc:  # every failure becomes a one-line reason
         traceback.print_exc()
         result = {"status": "failed", "reason": one_line_reason(exc)}
     result["affinity"] = affinity

@@ -87,6 +87,8 @@ class System:
     # TF only: tf.keras is tf-keras (Keras 2, TF_USE_LEGACY_KERAS=1), as TF's multi-worker
     # guide requires; otherwise tf.keras is Keras 3 on the TensorFlow backend.
     legacy_keras: bool = False
+    # stratax only: batches fit places ahead of the step (STRATAX_PREFETCH_DEPTH; None = default).
+    prefetch: int | None = None
     note: str = ""
 
     @property
@@ -125,6 +127,10 @@ SYSTEMS: dict[str, System] = {
                "mirrored"),
         System("sx-mirrored-2dev", "stratax MirroredStrategy, 2 forced devices", "stratax",
                "mirrored", xla_devices=2),
+        System("sx-onedevice-noprefetch", "stratax OneDeviceStrategy, no prefetch thread",
+               "stratax", "onedevice", prefetch=0),
+        System("sx-mirrored-2dev-noprefetch", "stratax MirroredStrategy, 2 forced devices, "
+               "no prefetch thread", "stratax", "mirrored", xla_devices=2, prefetch=0),
         System("sx-1proc-1core", "stratax OneDeviceStrategy, 1 process on 1 core", "stratax",
                "onedevice", pin=True),
         System("sx-mwms-2proc", "stratax MultiWorkerMirroredStrategy, 2 processes x 1 core",
@@ -196,9 +202,12 @@ BENCHMARKS: dict[str, Benchmark] = {
     for b in (
         Benchmark("mirrored", "stratax MirroredStrategy vs OneDeviceStrategy vs Keras DataParallel",
                   ("sx-onedevice", "sx-mirrored-1", "sx-mirrored-2dev", "kjax-single",
-                   "kjax-dp-2dev"), ("mlp",), (1, 32), baseline="kjax-single",
+                   "kjax-dp-2dev", "sx-onedevice-noprefetch", "sx-mirrored-2dev-noprefetch"),
+                  ("mlp",), (1, 32), baseline="kjax-single",
                   pairs=(("sx-mirrored-1", "sx-onedevice"), ("sx-mirrored-2dev", "sx-onedevice"),
-                         ("sx-mirrored-2dev", "kjax-dp-2dev"), ("sx-onedevice", "kjax-single"))),
+                         ("sx-mirrored-2dev", "kjax-dp-2dev"), ("sx-onedevice", "kjax-single"),
+                         ("sx-onedevice", "sx-onedevice-noprefetch"),
+                         ("sx-mirrored-2dev", "sx-mirrored-2dev-noprefetch"))),
         Benchmark("mlp", "MLP 784-128-10, all single-process systems", _SINGLE_PROCESS, ("mlp",),
                   (1, 32), baseline="tf-none", pairs=_PAIRS),
         Benchmark("wide_mlp", "MLP 784-1024-1024-10, all single-process systems", _SINGLE_PROCESS,

@@ -8,6 +8,7 @@ what was installed). Keras-on-JAX and stratax run in the project's own interpret
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import os
 import platform
@@ -25,6 +26,10 @@ from benchmarks.configs import Device
 TF_REQUIREMENTS = {"cpu": ("tensorflow>=2.16,<3", "tf-keras"),
                    "gpu": ("tensorflow[and-cuda]>=2.16,<3", "tf-keras")}
 INSTALL_TIMEOUT_S = 1800
+# What the parent process imports beyond stratax's own dependencies (numpy, which it also
+# uses, is one of those), with the pip name that provides it; declared as the ``bench`` extra
+# in pyproject.toml: ``python -m pip install -e ".[bench]"``.
+HARNESS_MODULES = {"matplotlib": "matplotlib"}
 VERSION_PACKAGES = ("stratax", "jax", "jaxlib", "keras", "numpy", "tensorflow", "tf-keras",
                     "ml_dtypes", "optree", "protobuf", "h5py", "matplotlib", "jax-cuda12-plugin")
 THREAD_ENV = ("OPENBLAS_CORETYPE", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
@@ -38,6 +43,16 @@ class Interpreter:
 
     python: str | None
     reason: str = ""
+
+
+def missing_harness_modules() -> list[str]:
+    """The pip names of the harness's own dependencies this interpreter lacks (empty: none).
+
+    Checked before any run, so a missing plotting library stops the harness at its start
+    rather than after every configuration has run.
+    """
+    return [pip for module, pip in HARNESS_MODULES.items()
+            if importlib.util.find_spec(module) is None]
 
 
 def project_interpreter() -> Interpreter:

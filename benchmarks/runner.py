@@ -7,6 +7,7 @@ The parent reaps children with ``os.wait4`` so that each child's own peak RSS
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import REPO_ROOT
-from benchmarks.configs import Config, Device, Mode, SYSTEMS, WORKLOADS
+from benchmarks.configs import SYSTEMS, WORKLOADS, Config, Device, Mode
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +69,8 @@ def child_env(config: Config, device: Device, tf_config: str | None) -> dict[str
         env["JAX_PLATFORMS"] = "cpu"
     if system.legacy_keras:
         env["TF_USE_LEGACY_KERAS"] = "1"
+    if system.prefetch is not None:
+        env["STRATAX_PREFETCH_DEPTH"] = str(system.prefetch)
     if tf_config is not None:
         env["TF_CONFIG"] = tf_config
     return env
@@ -84,10 +87,8 @@ def _tail(path: Path, lines: int = 3) -> str:
 
 def _kill(pids: list[int]) -> None:
     for pid in pids:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def run_rep(config: Config, rep: int, mode: Mode, device: Device, python: str,

@@ -13,14 +13,27 @@ import dataclasses
 import importlib.util
 import os
 import time
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 
 from benchmarks import CACHE_DIR, RESULTS_DIR
-from benchmarks.configs import (BENCHMARKS, GLOBAL_BATCH, SYSTEMS, WORKLOADS, Benchmark, Config,
-                                Device, Mode)
-from benchmarks.envs import (Interpreter, machine_info, package_versions, project_interpreter,
-                             tf_interpreter)
+from benchmarks.configs import (
+    BENCHMARKS,
+    GLOBAL_BATCH,
+    SYSTEMS,
+    WORKLOADS,
+    Benchmark,
+    Config,
+    Device,
+    Mode,
+)
+from benchmarks.envs import (
+    Interpreter,
+    machine_info,
+    package_versions,
+    project_interpreter,
+    tf_interpreter,
+)
 from benchmarks.report import write
 from benchmarks.runner import run_rep
 from benchmarks.stats import ConfigOutcome

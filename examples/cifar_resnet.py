@@ -19,6 +19,7 @@ import argparse
 import time
 
 import stratax as sx  # import stratax before keras: it selects Keras' JAX backend
+
 import keras  # isort: skip
 import numpy as np  # isort: skip
 
@@ -29,12 +30,17 @@ parser.add_argument("--batch-size-per-replica", type=int, default=64,
                     help="images per replica per step (default: 64)")
 parser.add_argument("--quick", action="store_true",
                     help="smoke test: 1 epoch of 1 step with 2 images per replica")
+parser.add_argument("--seed", type=int, default=None,
+                    help="seed the initial weights and shuffling (default: unseeded, as in "
+                         "the guide)")
 flags = parser.parse_args()
 if flags.quick:
     flags.epochs, flags.steps, flags.batch_size_per_replica = 1, 1, 2
 
 strategy = sx.MirroredStrategy()
 print(f"Number of devices: {strategy.num_replicas_in_sync}")
+if flags.seed is not None:
+    keras.utils.set_random_seed(flags.seed)
 GLOBAL_BATCH_SIZE = flags.batch_size_per_replica * strategy.num_replicas_in_sync
 
 # Synthetic CIFAR-10: uint8-range images scaled to [0, 1], labels 0..9.

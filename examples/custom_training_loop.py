@@ -22,6 +22,7 @@ import os
 import tempfile
 
 import stratax as sx  # import stratax before keras: it selects Keras' JAX backend
+
 import jax  # isort: skip
 import keras  # isort: skip
 import numpy as np  # isort: skip
@@ -32,10 +33,15 @@ parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--epochs", type=int, default=10, help="training epochs (default: 10)")
 parser.add_argument("--workdir", default=None,
                     help="where the checkpoint goes (default: a temp folder)")
+parser.add_argument("--seed", type=int, default=None,
+                    help="seed the initial weights and shuffling (default: unseeded, as in "
+                         "the guide)")
 flags = parser.parse_args()
 
 strategy = sx.MirroredStrategy()
 print(f"Number of devices: {strategy.num_replicas_in_sync}")
+if flags.seed is not None:
+    keras.utils.set_random_seed(flags.seed)
 
 # ---------------------------------------------------------------------------- input
 (train_images, train_labels), (test_images, test_labels) = load_digits(flatten=False)

@@ -22,6 +22,7 @@ import os
 import tempfile
 
 import stratax as sx  # stratax: was `import tensorflow as tf`; import it before keras
+
 import keras  # isort: skip
 
 from stratax.datasets import load_digits  # stratax: was tensorflow_datasets' MNIST
@@ -30,11 +31,16 @@ parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--epochs", type=int, default=12, help="training epochs (default: 12)")
 parser.add_argument("--workdir", default=None,
                     help="where checkpoints and the saved model go (default: a temp folder)")
+parser.add_argument("--seed", type=int, default=None,
+                    help="seed the initial weights and shuffling (default: unseeded, as in "
+                         "the guide)")
 flags = parser.parse_args()
 
 # Define the distribution strategy.
 strategy = sx.MirroredStrategy()
 print(f"Number of devices: {strategy.num_replicas_in_sync}")
+if flags.seed is not None:
+    keras.utils.set_random_seed(flags.seed)
 
 # Set up the input: the batch size is global, so scale it with the number of replicas.
 BATCH_SIZE_PER_REPLICA = 64

@@ -28,12 +28,13 @@ import tempfile
 
 os.environ["CUDA_VISIBLE_DEVICES"] = "-1"  # as in the guide: the workers share one machine's CPU
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-import stratax as sx  # noqa: E402  (was `import tensorflow as tf`; import it before keras)
-import keras  # noqa: E402  isort: skip
+import stratax as sx  # was `import tensorflow as tf`; import it before keras
 
-from stratax.datasets import load_digits  # noqa: E402  (was keras' MNIST download)
+import keras  # isort: skip
+
+from stratax.datasets import load_digits  # was keras' MNIST download
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--epochs", type=int, default=3, help="training epochs (default: 3)")

@@ -12,109 +12,94 @@ Port a TensorFlow program by changing two import lines::
         model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
     model.fit(x_train, y_train, epochs=5, batch_size=64)   # 64 = global batch
 
-Keras must run on JAX: an installed stratax makes JAX Keras' default backend (a ``.pth`` hook,
-only while ``KERAS_BACKEND`` is unset), and importing stratax before keras selects it too.
-Importing stratax also applies ``STRATAX_CPU_DEVICES`` if set.
+What importing stratax does, and when:
+
+- ``import stratax`` only prepares the environment (``stratax._src.startup``): JAX becomes
+  Keras' backend, and ``STRATAX_CPU_DEVICES`` splits the CPU before JAX starts. It imports
+  neither JAX nor Keras, so ``stratax launch`` and ``import stratax.launch`` start fast.
+- The first use of a name that needs JAX or Keras (``sx.MirroredStrategy``, ``sx.run``...) runs
+  the one install step, ``stratax._src.keras.install.install()``: it checks the Keras and JAX
+  versions, registers the default strategy and the strategies' Keras runners, and installs the
+  Keras hooks listed in ``stratax._src.seam``.
 """
 
-from stratax._src.keras.backend import ensure_jax_backend as _ensure_jax_backend
+from __future__ import annotations
 
-_ensure_jax_backend()
+import importlib
+from typing import Any
 
-from stratax import cluster_resolver, datasets  # noqa: E402
-from stratax._src.core.context import (  # noqa: E402
-    get_replica_context,
-    get_strategy,
-    has_strategy,
-    in_cross_replica_context,
-)
-from stratax._src.core.errors import (  # noqa: E402
-    CollectiveTimeoutError,
-    MixedStrategyError,
-    StrataxError,
-    WorkerUnavailableError,
-)
-from stratax._src.core.reduce_op import ReduceOp  # noqa: E402
-from stratax._src.data.distributed_dataset import (  # noqa: E402
-    DistributedDataset,
-    DistributedIterator,
-)
-from stratax._src.data.input_context import (  # noqa: E402
-    AutoShardPolicy,
-    InputContext,
-    InputOptions,
-    ValueContext,
-)
-from stratax._src.data.values import Mirrored, PerReplica  # noqa: E402
-from stratax._src.runtime.devices import apply_cpu_device_env as _apply_cpu_device_env  # noqa: E402
-from stratax._src.runtime.devices import set_cpu_device_count  # noqa: E402
-from stratax._src.strategies.base import Strategy  # noqa: E402
-from stratax._src.strategies.cross_device_ops import (  # noqa: E402
-    CrossDeviceOps,
-    HierarchicalCopyAllReduce,
-    NcclAllReduce,
-    ReductionToOneDevice,
-)
-from stratax._src.strategies.losses import (  # noqa: E402
-    compute_average_loss,
-    scale_regularization_loss,
-)
-from stratax._src.strategies.mirrored import MirroredStrategy  # noqa: E402
-from stratax._src.strategies.multi_worker import (  # noqa: E402
-    CommunicationImplementation,
-    CommunicationOptions,
-    MultiWorkerMirroredStrategy,
-)
-from stratax._src.strategies.one_device import OneDeviceStrategy  # noqa: E402
-from stratax._src.strategies.replica_context import ReplicaContext  # noqa: E402
+from stratax._src import startup as _startup
 
-_apply_cpu_device_env()
-
-from stratax._src.keras import bridge as _bridge  # noqa: E402
-from stratax._src.keras.backup import PREEMPTION_EXIT_CODE, BackupAndRestore  # noqa: E402
-
-_bridge.install()
-
-from stratax import callbacks, observe  # noqa: E402  (after install: callbacks use the bridge)
+_startup.prepare_environment()
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "AutoShardPolicy",
-    "BackupAndRestore",
-    "CollectiveTimeoutError",
-    "CommunicationImplementation",
-    "CommunicationOptions",
-    "CrossDeviceOps",
-    "DistributedDataset",
-    "DistributedIterator",
-    "HierarchicalCopyAllReduce",
-    "InputContext",
-    "InputOptions",
-    "Mirrored",
-    "MirroredStrategy",
-    "MixedStrategyError",
-    "MultiWorkerMirroredStrategy",
-    "NcclAllReduce",
-    "OneDeviceStrategy",
-    "PREEMPTION_EXIT_CODE",
-    "PerReplica",
-    "ReduceOp",
-    "ReductionToOneDevice",
-    "ReplicaContext",
-    "Strategy",
-    "StrataxError",
-    "ValueContext",
-    "WorkerUnavailableError",
-    "cluster_resolver",
-    "compute_average_loss",
-    "datasets",
-    "get_replica_context",
-    "get_strategy",
-    "has_strategy",
-    "in_cross_replica_context",
-    "scale_regularization_loss",
-    "set_cpu_device_count",
-    "callbacks",
-    "observe",
-]
+# Public name -> the module that defines it (a module itself when the name is a submodule).
+_EXPORTS = {
+    "AutoShardPolicy": "stratax._src.data.input_context",
+    "BackupAndRestore": "stratax._src.keras.backup",
+    "CollectiveTimeoutError": "stratax._src.core.errors",
+    "CommunicationImplementation": "stratax._src.strategies.multi_worker",
+    "CommunicationOptions": "stratax._src.strategies.multi_worker",
+    "CrossDeviceOps": "stratax._src.strategies.cross_device_ops",
+    "DistributedDataset": "stratax._src.data.distributed_dataset",
+    "DistributedIterator": "stratax._src.data.distributed_dataset",
+    "HierarchicalCopyAllReduce": "stratax._src.strategies.cross_device_ops",
+    "InputContext": "stratax._src.data.input_context",
+    "InputOptions": "stratax._src.data.input_context",
+    "Mirrored": "stratax._src.data.values",
+    "MirroredStrategy": "stratax._src.strategies.mirrored",
+    "MixedStrategyError": "stratax._src.core.errors",
+    "MultiWorkerMirroredStrategy": "stratax._src.strategies.multi_worker",
+    "NcclAllReduce": "stratax._src.strategies.cross_device_ops",
+    "OneDeviceStrategy": "stratax._src.strategies.one_device",
+    "PREEMPTION_EXIT_CODE": "stratax._src.keras.backup",
+    "PerReplica": "stratax._src.data.values",
+    "ReduceOp": "stratax._src.core.reduce_op",
+    "ReductionToOneDevice": "stratax._src.strategies.cross_device_ops",
+    "ReplicaContext": "stratax._src.strategies.replica_context",
+    "Strategy": "stratax._src.strategies.base",
+    "SyncBatchNormalization": "stratax._src.keras.sync_batch_norm",
+    "StrataxError": "stratax._src.core.errors",
+    "ValueContext": "stratax._src.data.input_context",
+    "WorkerUnavailableError": "stratax._src.core.errors",
+    "callbacks": "stratax.callbacks",
+    "cluster_resolver": "stratax.cluster_resolver",
+    "compute_average_loss": "stratax._src.strategies.losses",
+    "datasets": "stratax.datasets",
+    "get_replica_context": "stratax._src.core.context",
+    "get_strategy": "stratax._src.core.context",
+    "has_strategy": "stratax._src.core.context",
+    "in_cross_replica_context": "stratax._src.core.context",
+    "launch": "stratax.launch",
+    "observe": "stratax.observe",
+    "scale_regularization_loss": "stratax._src.strategies.losses",
+    "set_cpu_device_count": "stratax._src.startup",
+}
+# Names that need neither JAX nor Keras: using them does not run the install step.
+_LIGHT = frozenset({"cluster_resolver", "launch", "CollectiveTimeoutError", "MixedStrategyError",
+                    "StrataxError", "WorkerUnavailableError", "observe"})
+
+__all__ = sorted(_EXPORTS)
+
+
+def _install() -> None:
+    from stratax._src.keras.install import install
+
+    install()
+
+
+def __getattr__(name: str) -> Any:
+    module_name = _EXPORTS.get(name)
+    if module_name is None:
+        raise AttributeError(f"module 'stratax' has no attribute {name!r}")
+    if name not in _LIGHT:
+        _install()
+    module = importlib.import_module(module_name)
+    value = module if module_name == f"{__name__}.{name}" else getattr(module, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})

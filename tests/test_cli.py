@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 
 from stratax._src import cli
-from stratax.datasets import load_digits
 from stratax._src.train.config import MODEL_NAMES, TrainConfig, check_batch_size
 from stratax._src.train.models import MODELS
 from stratax._src.train.runner import SUMMARY_PREFIX, throughput
+from stratax.datasets import load_digits
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SUMMARY_RE = re.compile(
@@ -51,7 +51,7 @@ def _run(args: list[str], timeout: float, env: dict[str, str] | None = None
 @pytest.mark.timeout(150)
 def test_train_two_cpu_replicas_end_to_end():
     result = _run(["-m", "stratax._src.cli", "train", "--epochs", "3", "--devices", "2",
-                   "--verbose", "2", "--min-accuracy", "0.5"], timeout=120)
+                   "--verbose", "2", "--min-accuracy", "0.88"], timeout=120)
     assert result.returncode == 0, result.stderr
     assert "MirroredStrategy with 2 replicas [cpu:0, cpu:1], global batch 64 (32 per replica)" \
         in result.stdout
@@ -60,7 +60,8 @@ def test_train_two_cpu_replicas_end_to_end():
     assert match, result.stdout
     assert match["replicas"] == "2"
     assert (match["strategy"], match["cls"]) == ("mirrored", "MirroredStrategy")
-    assert 0.5 < float(match["acc"]) <= 1.0  # 10 classes: chance is 0.1; 3 epochs give ~0.89
+    # 10 classes: chance is 0.1; 3 epochs with the default seed 0 give 0.8942 on every run.
+    assert 0.88 <= float(match["acc"]) <= 1.0
     assert float(match["rate"].replace(",", "")) > 0
 
 
@@ -80,8 +81,8 @@ def test_batch_size_that_does_not_split_is_a_usage_error(capsys):
     code = cli.main(["train", "--batch-size", str(replicas * 8 + 1), "--verbose", "0"])
     assert code == 2
     err = capsys.readouterr().err
-    assert f"--batch-size {replicas * 8 + 1} does not split over {replicas} replicas" in err
-    assert f"--batch-size {replicas * 8}" in err  # the suggested fix
+    assert f"Global batch size {replicas * 8 + 1} does not split over {replicas} replicas" in err
+    assert f"stratax train --batch-size={replicas * 8}" in err  # the suggested fix
 
 
 def test_unknown_strategy_is_rejected_with_the_choices(capsys):
@@ -126,7 +127,7 @@ def test_config_and_throughput_helpers():
     with pytest.raises(ValueError, match="Unknown model 'resnet'"):
         TrainConfig(model="resnet").validate()
     check_batch_size(64, 8)
-    with pytest.raises(ValueError, match="multiple of 3, e.g. --batch-size 63"):
+    with pytest.raises(ValueError, match=r"multiple of 3, e\.g\. --batch-size 63"):
         check_batch_size(64, 3)
     # The first (compiling) epoch is ignored; the median resists one slow epoch.
     steady, mean, timed = throughput([9.0, 1.0, 1.0, 4.0], samples_per_epoch=100)

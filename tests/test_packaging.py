@@ -1,4 +1,4 @@
-"""The built wheel, and the issue's example program run exactly as written (keras imported first)."""
+"""The built wheel, and the issue's example program run as written (keras imported first)."""
 
 import os
 import subprocess
@@ -28,7 +28,8 @@ PROGRAM = textwrap.dedent("""
             keras.layers.Dense(128, activation="relu"),
             keras.layers.Dense(10, activation="softmax"),
         ])
-        model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+        model.compile(optimizer="adam", loss="sparse_categorical_crossentropy",
+                      metrics=["accuracy"])
     model.fit(x_train, y_train, epochs=5, batch_size=64, verbose=0)   # 64 = global batch
     loss, accuracy = model.evaluate(x_test, y_test, verbose=0)
     print("backend", keras.backend.backend(), "accuracy", accuracy)
@@ -57,4 +58,15 @@ def test_wheel_ships_the_backend_hook_and_the_guide_program_runs_keras_first(tmp
     lines = done.stdout.split("\n")
     assert lines[0] == "2"
     backend, accuracy = lines[1].split()[1], float(lines[1].split()[3])
-    assert backend == "jax" and accuracy > 0.85
+    # The program is unseeded (as written): 12 runs gave 0.886-0.905.
+    assert backend == "jax" and accuracy >= 0.87
+
+
+def test_ci_runs_exactly_the_readme_test_command():
+    """`.ci/run` and the README's install-and-test command are one command, lint included."""
+    readme = (ROOT / "README.md").read_text()
+    ci_lines = (ROOT / ".ci" / "run").read_text().strip().splitlines()
+    command = ci_lines[-1]
+    assert command.startswith('python -m pip install -q -e ".[test]" && ')
+    assert "python -m ruff check ." in command and command.endswith("python -m pytest")
+    assert f"```bash\n{command}\n```" in readme

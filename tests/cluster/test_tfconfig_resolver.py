@@ -135,16 +135,23 @@ def test_bad_json_shows_the_position(cluster_env: pytest.MonkeyPatch) -> None:
         ({"cluster": {"chief": ["a:1", "b:1"], "worker": ["c:1"]},
           "task": {"type": "worker", "index": 0}},
          r"has 2 'chief' tasks .* at most one chief, move the others to 'worker'"),
-        ({"cluster": CLUSTER},
-         r"no 'task' saying which one this process is.*\"task\": \{\"type\": \"worker\""),
         ({"cluster": CLUSTER, "task": "worker"}, r"field 'task' must be an object"),
         ({"cluster": CLUSTER, "task": {"index": 0}}, r"has no 'type'"),
         ({"cluster": CLUSTER, "task": {"type": "worker"}}, r"has no 'index'"),
-        ({"cluster": CLUSTER, "task": {"type": 3, "index": 0}}, r"'task.type' must be a non-empty"),
-        ({"cluster": CLUSTER, "task": {"type": "worker", "index": "1"}},
-         r"'task.index' must be an integer, got '1' \(str\).*\"index\": 1"),
-        ({"cluster": CLUSTER, "task": {"type": "worker", "index": 1.0}},
-         r"'task.index' must be an integer, got 1.0 \(float\)"),
+        ({"cluster": CLUSTER, "task": {"type": "", "index": 0}},
+         r"'task.type' must be a non-empty"),
+        ({"cluster": CLUSTER, "task": {"type": [1], "index": 0}},
+         r"'task.type' must be a non-empty"),
+        ({"cluster": CLUSTER, "task": {"type": 3, "index": 0}},
+         r"task type '3' is not a job of the cluster"),
+        ({"cluster": CLUSTER, "task": {"type": "worker", "index": "one"}},
+         r"'task.index' must be an integer, got 'one' \(str\).*\"index\": 1"),
+        ({"cluster": CLUSTER, "task": {"type": "worker", "index": "1.0"}},
+         r"'task.index' must be an integer, got '1.0' \(str\)"),
+        ({"cluster": CLUSTER, "task": {"type": "worker", "index": 1.5}},
+         r"'task.index' must be an integer, got 1.5 \(float\)"),
+        ({"cluster": CLUSTER, "task": {"type": "worker", "index": "-1"}},
+         r"must be >= 0, got '-1'"),
         ({"cluster": CLUSTER, "task": {"type": "worker", "index": True}},
          r"'task.index' must be an integer, got True"),
         ({"cluster": CLUSTER, "task": {"type": "worker", "index": -1}}, r"must be >= 0, got -1"),
@@ -164,8 +171,8 @@ def test_malformed_tf_config(cluster_env: pytest.MonkeyPatch, config: object, me
 
 def test_bad_task_id_argument(cluster_env: pytest.MonkeyPatch) -> None:
     _set(cluster_env, {"cluster": CLUSTER})
-    with pytest.raises(ValueError, match=r"task_id must be an integer, got '0'"):
-        TFConfigClusterResolver(task_type="worker", task_id="0")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"task_id must be an integer, got 'zero'"):
+        TFConfigClusterResolver(task_type="worker", task_id="zero")
     with pytest.raises(ValueError, match=r"task index 7 is out of range"):
         TFConfigClusterResolver(task_type="worker", task_id=7)
 
@@ -177,3 +184,137 @@ def test_parse_tf_config_is_pure() -> None:
     assert config.cluster == {"worker": ["a:1"]}
     assert (config.task_type, config.task_id, config.rpc_layer) == ("worker", 0, None)
     assert parse_tf_config(None).cluster == ClusterSpec({})
+
+
+def test_whole_number_indices_are_cast_as_tensorflow_does(cluster_env: pytest.MonkeyPatch) -> None:
+    """Shell scripts and templates quote the index; TensorFlow applies int() (issue 8, item 10)."""
+    for index in ("1", " 1 ", 1.0, "+1"):
+        _set(cluster_env, {"cluster": CLUSTER, "task": {"type": "worker", "index": index}})
+        resolver = TFConfigClusterResolver()
+        assert resolver.task_id == 1 and isinstance(resolver.task_id, int)
+        assert resolver.master() == "host2:2222"
+    assert TFConfigClusterResolver(task_id="0").task_id == 0
+
+
+def test_a_task_is_only_required_where_it_is_needed(cluster_env: pytest.MonkeyPatch) -> None:
+    """TensorFlow accepts a cluster without "task"; stratax fails where a task is needed
+    (issue 8, item 11)."""
+    from stratax._src.cluster.layout import process_layout
+
+    _set(cluster_env, {"cluster": CLUSTER})
+    resolver = TFConfigClusterResolver()
+    assert (resolver.task_type, resolver.task_id) == (None, None)
+    assert resolver.master("worker", 1) == "host2:2222"
+    with pytest.raises(ValueError, match=r"master\(\) needs a task.*set TF_CONFIG's 'task'"):
+        resolver.master()
+    with pytest.raises(ValueError, match=r"this process' task is unknown.*\"task\": \{\"type\""):
+        process_layout(resolver)
+
+
+@pytest.mark.parametrize("job", ["worker", "chief"])
+def test_one_task_cluster_without_task_is_that_task(cluster_env: pytest.MonkeyPatch,
+                                                    job: str) -> None:
+    from stratax._src.cluster.detect import detect_cluster_resolver
+    from stratax._src.cluster.layout import process_layout
+
+    _set(cluster_env, {"cluster": {job: ["worker0:2222"]}})
+    resolver = detect_cluster_resolver()
+    assert isinstance(resolver, TFConfigClusterResolver)
+    assert resolver.master() == ""
+    layout = process_layout(resolver)
+    assert (layout.num_processes, layout.process_id) == (1, 0)
+    assert (layout.task_type, layout.task_id) == (job, 0)
+
+
+def test_one_ps_task_without_task_is_not_a_synchronous_worker(
+    cluster_env: pytest.MonkeyPatch,
+) -> None:
+    from stratax._src.cluster.layout import process_layout
+
+    _set(cluster_env, {"cluster": {"ps": ["ps0:2222"]}})
+    with pytest.raises(ValueError, match=r"Task type 'ps' is not part of synchronous training"):
+        process_layout(TFConfigClusterResolver())
+
+
+class TestTensorFlowCases:
+    """TensorFlow's tfconfig_cluster_resolver_test.py, case by case (same names, same values).
+
+    Deliberate difference: ``testNumAcceleratorsFilterTasksByEnvVar`` lists devices through a
+    TensorFlow session; stratax's resolvers never start JAX (``num_accelerators()`` reports only
+    what the configuration states, ``{}`` for TF_CONFIG), so it has no counterpart here.
+    """
+
+    PS_WORKER = {"ps": ["ps0:2222", "ps1:2222"],
+                 "worker": ["worker0:2222", "worker1:2222", "worker2:2222"]}
+
+    def _resolver(self, cluster_env: pytest.MonkeyPatch, config: object,
+                  **kwargs: object) -> TFConfigClusterResolver:
+        _set(cluster_env, config)
+        return TFConfigClusterResolver(**kwargs)  # type: ignore[arg-type]
+
+    def test_normal_cluster_spec_read(self, cluster_env: pytest.MonkeyPatch) -> None:
+        resolver = self._resolver(cluster_env, {"cluster": self.PS_WORKER,
+                                                "task": {"type": "ps", "index": 0}})
+        assert resolver.cluster_spec().as_dict() == self.PS_WORKER
+
+    def test_automatic_master_read(self, cluster_env: pytest.MonkeyPatch) -> None:
+        resolver = self._resolver(cluster_env, {"cluster": self.PS_WORKER,
+                                                "task": {"type": "ps", "index": 0}})
+        assert resolver.master() == "ps0:2222"
+
+    def test_specified_task_type_and_index_master_read(
+        self, cluster_env: pytest.MonkeyPatch
+    ) -> None:
+        resolver = self._resolver(cluster_env, {"cluster": self.PS_WORKER,
+                                                "task": {"type": "ps", "index": 0}})
+        assert resolver.master("worker", 1) == "worker1:2222"
+
+    def test_session_master_read(self, cluster_env: pytest.MonkeyPatch) -> None:
+        resolver = self._resolver(cluster_env, {"cluster": self.PS_WORKER,
+                                                "session_master": "sessionmaster:2222",
+                                                "task": {"type": "ps", "index": 0}})
+        assert resolver.master() == "sessionmaster:2222"
+
+    def test_rpc_layer_read(self, cluster_env: pytest.MonkeyPatch) -> None:
+        resolver = self._resolver(cluster_env, {"cluster": self.PS_WORKER, "rpc_layer": "grpc",
+                                                "task": {"type": "ps", "index": 0}})
+        assert resolver.master() == "grpc://ps0:2222"
+
+    def test_task_type_index_rpc_read(self, cluster_env: pytest.MonkeyPatch) -> None:
+        resolver = self._resolver(cluster_env, {"cluster": self.PS_WORKER, "rpc_layer": "grpc",
+                                                "task": {"type": "ps", "index": 0}})
+        assert (resolver.task_type, resolver.task_id, resolver.rpc_layer) == ("ps", 0, "grpc")
+
+    def test_parameter_overrides(self, cluster_env: pytest.MonkeyPatch) -> None:
+        resolver = self._resolver(cluster_env, {"cluster": self.PS_WORKER, "rpc_layer": "grpc",
+                                                "task": {"type": "ps", "index": 1}},
+                                  task_type="ps", task_id=0)
+        assert resolver.master() == "grpc://ps0:2222"
+        assert (resolver.task_type, resolver.task_id) == ("ps", 0)
+        resolver.task_type, resolver.task_id, resolver.rpc_layer = "worker", 1, "test"
+        assert resolver.master() == "test://worker1:2222"
+        assert (resolver.task_type, resolver.task_id, resolver.rpc_layer) == ("worker", 1, "test")
+
+    def test_task_type_cast_to_string(self, cluster_env: pytest.MonkeyPatch) -> None:
+        resolver = self._resolver(cluster_env, {
+            "cluster": {"123456": ["ps0:2222", "ps1:2222"], "worker": self.PS_WORKER["worker"]},
+            "rpc_layer": "grpc", "task": {"type": 123456, "index": 0}})
+        assert resolver.task_type == "123456"
+
+    def test_task_index_cast_to_integer(self, cluster_env: pytest.MonkeyPatch) -> None:
+        resolver = self._resolver(cluster_env, {"cluster": self.PS_WORKER, "rpc_layer": "grpc",
+                                                "task": {"type": "ps", "index": "1"}})
+        assert resolver.task_id == 1
+
+    def test_task_index_override(self, cluster_env: pytest.MonkeyPatch) -> None:
+        resolver = self._resolver(cluster_env, {
+            "cluster": {"worker": ["worker0:2222", "worker1:2222"]},
+            "task": {"type": "worker", "index": "0"}}, task_id=1)
+        assert resolver.task_id == 1
+
+    def test_zero_items_in_cluster_spec_master_read(self, cluster_env: pytest.MonkeyPatch) -> None:
+        assert self._resolver(cluster_env, "\n    {}\n    ").master() == ""
+
+    def test_one_item_in_cluster_spec_master_read(self, cluster_env: pytest.MonkeyPatch) -> None:
+        resolver = self._resolver(cluster_env, {"cluster": {"worker": ["worker0:2222"]}})
+        assert resolver.master() == ""

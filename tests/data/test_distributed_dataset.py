@@ -36,12 +36,6 @@ def test_replica_i_gets_rows_i_of_the_global_batch():
                                                        for i in range(4)))] == [0, 1, 2, 3]
 
 
-def test_batch_that_does_not_split_is_a_clear_error():
-    strategy = sx.MirroredStrategy(["cpu:0", "cpu:1", "cpu:2"])
-    with pytest.raises(ValueError, match="A batch of 16 examples does not split over 3 replicas"):
-        list(strategy.experimental_distribute_dataset(_batches(16, 16)))
-
-
 def test_dicts_generators_and_pydatasets():
     strategy = sx.MirroredStrategy(["cpu:0", "cpu:1"])
 

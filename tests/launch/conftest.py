@@ -6,6 +6,7 @@ recorded pid (and its process group) after the test, so a failing test leaks no 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -110,10 +111,8 @@ def scripts(tmp_path: Path) -> Iterator[Scripts]:
         if not _runs_from(pid, tmp_path):  # gone, or the pid was reused by another program
             continue
         for kill in (os.killpg, os.kill):
-            try:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
 
 
 # Runs the launcher's __main__ without executing stratax/__init__.py, which imports Keras and

@@ -46,7 +46,7 @@ def test_single_node_workers_get_stratax_vars_and_tf_config(scripts):
 @pytest.mark.timeout(20)
 def test_second_node_gets_global_ranks_and_no_tf_config(scripts, listening_socket):
     script = scripts.write("dump.py", DUMP_ENV)
-    coordinator = "127.0.0.1:%d" % listening_socket.getsockname()[1]  # "node 0" is listening
+    coordinator = f"127.0.0.1:{listening_socket.getsockname()[1]}"  # "node 0" is listening
     result = launch(
         [sys.executable, script], nproc_per_node=2, nnodes=2, node_rank=1,
         coordinator=coordinator, coordinator_wait=5.0, stream_output=False,

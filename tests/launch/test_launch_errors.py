@@ -16,7 +16,7 @@ NEVER_RUN = 'record_pid("ran_%d" % RANK)\n'
 @pytest.mark.timeout(15)
 def test_coordinator_port_in_use_on_node_zero(scripts, listening_socket):
     script = scripts.write("never.py", NEVER_RUN)
-    address = "127.0.0.1:%d" % listening_socket.getsockname()[1]
+    address = f"127.0.0.1:{listening_socket.getsockname()[1]}"
     with pytest.raises(LaunchError, match=rf"{address} .*already in use.*omit --coordinator"):
         launch([sys.executable, script], nproc_per_node=2, coordinator=address,
                stream_output=False)
@@ -29,7 +29,7 @@ def test_coordinator_port_in_use_on_node_zero(scripts, listening_socket):
 @pytest.mark.timeout(15)
 def test_cli_reports_port_in_use_as_one_error_line(scripts, run_cli, listening_socket):
     script = scripts.write("never.py", NEVER_RUN)
-    address = "127.0.0.1:%d" % listening_socket.getsockname()[1]
+    address = f"127.0.0.1:{listening_socket.getsockname()[1]}"
     proc = run_cli("--nproc-per-node", "2", "--coordinator", address, script)
     _, stderr = proc.communicate(timeout=10)
     assert proc.returncode == 1
@@ -41,7 +41,7 @@ def test_unreachable_coordinator_fails_after_the_bounded_wait(scripts):
     script = scripts.write("never.py", NEVER_RUN)
     with socket.socket() as probe:  # a port nobody listens on
         probe.bind(("127.0.0.1", 0))
-        address = "127.0.0.1:%d" % probe.getsockname()[1]
+        address = f"127.0.0.1:{probe.getsockname()[1]}"
     started = time.monotonic()
     with pytest.raises(LaunchError, match=rf"Cannot reach the coordinator at {address} .*0\.5 s"):
         launch([sys.executable, script], nproc_per_node=1, nnodes=2, node_rank=1,
@@ -71,7 +71,7 @@ def test_invalid_settings_are_rejected_with_the_value(kwargs, message):
 def test_bad_commands_are_rejected(tmp_path):
     with pytest.raises(TypeError, match="non-empty list of strings"):
         launch("python train.py", stream_output=False)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="Cannot start worker 0.*no-such-binary"):
+    with pytest.raises(ValueError, match=r"Cannot start worker 0.*no-such-binary"):
         launch([str(tmp_path / "no-such-binary")], stream_output=False)
 
 

@@ -38,8 +38,7 @@ def test_failing_worker_stops_sleeping_sibling_and_is_named(scripts):
     for name in ("sleeper", "grandchild"):
         assert scripts.wait_gone(scripts.pid(name), 3.0), f"{name} survived the teardown"
     failure = result.failure
-    assert failure is not None and failure.name == "worker 1"
-    assert (failure.exit_code, failure.signal_name) == (3, None)
+    assert (failure.name, failure.exit_code, failure.signal_name) == ("worker 1", 3, None)
     assert "worker 1" in result.summary and "exit code 3" in result.summary
     assert "Traceback: something broke" in result.summary
     assert "worker one is about to fail" in result.summary
@@ -52,7 +51,7 @@ def test_worker_killed_by_signal_is_reported_with_the_signal_name(scripts):
     script = scripts.write("kill.py", FAIL_ONE.format(exit="os.kill(os.getpid(), 9)"))
     result = launch([sys.executable, script], nproc_per_node=2, stream_output=False)
     assert result.exit_code == 128 + 9
-    assert result.failure is not None and result.failure.signal_name == "SIGKILL"
+    assert (result.failure.name, result.failure.signal_name) == ("worker 1", "SIGKILL")
     assert "worker 1" in result.summary and "signal SIGKILL" in result.summary
     assert scripts.wait_gone(scripts.pid("sleeper"), 3.0)
 
@@ -100,7 +99,8 @@ def test_timeout_stops_the_group_even_a_worker_ignoring_sigterm(scripts):
 
 POLITE = '''
 def on_term(signum, frame):
-    open(os.path.join(OUT, "term_%d" % RANK), "w").close()
+    with open(os.path.join(OUT, "term_%d" % RANK), "w") as f:
+        f.write(str(signum))
     sys.exit(0)
 signal.signal(signal.SIGTERM, on_term)
 record_pid("polite_%d" % RANK)
@@ -118,5 +118,95 @@ def test_sigterm_to_launcher_is_forwarded_to_workers(scripts, run_cli):
     assert proc.returncode == 128 + signal.SIGTERM, stderr
     assert "interrupted by SIGTERM" in stderr
     for rank, pid in enumerate(pids):
-        assert (scripts.out / f"term_{rank}").exists(), f"worker {rank} never got SIGTERM"
+        term = scripts.out / f"term_{rank}"
+        assert term.exists(), f"worker {rank} never got SIGTERM"
+        assert term.read_text() == str(int(signal.SIGTERM))  # what its handler received
         assert scripts.wait_gone(pid, 3.0)
+
+
+# Worker 1 raises and then hangs (as in JAX's shutdown barrier) before it aborts; worker 0 aborts
+# first because worker 1 stopped answering (as JAX's coordination service makes it do).
+RAISE_THEN_PEER_ABORTS = '''
+if RANK == 1:
+    try:
+        raise RuntimeError("the real error, on worker one")
+    except RuntimeError:
+        import traceback
+        traceback.print_exc()
+        sys.stderr.flush()
+    open(os.path.join(OUT, "raised"), "w").close()
+    wait_for("aborted")
+    time.sleep(0.5)
+    os.abort()
+else:
+    wait_for("raised")
+    for i in range(30):
+        print("F1130 client.h:80] Terminating process: another task died (noise %d)" % i,
+              file=sys.stderr)
+    sys.stderr.flush()
+    open(os.path.join(OUT, "aborted"), "w").close()
+    os.abort()
+'''
+
+
+@pytest.mark.timeout(20)
+def test_worker_whose_traceback_came_first_is_named_not_the_first_to_abort(scripts):
+    script = scripts.write("raise.py", RAISE_THEN_PEER_ABORTS)
+    result = launch([sys.executable, script], nproc_per_node=2, stream_output=False)
+    failure = result.failure
+    assert failure is not None and failure.name == "worker 1", result.summary
+    first_line, *quoted = result.summary.splitlines()
+    # Worker 0 exited first (SIGABRT); worker 1, stuck after its traceback, was stopped by the
+    # teardown; it is still where the failure started.
+    assert first_line.startswith("stratax launch: worker 1 ") and "worker 0" not in first_line
+    assert quoted[0] == "worker 1's last Python traceback:"
+    assert quoted[1] == "  [worker 1] Traceback (most recent call last):"
+    assert "  [worker 1] RuntimeError: the real error, on worker one" in quoted
+    assert "noise" not in result.summary
+
+
+LONG_TRACEBACK_THEN_NOISE = '''
+CHAIN = "".join("def f%d():\\n    return f%d()\\n" % (i, i + 1) for i in range(50))
+exec(CHAIN + "def f50():\\n    raise ValueError('bad value at the bottom')\\n")
+if RANK == 1:
+    try:
+        f0()
+    except ValueError:
+        import traceback
+        traceback.print_exc()
+    for i in range(40):
+        print("shutdown noise %d" % i, file=sys.stderr)
+    sys.exit(5)
+time.sleep(30)
+'''
+
+
+@pytest.mark.timeout(20)
+def test_summary_quotes_the_traceback_even_when_noise_follows_it(scripts):
+    script = scripts.write("deep.py", LONG_TRACEBACK_THEN_NOISE)
+    result = launch([sys.executable, script], nproc_per_node=2, stream_output=False)
+    assert result.exit_code == 5 and result.failure is not None
+    lines = result.summary.splitlines()
+    assert lines[1] == "worker 1's last Python traceback:"
+    assert lines[2] == "  [worker 1] Traceback (most recent call last):"
+    assert "line(s) left out; see the full output" in lines[3]
+    assert "  [worker 1] ValueError: bad value at the bottom" in lines
+    assert len(lines) <= 3 + 40 + 1
+
+
+@pytest.mark.timeout(20)
+def test_sigterm_to_launcher_escalates_to_sigkill_after_the_grace_period(scripts, run_cli):
+    """Workers that ignore SIGTERM (as JAX's preemption notifier made them) are SIGKILLed after
+    --grace-period; the launcher never waits on them."""
+    script = scripts.write("stuck.py", STUCK)
+    proc = run_cli("--nproc-per-node", "2", "--grace-period", "1", script)
+    pids = [scripts.pid(f"stuck_{rank}") for rank in (0, 1)]
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=10)
+    elapsed = time.monotonic() - sent
+    assert proc.returncode == 128 + signal.SIGTERM, stderr
+    assert "interrupted by SIGTERM" in stderr
+    assert 0.9 < elapsed < 4, elapsed
+    for pid in pids:
+        assert scripts.wait_gone(pid, 1.0)

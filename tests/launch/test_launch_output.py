@@ -66,12 +66,12 @@ def test_parser_splits_launcher_flags_from_program_args():
     assert command_from_args(args) == [sys.executable, "-m", "pkg.train", "--lr", "1"]
     args = parser.parse_args(["script_that_is_not_here.py", "--", "--lr", "1"])
     assert args.program_args[-2:] == ["--lr", "1"]
-    with pytest.raises(ValueError, match="script_that_is_not_here.py' not found"):
+    with pytest.raises(ValueError, match=r"script_that_is_not_here\.py' not found"):
         command_from_args(args)
 
 
 def test_python_command_rejects_a_missing_script(tmp_path):
     missing = str(tmp_path / "nope.py")
-    with pytest.raises(ValueError, match="nope.py' not found"):
+    with pytest.raises(ValueError, match=r"nope\.py' not found"):
         python_command(missing)
     assert python_command("pkg.mod", ["a"], module=True) == [sys.executable, "-m", "pkg.mod", "a"]

@@ -22,7 +22,11 @@ def free_port() -> int:
 
 def worker_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith("STRATAX_") and k not in ("TF_CONFIG", "PYTEST_CURRENT_TEST")}
+           if not k.startswith("STRATAX_")
+           and k not in ("TF_CONFIG", "PYTEST_CURRENT_TEST", "XLA_FLAGS")}
+    # Children import the stratax under test (this checkout), not whatever is installed.
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE.parent.parent),
+                                                      env.get("PYTHONPATH")]))
     env.update(extra)
     return env
 

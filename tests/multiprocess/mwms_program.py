@@ -4,8 +4,8 @@ Usage: python mwms_program.py OUT_DIR [EPOCHS] [INPUTS] [GLOBAL_BATCH]. Trains o
 "all" it also trains on a list of global batches (auto-shard by data) and on per-worker batches
 (``AutoShardPolicy.OFF``). Writes OUT_DIR/<inputs>_weights_<worker>.npz and prints
 "done <worker> <num_replicas>". The data is the same on every worker. The
-``distribute_datasets_from_function`` variant drops the last partial batch (per-replica batches
-must be equal), so its reference is a run on whole batches only.
+``distribute_datasets_from_function`` variant's ``dataset_fn`` yields whole batches only, so its
+reference is a run on whole batches only.
 """
 
 import os
@@ -52,7 +52,7 @@ def dataset_fn(ctx):
     """Each input pipeline (worker) reads its rows of every global batch, for every epoch."""
     assert (ctx.num_input_pipelines, ctx.input_pipeline_id) == (workers, worker), ctx
     per_replica = ctx.get_per_replica_batch_size(GLOBAL_BATCH)
-    full = len(x) // GLOBAL_BATCH * GLOBAL_BATCH  # whole batches only: per-replica batches
+    full = len(x) // GLOBAL_BATCH * GLOBAL_BATCH  # whole batches only
     for _ in range(epochs):
         for start in range(0, full, GLOBAL_BATCH):
             rows = slice(start + worker * per_replica, start + (worker + 1) * per_replica)

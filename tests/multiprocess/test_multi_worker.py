@@ -1,9 +1,12 @@
 """MultiWorkerMirroredStrategy with real processes: equivalence, launcher, failures, preemption."""
 
 import json
+import os
 import sys
 import time
 
+import jax
+import jax.numpy as jnp
 import keras
 import numpy as np
 import pytest
@@ -30,15 +33,18 @@ def _reference(epochs=2, whole_batches_only=False, batch=GLOBAL_BATCH):
     return model.get_weights(), evaluation, model.predict(all_x, verbose=0)
 
 
-def _launch(args, tmp_path, **kwargs):
+def _launch(args, tmp_path, env=None, **kwargs):
+    # The workers import the stratax under test (this checkout), not whatever is installed.
+    path = os.pathsep.join([str(HERE), str(HERE.parent.parent)])
     result = launch([sys.executable, *map(str, args)], cwd=str(HERE), capture_output=True,
-                    stream_output=False, env={"PYTHONPATH": str(HERE)}, **kwargs)
+                    stream_output=False, env={**(env or {}), "PYTHONPATH": path}, **kwargs)
     return result
 
 
 @pytest.fixture(autouse=True)
 def _no_inherited_cluster(monkeypatch):
-    for name in ("STRATAX_CPU_DEVICES", "TF_CONFIG"):
+    # XLA_FLAGS holds the 8-device split that `import stratax` made from STRATAX_CPU_DEVICES.
+    for name in ("STRATAX_CPU_DEVICES", "TF_CONFIG", "XLA_FLAGS"):
         monkeypatch.delenv(name, raising=False)
 
 
@@ -175,3 +181,38 @@ def test_multi_worker_guide_example_via_stratax_launch(tmp_path):
     assert "Number of replicas in sync: 2" in done.stdout
     assert (tmp_path / "keras-model.keras").exists()
     assert not list(tmp_path.glob("workertemp_*"))  # the non-chief removed its copy
+
+
+def test_uneven_custom_loop_batches_over_two_workers(tmp_path):
+    """2 workers x 2 devices: uneven global batches, per-worker pipelines of different lengths
+    (the shorter worker joins the remaining steps with empty batches), nothing dropped."""
+    result = _launch(["mwms_uneven_program.py"], tmp_path, nproc_per_node=2, timeout=240,
+                     env={"STRATAX_CPU_DEVICES": "2"})
+    assert result.ok, result.summary + "\n" + "\n".join(result.outputs[0][-20:])
+    lines = [next(line for line in result.outputs[w] if "RESULT" in line) for w in (0, 1)]
+    parsed = [json.loads(line.split(" ", 3)[3]) for line in lines]
+    assert all(line.split()[2] == "4" for line in lines)  # 4 replicas in sync
+    assert parsed[0] == parsed[1]  # every worker sees the same global results
+    data, off, from_function = (parsed[0][k] for k in ("data", "off", "from_function"))
+    assert data["gathered"] == list(range(22)) and data["sum"] == 231 and data["rows"] == 22
+    batches = [np.arange(0, 8), np.arange(8, 16), np.arange(16, 22)]
+    np.testing.assert_allclose(data["losses"], [np.mean((b + 1.0) ** 2) for b in batches],
+                               rtol=1e-6)
+    assert off["steps"] == 3 and off["rows"] == 21 and off["sum"] == 630
+    assert off["gathered"] == [*range(8), *range(100, 104), *range(8, 14), 104, 14, 15]
+    assert from_function["steps"] == 3 and from_function["sum"] == 339
+    assert from_function["gathered"] == [0, 1, 2, 3, 100, 101, 102, 4, 5, 6, 7, 8]
+
+
+def test_one_task_tf_config_without_task_runs_as_one_local_worker(monkeypatch):
+    """TensorFlow runs `{"cluster": {"worker": ["worker0:2222"]}}` as one worker (issue 8,
+    item 11); auto-detection tries TF_CONFIG first, so it must not stop the program."""
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"worker": ["worker0:2222"]}}))
+    resolver = sx.cluster_resolver.detect_cluster_resolver()
+    assert isinstance(resolver, sx.cluster_resolver.TFConfigClusterResolver)
+    assert resolver.master() == ""
+    strategy = sx.MultiWorkerMirroredStrategy()
+    assert (strategy.num_workers, strategy.worker_index, strategy.is_chief) == (1, 0, True)
+    assert strategy.num_replicas_in_sync == len(jax.local_devices())
+    total = strategy.reduce(sx.ReduceOp.SUM, strategy.run(lambda: jnp.ones(())), axis=None)
+    assert float(total) == strategy.num_replicas_in_sync

@@ -143,7 +143,7 @@ def test_non_loopback_server_requires_token(tmp_path, monkeypatch):
 def test_server_argument_errors(tmp_path):
     with pytest.raises(ValueError, match="at least 16 characters"):
         DashboardServer(tmp_path, host="0.0.0.0", token="short")
-    with pytest.raises(ValueError, match="port must be an int in 0..65535"):
+    with pytest.raises(ValueError, match=r"port must be an int in 0\.\.65535"):
         DashboardServer(tmp_path, port=70000)
     assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
     assert not is_loopback("0.0.0.0") and not is_loopback("10.0.0.1")

@@ -85,7 +85,7 @@ def test_scalars_histograms_and_learning_rate_equal_history(tmp_path, name):
 def test_unsupported_arguments_are_clear_errors(tmp_path):
     with pytest.raises(ValueError, match="does not support write_images=True"):
         TensorBoard(tmp_path, write_images=True)
-    with pytest.raises(ValueError, match="jax.profiler.trace"):
+    with pytest.raises(ValueError, match=r"jax\.profiler\.trace"):
         TensorBoard(tmp_path, profile_batch=2)
     with pytest.raises(ValueError, match="update_freq must be 'epoch', 'batch' or an int"):
         TensorBoard(tmp_path, update_freq="step")

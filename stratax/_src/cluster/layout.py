@@ -8,51 +8,19 @@ runtime layer does not have to know TF_CONFIG's job conventions.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import TYPE_CHECKING
+
+from stratax._src.cluster.process_layout import ProcessLayout
 
 if TYPE_CHECKING:
     from stratax._src.cluster.resolver import ClusterResolver
+
+__all__ = ["SYNC_JOBS", "ProcessLayout", "process_layout"]
 
 # Jobs whose tasks take part in synchronous training, in process-id order.
 SYNC_JOBS = ("chief", "worker")
 # Jobs that run beside synchronous training but are not part of its process group.
 _NON_SYNC_JOBS = ("ps", "evaluator")
-
-
-@dataclasses.dataclass(frozen=True)
-class ProcessLayout:
-    """This process' place in a synchronous multi-process group.
-
-    Attributes:
-      coordinator_address: ``"host:port"`` of the process that hosts the ``jax.distributed``
-        coordination service (process 0), or ``None`` in local mode.
-      num_processes: Number of processes in the group (1 in local mode).
-      process_id: This process' id in ``[0, num_processes)``.
-      task_type: This process' job name (``"chief"``/``"worker"``), or ``None`` in local mode.
-      task_id: This process' index within its job, or ``None`` in local mode.
-
-    Example:
-      >>> ProcessLayout("host0:2222", num_processes=3, process_id=1, task_type="worker",
-      ...               task_id=0).is_coordinator
-      False
-    """
-
-    coordinator_address: str | None
-    num_processes: int
-    process_id: int
-    task_type: str | None
-    task_id: int | None
-
-    @property
-    def is_coordinator(self) -> bool:
-        """True for process 0, the one that hosts the coordination service."""
-        return self.process_id == 0
-
-    @property
-    def is_local(self) -> bool:
-        """True when there is no cluster: one process, no coordinator."""
-        return self.coordinator_address is None
 
 
 def process_layout(resolver: ClusterResolver) -> ProcessLayout:
@@ -61,8 +29,10 @@ def process_layout(resolver: ClusterResolver) -> ProcessLayout:
     Processes are the chief (if any) followed by the workers in task-index order; ``ps`` and
     ``evaluator`` tasks are not part of the group. The coordinator is the chief's address, or
     worker 0's when there is no chief. With an empty cluster (local mode) the layout is a single
-    process with no coordinator. A resolver whose environment states the layout directly (the
-    stratax launcher) provides it through ``explicit_process_layout()``.
+    process with no coordinator. A cluster of one task needs no task type or id: this process
+    is that task (TensorFlow runs ``{"cluster": {"worker": ["host:port"]}}`` so). A resolver
+    whose environment states the layout directly (the stratax launcher) provides it through
+    ``explicit_process_layout()``.
 
     Args:
       resolver: Any cluster resolver.
@@ -89,6 +59,10 @@ def process_layout(resolver: ClusterResolver) -> ProcessLayout:
         )
     if spec.total_tasks() == 0:
         return ProcessLayout(None, 1, 0, task_type, task_id)
+    if (task_type is None or task_id is None) and spec.total_tasks() == 1:
+        # TensorFlow accepts a one-task cluster without "task": this process is that task.
+        (task_type,) = spec.jobs
+        (task_id,) = spec.task_indices(task_type)
     if task_type is None or task_id is None:
         raise ValueError(
             f"The cluster {spec!r} has tasks but this process' task is unknown "

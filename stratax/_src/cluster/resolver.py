@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from stratax._src.cluster.cluster_spec import ClusterSpec
 
 if TYPE_CHECKING:
-    from stratax._src.cluster.layout import ProcessLayout
+    from stratax._src.cluster.process_layout import ProcessLayout
 
 
 def format_master_url(master: str, rpc_layer: str | None = None) -> str:

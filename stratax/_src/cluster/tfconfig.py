@@ -17,6 +17,7 @@ import dataclasses
 import json
 import logging
 import os
+import re
 from collections.abc import Mapping
 
 from stratax._src.cluster.cluster_spec import ClusterSpec
@@ -29,6 +30,7 @@ _KNOWN_KEYS = ("cluster", "task", "rpc_layer", "environment", "session_master")
 _KNOWN_TASK_KEYS = ("type", "index")
 # The evaluator runs beside the cluster, so TensorFlow lets it be absent from "cluster".
 _JOBS_OUTSIDE_CLUSTER = ("evaluator",)
+_INTEGER = re.compile(r"\s*[+-]?[0-9]+\s*")
 _EXAMPLE = (
     '{"cluster": {"worker": ["host1:2222", "host2:2222"]}, "task": {"type": "worker", "index": 0}}'
 )
@@ -95,24 +97,43 @@ def _parse_task(task: object) -> tuple[str, int]:
             f"TF_CONFIG 'task' {dict(task)!r} has no 'index'; add this task's position in its "
             'job, e.g. "task": {"type": "worker", "index": 0}.'
         )
-    task_type, index = task["type"], task["index"]
+    return (_check_type(task["type"], "TF_CONFIG 'task.type'"),
+            _check_index(task["index"], "TF_CONFIG 'task.index'"))
+
+
+def _check_type(task_type: object, where: str) -> str:
+    """A job name; an integer is cast to its string, as TensorFlow does (JSON keys are strings)."""
+    if isinstance(task_type, int) and not isinstance(task_type, bool):
+        return str(task_type)
     if not isinstance(task_type, str) or not task_type:
         raise ValueError(
-            f"TF_CONFIG 'task.type' must be a non-empty string, got {task_type!r}; e.g. "
+            f"{where} must be a non-empty string, got {task_type!r}; e.g. "
             '"type": "worker".'
         )
-    return task_type, _check_index(index, "TF_CONFIG 'task.index'")
+    return task_type
 
 
 def _check_index(index: object, where: str) -> int:
-    if isinstance(index, bool) or not isinstance(index, int):
+    """A task index: an int, or a string or float holding a whole number (TensorFlow casts them).
+
+    Shell scripts and templates often quote the index (``"index": "1"``); TensorFlow applies
+    ``int()``. A fraction or a boolean is refused rather than truncated: it is a mistake.
+    """
+    value: int | None = None
+    if isinstance(index, int) and not isinstance(index, bool):
+        value = index
+    elif isinstance(index, float) and index.is_integer():
+        value = int(index)
+    elif isinstance(index, str) and _INTEGER.fullmatch(index):
+        value = int(index)
+    if value is None:
         raise ValueError(
-            f"{where} must be an integer, got {index!r} ({type(index).__name__}); write it "
-            'without quotes, e.g. "index": 1.'
+            f"{where} must be an integer, got {index!r} ({type(index).__name__}); write a whole "
+            'number, e.g. "index": 1.'
         )
-    if index < 0:
-        raise ValueError(f"{where} must be >= 0, got {index}; task indices start at 0.")
-    return index
+    if value < 0:
+        raise ValueError(f"{where} must be >= 0, got {index!r}; task indices start at 0.")
+    return value
 
 
 def parse_tf_config(text: str | None) -> TFConfig:
@@ -176,21 +197,18 @@ def parse_tf_config(text: str | None) -> TFConfig:
 
 
 def check_task_in_cluster(cluster: ClusterSpec, task_type: str | None, task_id: int | None) -> None:
-    """Checks that a non-empty cluster names this task (the evaluator may sit outside it).
+    """Checks that a task, when one is named, is part of the cluster (the evaluator may sit
+    outside it).
+
+    A cluster without a task is accepted, as TensorFlow does: a one-task cluster needs none
+    (``process_layout`` infers it), and where a task is really needed (``master()`` of a larger
+    cluster, joining a multi-worker group) that step raises the error naming the fix.
 
     Raises:
-      ValueError: If the task type or id is missing, the type is not a job of the cluster, or
-        the index is out of range.
+      ValueError: If the task type is not a job of the cluster, or the index is out of range.
     """
-    if cluster.total_tasks() == 0:
+    if cluster.total_tasks() == 0 or task_type is None or task_id is None:
         return
-    if task_type is None or task_id is None:
-        raise ValueError(
-            f"TF_CONFIG has a cluster with jobs {cluster.jobs} but no 'task' saying which one "
-            f"this process is (task_type={task_type!r}, task_id={task_id!r}); add e.g. "
-            '"task": {"type": "worker", "index": 0} to TF_CONFIG, or pass task_type= and '
-            "task_id= to TFConfigClusterResolver."
-        )
     if task_type not in cluster.jobs:
         if task_type in _JOBS_OUTSIDE_CLUSTER:
             return
@@ -211,6 +229,9 @@ class TFConfigClusterResolver(ClusterResolver):
 
     Without a ``cluster`` field (or without TF_CONFIG) the resolver is in local mode: an empty
     cluster spec, one process. Constructor arguments override the matching TF_CONFIG fields.
+    As in TensorFlow, a quoted ``task.index`` (``"1"``) is cast to an integer, and a cluster
+    without ``task`` is accepted: a one-task cluster runs as that task, and a larger one fails
+    only where the task is needed (``master()``, joining a multi-worker group).
     TF_CONFIG is read once, when the resolver is built.
 
     Example:
@@ -227,7 +248,7 @@ class TFConfigClusterResolver(ClusterResolver):
     def __init__(
         self,
         task_type: str | None = None,
-        task_id: int | None = None,
+        task_id: int | str | None = None,
         rpc_layer: str | None = None,
         environment: str = "",
     ) -> None:
@@ -235,7 +256,7 @@ class TFConfigClusterResolver(ClusterResolver):
 
         Args:
           task_type: Overrides ``task.type``.
-          task_id: Overrides ``task.index``.
+          task_id: Overrides ``task.index`` (an integer, or a string holding one).
           rpc_layer: Overrides ``rpc_layer`` (protocol prefix of ``master()``).
           environment: Overrides ``environment``; ``""`` keeps TF_CONFIG's value.
 
@@ -244,6 +265,8 @@ class TFConfigClusterResolver(ClusterResolver):
             task inside its cluster.
         """
         config = parse_tf_config(os.environ.get(env.TF_CONFIG))
+        if task_type is not None:
+            task_type = _check_type(task_type, "task_type")
         if task_id is not None:
             task_id = _check_index(task_id, "task_id")
         self._config = config

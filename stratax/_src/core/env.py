@@ -63,3 +63,7 @@ STRATAX_RUN_DIR = "STRATAX_RUN_DIR"
 STRATAX_TASK_NAME = "STRATAX_TASK_NAME"
 # Token a non-loopback dashboard requires (generated and printed when unset).
 STRATAX_DASHBOARD_TOKEN = "STRATAX_DASHBOARD_TOKEN"
+# Set to 1 to run with Keras/JAX versions outside the tested range (stratax._src.seam).
+STRATAX_SKIP_VERSION_CHECK = "STRATAX_SKIP_VERSION_CHECK"
+# How many batches fit places on the devices ahead of the step (default 2, 0 = off).
+STRATAX_PREFETCH_DEPTH = "STRATAX_PREFETCH_DEPTH"

@@ -2,28 +2,40 @@
 
 ``experimental_distribute_dataset`` takes any iterable of *global* batches (numpy or JAX arrays,
 or tuples/dicts of them, e.g. a generator, a list or a ``keras.utils.PyDataset``) and splits each
-batch over all replicas in order: replica ``i`` gets rows ``[i*b, (i+1)*b)`` with
-``b = global_batch // num_replicas_in_sync``. In a multi-process run each process contributes the
-rows of its own replicas (auto-shard by data) or, with ``AutoShardPolicy.OFF``, the caller gives
-each process its own share already.
+batch over all replicas in order, with the one policy of ``global_batch``: replica ``i`` gets the
+``i``-th chunk of ``ceil(rows / num_replicas_in_sync)`` rows; a short last batch leaves the last
+replicas fewer or no rows, padded with zeros and recorded in ``PerReplica.valid_rows``. In a
+multi-process run each process contributes the rows of its own replicas (auto-shard by data) or,
+with ``AutoShardPolicy.OFF``, the caller gives each process its own share already.
 
 ``distribute_datasets_from_function`` calls the user's function once per process with an
 ``InputContext``; its dataset yields *per-replica* batches, and each step takes one batch per
-local replica.
+local replica. A trailing step with fewer batches than replicas is kept (the missing replicas get
+empty batches), as in TensorFlow; it is never dropped.
+
+Processes whose pipelines differ (``AutoShardPolicy.OFF``, ``distribute_datasets_from_function``)
+agree on every step's row counts with one small all-gather, so that a process that runs out of
+data first still joins the steps of the others with empty batches (TensorFlow does the same).
+
+Batches are produced by a ``Prefetcher`` thread ``experimental_prefetch_to_device`` steps ahead,
+and placed on the devices there when ``experimental_fetch_to_device`` is True.
 """
 
 from __future__ import annotations
 
-import collections
+import dataclasses
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from stratax._src.data import global_batch
 from stratax._src.data.input_context import AutoShardPolicy, InputContext, InputOptions
+from stratax._src.data.prefetch import Prefetcher
 from stratax._src.data.values import PerReplica
 from stratax._src.runtime.devices import local_replica_ids, process_rank
 
@@ -46,6 +58,41 @@ def iterate_batches(dataset: Any) -> Iterator[Any]:
     yield from dataset
 
 
+def _as_array(leaf: Any) -> np.ndarray | jax.Array:
+    array = leaf if isinstance(leaf, (jax.Array, np.ndarray)) else np.asarray(leaf)
+    if array.ndim == 0:
+        raise ValueError(
+            "A batch element is a scalar; distributed batches need a leading batch axis."
+        )
+    return array
+
+
+def _rows(tree: Any, what: str) -> int:
+    """The common row count of a batch's leaves (a clear error if they disagree)."""
+    leaves = jax.tree.leaves(tree)
+    counts = sorted({int(_as_array(leaf).shape[0]) for leaf in leaves})
+    if len(counts) != 1:
+        raise ValueError(
+            f"The arrays of {what} have different batch sizes {counts} along axis 0; every "
+            "element of a batch (inputs, labels, weights) needs one row per example."
+        )
+    return counts[0]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Step:
+    """This process's part of one step: a pytree of ``(local_replicas, rows, ...)`` host blocks.
+
+    ``counts`` are the real rows of every replica of the mesh once known (always for global
+    batches; after the processes agree for per-process pipelines); ``local_counts`` are this
+    process's replicas' real rows.
+    """
+
+    blocks: Any
+    local_counts: list[int]
+    counts: tuple[int, ...] | None = None
+
+
 class _Placement:
     """Where one process's share of a batch goes: the mesh, this process's replicas, the sharding."""
 
@@ -55,82 +102,104 @@ class _Placement:
         self.local_replicas = local_replica_ids(devices)
         self.sharding = NamedSharding(mesh, P(_REPLICA_AXIS))
         self.process_rank, self.num_processes = process_rank(devices)
+        processes = sorted({d.process_index for d in devices})
+        self.replicas_of_process = [
+            [i for i, d in enumerate(devices) if d.process_index == p] for p in processes
+        ]
 
-    def stack(self, local_rows: np.ndarray | jax.Array) -> PerReplica:
-        """Places this process's ``(num_local_replicas, per_replica, ...)`` block as a PerReplica."""
-        global_shape = (self.num_replicas, *local_rows.shape[1:])
-        return PerReplica(
-            jax.make_array_from_process_local_data(self.sharding, local_rows, global_shape)
+    def place(self, block: Any) -> jax.Array:
+        """Places this process's ``(num_local_replicas, rows, ...)`` block as one global array."""
+        global_shape = (self.num_replicas, *block.shape[1:])
+        return jax.make_array_from_process_local_data(self.sharding, block, global_shape)
+
+    def agree(self, local_counts: list[int] | None) -> tuple[int, ...] | None:
+        """Every replica's real rows of this step, or ``None`` when no process has data left.
+
+        One all-gather of a few integers between the processes (a collective: every process
+        calls it once per step, in the same order).
+        """
+        width = max(len(r) for r in self.replicas_of_process)
+        mine = np.zeros(1 + width, np.int32)
+        if local_counts is not None:
+            mine[0] = 1
+            mine[1 : 1 + len(local_counts)] = local_counts
+        table = np.asarray(multihost_utils.process_allgather(mine))
+        if not table[:, 0].any():
+            return None
+        counts = [0] * self.num_replicas
+        for row, replicas in zip(table, self.replicas_of_process, strict=True):
+            for k, replica in enumerate(replicas):
+                counts[replica] = int(row[1 + k])
+        return tuple(counts)
+
+
+def _finish(step: _Step, counts: tuple[int, ...], placement: _Placement, to_device: bool) -> Any:
+    """The ``PerReplica`` batch of a step, given every replica's real rows: padded, placed if asked."""
+    padded = max(counts)
+
+    def leaf(block: np.ndarray | jax.Array) -> PerReplica:
+        if block.shape[1] < padded:
+            block = np.stack([global_batch.pad_rows(np.asarray(b), padded) for b in block])
+        return PerReplica(placement.place(block) if to_device else np.asarray(block), counts)
+
+    return jax.tree.map(leaf, step.blocks)
+
+
+def _split_global(batch: Any, placement: _Placement, by_caller: bool) -> _Step:
+    """Cuts one batch into this process's per-replica blocks (see ``global_batch``).
+
+    ``by_caller``: the batch is already this process's share (``AutoShardPolicy.OFF`` with
+    several processes); it is cut over the local replicas and the counts are agreed later.
+    """
+    rows = _rows(batch, "a batch")
+    local = len(placement.local_replicas)
+    if by_caller:
+        blocks = jax.tree.map(lambda a: global_batch.split_and_pad(_as_array(a), local), batch)
+        return _Step(blocks, global_batch.split_sizes(rows, local))
+    first, last = placement.local_replicas[0], placement.local_replicas[-1] + 1
+    blocks = jax.tree.map(
+        lambda a: global_batch.split_and_pad(_as_array(a), placement.num_replicas)[first:last],
+        batch,
+    )
+    counts = tuple(global_batch.split_sizes(rows, placement.num_replicas))
+    return _Step(blocks, list(counts[first:last]), counts)
+
+
+def _stack_parts(parts: list[Any], placement: _Placement, template: Any, index: int) -> _Step:
+    """One step of ``distribute_datasets_from_function``: one batch per local replica.
+
+    Replicas past the end of the data get an empty batch shaped like ``template``.
+    """
+    local = len(placement.local_replicas)
+    empty = jax.tree.map(lambda a: np.zeros((0, *np.shape(a)[1:]), np.asarray(a).dtype), template)
+    parts = parts + [empty] * (local - len(parts))
+    rows = [_rows(p, f"the batch of local replica {k} in step {index}") for k, p in enumerate(parts)]
+
+    def stack(*leaves: Any) -> np.ndarray:
+        stacked, _ = global_batch.stack_padded(
+            [np.asarray(_as_array(x)) for x in leaves],
+            what=f"the per-replica batches of step {index}",
         )
+        return stacked
 
-
-def _as_array(leaf: Any) -> np.ndarray | jax.Array:
-    return leaf if isinstance(leaf, (jax.Array, np.ndarray)) else np.asarray(leaf)
-
-
-def split_global_batch(batch: Any, placement: _Placement, policy: AutoShardPolicy) -> Any:
-    """Splits one global batch (a pytree of arrays) into ``PerReplica`` leaves."""
-
-    def split(leaf: Any) -> PerReplica:
-        array = _as_array(leaf)
-        if array.ndim == 0:
-            raise ValueError(
-                "A batch element is a scalar; distributed batches need a leading batch axis."
-            )
-        sharded_by_caller = policy is AutoShardPolicy.OFF and placement.num_processes > 1
-        rows = array.shape[0]
-        replicas = len(placement.local_replicas) if sharded_by_caller else placement.num_replicas
-        if rows % replicas:
-            raise ValueError(
-                f"A batch of {rows} examples does not split over {replicas} replicas; use a "
-                f"global batch size that is a multiple of {replicas} (drop or pad the last "
-                f"partial batch, e.g. `drop_remainder=True`)."
-            )
-        per_replica = rows // replicas
-        stacked = array.reshape(replicas, per_replica, *array.shape[1:])
-        if not sharded_by_caller:
-            stacked = stacked[placement.local_replicas[0] : placement.local_replicas[-1] + 1]
-        return placement.stack(stacked)
-
-    return jax.tree.map(split, batch)
-
-
-def stack_per_replica_batches(batches: list[Any], placement: _Placement) -> Any:
-    """Stacks one per-replica batch per local replica into ``PerReplica`` leaves."""
-
-    def stack(*leaves: Any) -> PerReplica:
-        arrays = [_as_array(leaf) for leaf in leaves]
-        shapes = {a.shape for a in arrays}
-        if len(shapes) != 1:
-            raise ValueError(
-                f"Per-replica batches of one step have different shapes {sorted(shapes)}; every "
-                "replica needs the same per-replica batch size (drop the last partial batch)."
-            )
-        return placement.stack(np.stack([np.asarray(a) for a in arrays]))
-
-    return jax.tree.map(stack, *batches)
+    blocks = jax.tree.map(stack, *parts)
+    counts = tuple(rows) if placement.num_processes == 1 else None
+    return _Step(blocks, rows, counts)
 
 
 class DistributedIterator:
-    """Iterator over ``PerReplica`` batches with a small look-ahead of device transfers."""
+    """Iterator over ``PerReplica`` batches, produced ahead of use by a ``Prefetcher`` thread."""
 
-    def __init__(self, produce: Iterator[Any], prefetch: int) -> None:
-        self._produce = produce
-        self._buffer: collections.deque[Any] = collections.deque()
-        self._prefetch = max(prefetch, 0)
+    def __init__(self, produce: Iterator[Any], options: InputOptions,
+                 finish: Callable[[Iterator[Any]], Iterator[Any]] | None = None) -> None:
+        self._prefetcher = Prefetcher(produce, options.experimental_prefetch_to_device)
+        self._items = finish(self._prefetcher) if finish is not None else self._prefetcher
 
-    def __iter__(self) -> "DistributedIterator":
+    def __iter__(self) -> DistributedIterator:
         return self
 
     def __next__(self) -> Any:
-        while len(self._buffer) <= self._prefetch:
-            try:
-                self._buffer.append(next(self._produce))
-            except StopIteration:
-                break
-        if not self._buffer:
-            raise StopIteration
-        return self._buffer.popleft()
+        return next(self._items)
 
     def get_next(self) -> Any:
         """The next batch (TensorFlow's spelling); raises ``StopIteration`` at the end."""
@@ -143,12 +212,57 @@ class DistributedIterator:
         except StopIteration:
             return None
 
+    def close(self) -> None:
+        """Stops the background producer (also done at the end of the data and on deletion)."""
+        self._prefetcher.close()
+
+
+def _iterate(steps: Iterator[_Step], placement: _Placement, options: InputOptions,
+             agreed: bool) -> DistributedIterator:
+    """Runs ``steps`` ahead in a thread; ``agreed`` steps are finished (padded, placed) there too.
+
+    Steps that still need the processes' agreement are finished in the consumer's thread, so
+    that the agreement collective runs in the same order on every process.
+    """
+    to_device = options.experimental_fetch_to_device
+    if agreed:
+        return DistributedIterator(
+            (_finish(s, s.counts or (), placement, to_device) for s in steps), options)
+
+    def finish(produced: Iterator[_Step]) -> Iterator[Any]:
+        template: _Step | None = None
+        for_each = iter(produced)
+        while True:
+            step = next(for_each, None)
+            counts = placement.agree(None if step is None else step.local_counts)
+            if counts is None:
+                return
+            if step is None:
+                step = _empty_like(template, placement)
+            template = step
+            yield _finish(step, counts, placement, to_device)
+
+    return DistributedIterator(steps, options, finish)
+
+
+def _empty_like(template: _Step | None, placement: _Placement) -> _Step:
+    if template is None:
+        raise ValueError(
+            f"Process {placement.process_rank} has no batch at all while other processes still "
+            "have data; give every input pipeline at least one batch (shard the data so that "
+            "each worker gets some)."
+        )
+    blocks = jax.tree.map(lambda b: np.zeros((b.shape[0], 0, *b.shape[2:]), b.dtype),
+                          template.blocks)
+    return _Step(blocks, [0] * len(placement.local_replicas))
+
 
 class DistributedDataset:
     """An iterable of ``PerReplica`` batches made from a dataset of global batches.
 
     Created by ``strategy.experimental_distribute_dataset(dataset)``; each iteration re-iterates
-    the underlying dataset (one epoch).
+    the underlying dataset (one epoch). A short last batch is split as TensorFlow splits it and
+    padded (see ``docs/uneven_batches.md``).
 
     Example:
         >>> dist = strategy.experimental_distribute_dataset(batches)     # doctest: +SKIP
@@ -171,12 +285,12 @@ class DistributedDataset:
         return self._options
 
     def __iter__(self) -> DistributedIterator:
-        policy = self._options.auto_shard_policy
-        produce = (
-            split_global_batch(batch, self._placement, policy)
-            for batch in iterate_batches(self._dataset)
-        )
-        return DistributedIterator(produce, self._options.experimental_prefetch_to_device)
+        placement = self._placement
+        by_caller = (self._options.auto_shard_policy is AutoShardPolicy.OFF
+                     and placement.num_processes > 1)
+        steps = (_split_global(batch, placement, by_caller)
+                 for batch in iterate_batches(self._dataset))
+        return _iterate(steps, placement, self._options, agreed=not by_caller)
 
 
 class DistributedDatasetsFromFunction:
@@ -197,18 +311,27 @@ class DistributedDatasetsFromFunction:
         )
         self._dataset = dataset_fn(context)
 
+    @property
+    def options(self) -> InputOptions:
+        return self._options
+
     def __iter__(self) -> DistributedIterator:
-        produce = (stack_per_replica_batches(step, self._placement) for step in self._steps())
-        return DistributedIterator(produce, self._options.experimental_prefetch_to_device)
+        placement = self._placement
+        steps = (_stack_parts(parts, placement, parts[0], index)
+                 for index, parts in enumerate(self._steps()))
+        return _iterate(steps, placement, self._options, agreed=placement.num_processes == 1)
 
     def local_global_batches(self) -> Iterator[Any]:
-        """This process's share of each step as one batch: its replicas' batches concatenated."""
+        """This process's share of each step as one batch: its replicas' batches concatenated.
+
+        A trailing step with fewer batches than local replicas is yielded too (smaller).
+        """
         for step in self._steps():
             yield jax.tree.map(lambda *parts: np.concatenate([np.asarray(p) for p in parts]),
                                *step)
 
     def _steps(self) -> Iterator[list[Any]]:
-        """The per-replica batches of each step: one per local replica."""
+        """The per-replica batches of each step: one per local replica (fewer at the end)."""
         per_step = len(self._placement.local_replicas)
         pending: list[Any] = []
         for batch in iterate_batches(self._dataset):
@@ -216,3 +339,5 @@ class DistributedDatasetsFromFunction:
             if len(pending) == per_step:
                 yield pending
                 pending = []
+        if pending:
+            yield pending

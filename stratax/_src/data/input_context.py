@@ -5,14 +5,23 @@ from __future__ import annotations
 import dataclasses
 import enum
 
+from stratax._src.data.global_batch import check_divisible
+
 
 class AutoShardPolicy(enum.Enum):
     """How a worker picks its share of the data (TensorFlow's ``tf.data`` names).
 
-    ``AUTO`` and ``DATA`` give worker ``i`` of ``n`` every ``n``-th batch element starting at
-    ``i`` of each global batch; ``OFF`` gives every worker the whole input (the user shards it).
-    stratax reads in-memory arrays and Python iterables, which have no files, so ``FILE`` is
-    treated as ``DATA``.
+    ``AUTO`` and ``DATA``: every worker reads every global batch and keeps the rows of its own
+    replicas. Each global batch is cut into contiguous chunks of ``ceil(rows / replicas)`` rows
+    in replica order (``global_batch.split_sizes``), and a worker's replicas are consecutive, so
+    a worker keeps one contiguous block of each global batch: with 2 workers of 2 replicas and
+    a batch of 8 rows, worker 0 keeps rows 0-3 and worker 1 rows 4-7. Like TensorFlow's
+    ``DATA`` policy, every worker reads the whole input and discards what is not its own;
+    TensorFlow's exact cut goes through its rebatching of the dataset, stratax's is the replica
+    order, so a multi-worker run feeds each replica the rows a one-process run would.
+    ``OFF``: every worker's input is already its own share (the user shards it); its batches
+    are cut over the worker's replicas the same way. stratax reads in-memory arrays and Python
+    iterables, which have no files, so ``FILE`` is treated as ``DATA``.
     """
 
     AUTO = "AUTO"
@@ -44,12 +53,8 @@ class InputContext:
         Raises:
             ValueError: the global batch does not split evenly over the replicas.
         """
-        if global_batch_size % self.num_replicas_in_sync:
-            raise ValueError(
-                f"Global batch size {global_batch_size} does not split over "
-                f"{self.num_replicas_in_sync} replicas; use a multiple of "
-                f"{self.num_replicas_in_sync}."
-            )
+        check_divisible(global_batch_size, self.num_replicas_in_sync,
+                        hint="`ctx.get_per_replica_batch_size({batch})`")
         return global_batch_size // self.num_replicas_in_sync
 
 
@@ -66,16 +71,19 @@ class InputOptions:
     """Options of ``experimental_distribute_dataset`` / ``distribute_datasets_from_function``.
 
     Args:
-        experimental_fetch_to_device: put each batch on the replicas' devices while iterating
-            (default). When False, batches stay host numpy arrays split per replica.
-        experimental_prefetch_to_device: how many batches to transfer ahead of use (0 = none).
+        experimental_fetch_to_device: put each batch on the replicas' devices in a background
+            thread while the previous step runs (default). When False, batches are
+            ``PerReplica`` values holding host numpy arrays (this process's replicas), placed on
+            the devices by ``strategy.run``.
+        experimental_prefetch_to_device: how many batches the background thread prepares ahead
+            of use (default 2; 0 = no thread, each batch is prepared when requested).
         auto_shard_policy: how a worker takes its share of the input in multi-worker runs.
         experimental_replication_mode: accepted for TensorFlow compatibility; only
             ``"PER_WORKER"`` exists (one pipeline per process).
     """
 
     experimental_fetch_to_device: bool = True
-    experimental_prefetch_to_device: int = 1
+    experimental_prefetch_to_device: int = 2
     auto_shard_policy: AutoShardPolicy = AutoShardPolicy.AUTO
     experimental_replication_mode: str = "PER_WORKER"
 

@@ -8,6 +8,10 @@ A ``PerReplica`` holds its components *stacked*: one ``jax.Array`` of shape
 copy. A ``Mirrored`` holds one array replicated on every replica's device. Where TensorFlow's
 ``strategy.run`` returns a ``Mirrored``, stratax returns the replicated ``jax.Array`` itself, which
 is usable everywhere a JAX array is; ``Mirrored`` marks such a value explicitly.
+
+A batch from a distributed dataset whose rows do not split evenly over the replicas is padded
+with zero rows to one per-replica row count (SPMD needs equal shapes); its ``PerReplica`` leaves
+then carry ``valid_rows``, the number of real rows of each replica (see ``docs/uneven_batches.md``).
 """
 
 from __future__ import annotations
@@ -26,33 +30,44 @@ class PerReplica:
         >>> strategy.reduce(sx.ReduceOp.SUM, per_replica_losses, axis=None)  # doctest: +SKIP
     """
 
-    __slots__ = ("stacked",)
+    __slots__ = ("stacked", "valid_rows")
 
-    def __init__(self, stacked: Any) -> None:
+    def __init__(self, stacked: Any, valid_rows: tuple[int, ...] | None = None) -> None:
         self.stacked = stacked
+        self.valid_rows = None if valid_rows is None else tuple(int(v) for v in valid_rows)
 
     @property
     def values(self) -> tuple[Any, ...]:
-        """The components, one per replica, in replica order."""
-        return tuple(self.stacked[i] for i in range(self.stacked.shape[0]))
+        """The components, one per replica, in replica order (padding rows removed)."""
+        rows = self.valid_rows
+        return tuple(
+            self.stacked[i] if rows is None else self.stacked[i, : rows[i]]
+            for i in range(self.stacked.shape[0])
+        )
 
     @property
     def num_replicas(self) -> int:
         return int(self.stacked.shape[0])
 
-    def tree_flatten(self) -> tuple[tuple[Any], None]:
-        return (self.stacked,), None
+    @property
+    def is_padded(self) -> bool:
+        """True when some replica's component has padding rows (an uneven batch)."""
+        rows = self.valid_rows
+        return rows is not None and any(r != self.stacked.shape[1] for r in rows)
+
+    def tree_flatten(self) -> tuple[tuple[Any], tuple[int, ...] | None]:
+        return (self.stacked,), self.valid_rows
 
     @classmethod
-    def tree_unflatten(cls, aux: None, children: tuple[Any]) -> "PerReplica":
-        del aux
-        return cls(children[0])
+    def tree_unflatten(cls, aux: tuple[int, ...] | None, children: tuple[Any]) -> PerReplica:
+        return cls(children[0], aux)
 
     def __repr__(self) -> str:
         shape = getattr(self.stacked, "shape", None)
         if shape is None:
             return f"PerReplica({self.stacked!r})"
-        return f"PerReplica(num_replicas={shape[0]}, component_shape={tuple(shape[1:])})"
+        rows = "" if self.valid_rows is None else f", valid_rows={self.valid_rows}"
+        return f"PerReplica(num_replicas={shape[0]}, component_shape={tuple(shape[1:])}{rows})"
 
 
 @jax.tree_util.register_pytree_node_class
@@ -78,7 +93,7 @@ class Mirrored:
         return (self.value,), None
 
     @classmethod
-    def tree_unflatten(cls, aux: None, children: tuple[Any]) -> "Mirrored":
+    def tree_unflatten(cls, aux: None, children: tuple[Any]) -> Mirrored:
         del aux
         return cls(children[0])
 

@@ -19,13 +19,16 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import keras
 import numpy as np
 from jax.experimental import multihost_utils
 
-from stratax._src.keras import checkpoint_io, session
+from stratax._src import seam
+from stratax._src.keras import binding, checkpoint_io, session
+from stratax._src.runtime import worker_exit
 
 logger = logging.getLogger(__name__)
 
@@ -68,12 +71,11 @@ class BackupAndRestore(keras.callbacks.Callback):
         self._completed = False
         self._sigterm = threading.Event()
         self._previous_handler: Any = None
+        self._give_back_sigterm: Callable[[], None] | None = None
 
     # --------------------------------------------------------------- lifecycle
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
-        from stratax._src.keras import bridge  # bridge imports this module
-
-        self._strategy = bridge.model_strategy(self.model)
+        self._strategy = binding.model_strategy(self.model)
         if self._strategy is None:
             raise RuntimeError(
                 "sx.BackupAndRestore needs a model built under a strategy scope, e.g. "
@@ -132,8 +134,10 @@ class BackupAndRestore(keras.callbacks.Callback):
         epoch, steps_in_epoch = self._normalize(epoch, steps_in_epoch)
         self.model.jax_state_sync()
         arrays = [np.asarray(v.value) for v in self._state_variables()]
+        feed = _running_feed()
         meta = {"format": _FORMAT, "epoch": epoch, "steps_in_epoch": steps_in_epoch,
                 "global_step": self._global_step,
+                "data_seed": None if feed is None else feed.seed,
                 "shapes": [list(a.shape) for a in arrays]}
         checkpoint_io.save(self.backup_dir, arrays, meta)
 
@@ -150,12 +154,14 @@ class BackupAndRestore(keras.callbacks.Callback):
         for variable, value in zip(variables, arrays, strict=True):
             variable.assign(value)
         epoch, self._skip = self._normalize(int(meta["epoch"]), int(meta["steps_in_epoch"]))
-        self.model._initial_epoch = epoch  # noqa: SLF001 - Keras' resume hook
+        seam.set_initial_epoch(self.model, epoch)
         self._consumed_offset = self._skip
         self._global_step = int(meta["global_step"])
-        current = session.active()
-        if current is not None:
-            current.resume_at(epoch, self._skip)
+        feed = _running_feed()
+        if feed is not None:
+            feed.resume_at(epoch, self._skip)
+            if meta.get("data_seed") is not None:
+                feed.seed = int(meta["data_seed"])
         logger.info("Resuming from %s: epoch %d, step %d of the epoch.", self.backup_dir,
                     epoch, self._skip)
 
@@ -166,12 +172,24 @@ class BackupAndRestore(keras.callbacks.Callback):
         return self._sigterm.is_set()
 
     def _install_sigterm_handler(self) -> None:
-        if self._strategy.is_multi_process or threading.current_thread() is not threading.main_thread():
+        if self._strategy.is_multi_process:  # SIGTERM goes to JAX's notifier while training
+            self._give_back_sigterm = worker_exit.route_sigterm_to_preemption()
+            return
+        if threading.current_thread() is not threading.main_thread():
             return
         self._sigterm.clear()
         self._previous_handler = signal.signal(signal.SIGTERM, lambda *_: self._sigterm.set())
 
     def _restore_sigterm_handler(self) -> None:
+        if self._give_back_sigterm is not None:
+            self._give_back_sigterm()
+            self._give_back_sigterm = None
         if self._previous_handler is not None:
             signal.signal(signal.SIGTERM, self._previous_handler)
             self._previous_handler = None
+
+
+def _running_feed() -> Any:
+    """The feed of the ``fit`` this callback runs in (``None`` for inputs left to Keras)."""
+    call = session.active()
+    return None if call is None else call.feed

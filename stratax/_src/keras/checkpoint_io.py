@@ -110,9 +110,8 @@ def atomic_target(path: str | os.PathLike[str], write: bool) -> Iterator[str]:
     os.unlink(tmp)
     try:
         yield tmp
-        if Path(tmp).is_dir():
-            if target.exists():
-                shutil.rmtree(target)
+        if Path(tmp).is_dir() and target.exists():
+            shutil.rmtree(target)
         os.replace(tmp, target)
     finally:
         if Path(tmp).is_dir():

@@ -1,113 +1,62 @@
-"""A ``fit``/``evaluate``/``predict`` call under a strategy: where its batches go, and from where.
+"""The running ``fit``/``evaluate``/``predict`` calls of this thread, and where batches come from.
 
-Several replicas (or several processes) use the strategy's Keras distribution: each batch is
-split over the replicas, or given whole to each when it does not split. A one-replica strategy
-needs no mesh: Keras runs as usual with the strategy's device as JAX's default device, which
-keeps Keras' own single-device fast path.
-
-The session also carries the resume point a ``BackupAndRestore`` found: the next epoch starts
-``skip`` batches in, in the order of the interrupted epoch.
+Keras asks its epoch iterator for an iterator once per pass over the data; for a call under a
+strategy, :func:`epoch_batches` answers with the feed's batches placed by the strategy's runner.
+A ``BackupAndRestore`` finds the running call's feed here to resume it mid-epoch.
 """
 
 from __future__ import annotations
 
 import contextlib
-import itertools
+import dataclasses
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
-import jax
-import jax.numpy as jnp
-import keras
-from keras.src.backend.jax import trainer as jax_trainer
-
-from stratax._src.keras.distribution import StrategyDistribution
-from stratax._src.keras.process_shard import ProcessShard
-from stratax._src.strategies.base import Strategy
+from stratax._src import seam
+from stratax._src.data.prefetch import Prefetcher
+from stratax._src.keras.feed import GlobalFeed
+from stratax._src.keras.runner import KerasRunner
 
 
-def uses_mesh(strategy: Strategy) -> bool:
-    """Whether Keras must lay variables and batches out over the strategy's mesh."""
-    return strategy.num_replicas_in_sync > 1 or strategy.is_multi_process
+@dataclasses.dataclass
+class Call:
+    """One ``fit``/``evaluate``/``predict`` call of a model under a strategy."""
+
+    runner: KerasRunner
+    feed: GlobalFeed | None = None
 
 
-class DataSession:
-    """State of one ``fit``/``evaluate``/``predict`` call of a model under ``strategy``."""
-
-    def __init__(self, strategy: Strategy, distribution: StrategyDistribution | None) -> None:
-        self.strategy = strategy
-        self.distribution = distribution
-        self._resume: tuple[int, int] | None = None
-
-    def placement_scope(self) -> contextlib.AbstractContextManager[Any]:
-        """Where Keras puts variables and computations during the call."""
-        if self.distribution is not None:
-            return self.distribution.scope()
-        return jax.default_device(self.strategy.devices[0])
-
-    def resume_at(self, epoch: int, skip: int) -> None:
-        """Makes the next epoch's data be epoch ``epoch``'s, ``skip`` batches in."""
-        self._resume = (epoch, skip)
-
-    def batches(self, data_adapter: Any) -> Iterator[Any]:
-        """One epoch of batches from ``data_adapter``, placed on the replicas."""
-        resume, self._resume = self._resume, None
-        skip = resume[1] if resume else 0
-        shard = getattr(data_adapter, "py_dataset", None)
-        if isinstance(shard, ProcessShard):
-            if resume:
-                shard.start_epoch(resume[0])
-            for batch, replicated in itertools.islice(shard.local_batches(), skip, None):
-                yield self._place(batch, replicated)
-            return
-        yield from self._place_by_shape(itertools.islice(data_adapter.get_jax_iterator(), skip, None))
-
-    def _place(self, batch: Any, replicated: bool) -> Any:
-        if self.distribution is None:
-            # Uncommitted arrays on the default device, as Keras makes them: committing them
-            # would change jit's cache key between steps and recompile the step.
-            return jax.tree.map(jnp.asarray, batch)
-        sharding = self.distribution.placement(replicated)
-        return jax.tree.map(lambda a: jax.make_array_from_process_local_data(sharding, a), batch)
-
-    def _place_by_shape(self, batches: Iterator[Any]) -> Iterator[Any]:
-        if self.distribution is None:
-            yield from batches
-            return
-        distribution = self.distribution
-        layouts, shapes = None, None
-        for batch in batches:
-            key = tuple(tuple(leaf.shape) for leaf in jax.tree.leaves(batch))
-            if key != shapes:
-                layouts = keras.tree.map_structure(
-                    lambda d: None if d is None
-                    else distribution.get_data_layout(d.shape).backend_layout,
-                    batch,
-                )
-                shapes = key
-            yield jax_trainer._distribute_data(batch, layouts)
-
-
-class _Sessions(threading.local):
+class _Calls(threading.local):
     def __init__(self) -> None:
-        self.stack: list[DataSession] = []
+        self.stack: list[Call] = []
 
 
-_sessions = _Sessions()
+_calls = _Calls()
 
 
-def active() -> DataSession | None:
-    """The innermost running session of this thread, if any."""
-    return _sessions.stack[-1] if _sessions.stack else None
+def active() -> Call | None:
+    """The innermost running call of this thread, if any."""
+    return _calls.stack[-1] if _calls.stack else None
 
 
 @contextlib.contextmanager
-def running(session: DataSession) -> Iterator[DataSession]:
-    """Makes ``session`` active (and its placement current) for the block."""
-    _sessions.stack.append(session)
+def running(call: Call) -> Iterator[Call]:
+    """Makes ``call`` active, and its runner's placement current, for the block."""
+    _calls.stack.append(call)
     try:
-        with session.placement_scope():
-            yield session
+        with call.runner.placement_scope():
+            yield call
     finally:
-        _sessions.stack.pop()
+        _calls.stack.pop()
+
+
+def epoch_batches(data_adapter: Any, keras_iterator: Callable[[], Iterator[Any]]) -> Iterator[Any]:
+    """One pass of placed batches for Keras' epoch iterator over ``data_adapter``."""
+    call = active()
+    if call is None:
+        return keras_iterator()
+    feed = seam.adapter_dataset(data_adapter)
+    if isinstance(feed, GlobalFeed):
+        return Prefetcher(call.runner.batches(feed.local_batches()), feed.prefetch)
+    return call.runner.place_unconverted(data_adapter.get_jax_iterator())

@@ -4,7 +4,10 @@ The policy, like torchrun's elastic agent kept small: the group lives and dies t
 any worker exits non-zero or dies by a signal, the others are stopped (SIGTERM, a grace period,
 then SIGKILL, by process group) and the group is restarted as a whole up to ``max_restarts``
 times (fresh ports, ``STRATAX_RESTART_COUNT`` + 1). A wall-clock ``timeout`` and SIGINT/SIGTERM
-to the launcher stop the group the same way. Worker failures are *returned* in a
+to the launcher stop the group the same way: SIGTERM is forwarded and escalated to SIGKILL after
+``grace_period`` seconds, so a worker that ignores SIGTERM never keeps the launcher waiting. The
+summary names the worker where the failure began and quotes its traceback
+(docs/failures-and-signals.md). Worker failures are *returned* in a
 :class:`LaunchResult`; only problems that stop the launcher from starting workers raise.
 """
 
@@ -42,7 +45,8 @@ _POLL_SECONDS = 0.1
 
 @dataclasses.dataclass(frozen=True)
 class TaskFailure:
-    """The first worker that failed in one start of the group."""
+    """The worker where the failure of one start of the group began (see
+    ``WorkerGroup.root_cause``), with its output: the last lines and its last traceback."""
 
     name: str
     global_rank: int
@@ -51,6 +55,7 @@ class TaskFailure:
     returncode: int  # as subprocess reports it: negative = killed by that signal
     restart_count: int
     tail: tuple[str, ...]
+    traceback: tuple[str, ...] = ()  # the worker's last Python traceback, if it printed one
 
     @property
     def exit_code(self) -> Optional[int]:
@@ -231,7 +236,7 @@ class _Launcher:
                              f"{len(group.workers)} worker(s).")
             group.teardown(config.grace_period, self._force)
             if outcome == "failed" and failed is not None:
-                failures.append(_failure_of(failed, restart))
+                failures.append(_failure_of(group.root_cause() or failed, restart))
                 self._record_failure(failures[-1])
                 if restart < config.max_restarts and not self._stop.is_set():
                     self._notice(f"{failures[-1].describe()}; restarting the group "
@@ -366,6 +371,7 @@ def _failure_of(worker: Worker, restart: int) -> TaskFailure:
         local_rank=worker.spec.local_rank, pid=worker.pid,
         returncode=int(worker.returncode if worker.returncode is not None else -9),
         restart_count=restart, tail=tuple(worker.output.tail()),
+        traceback=tuple(worker.output.traceback()),
     )
 
 
@@ -374,7 +380,10 @@ def _failure_text(failure: TaskFailure, config: LaunchConfig, restarts: int) -> 
         f"{failure.describe()}, the first task to fail; the other workers were stopped"
         + (f" (gave up after {restarts} restart(s))." if config.max_restarts else "."),
     ]
-    if failure.tail:
+    if failure.traceback:
+        lines.append(f"{failure.name}'s last Python traceback:")
+        lines.extend(f"  [{failure.name}] {line}" for line in failure.traceback)
+    elif failure.tail:
         lines.append(f"Last {len(failure.tail)} line(s) of {failure.name}'s output:")
         lines.extend(f"  [{failure.name}] {line}" for line in failure.tail)
     else:

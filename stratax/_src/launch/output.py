@@ -2,8 +2,9 @@
 
 One reader thread per pipe writes ``[worker 1] <line>`` to the launcher's own stdout or stderr
 (like ``mpirun --tag-output`` and TF's ``multi_process_runner``), appends the raw line to the
-worker's log file when a log directory is given, and keeps the last lines for the failure
-summary.
+worker's log file when a log directory is given, and keeps what the failure summary quotes: the
+last lines, and the worker's last Python traceback with the time it began (the launcher orders
+failures by it, so a traceback printed before a peer's abort names the worker that raised).
 """
 
 from __future__ import annotations
@@ -11,9 +12,13 @@ from __future__ import annotations
 import collections
 import os
 import threading
+import time
 from typing import IO, Optional, TextIO
 
 TAIL_LINES = 20
+TRACEBACK_LINES = 40  # the last traceback is quoted in at most this many lines
+LINES_AFTER_EXCEPTION = 5  # lines kept after its exception line (chained messages, notes)
+TRACEBACK_HEADER = "Traceback (most recent call last):"
 
 
 class WorkerOutput:
@@ -39,6 +44,11 @@ class WorkerOutput:
         self._targets = {"stdout": stdout, "stderr": stderr}
         self._write_lock = write_lock
         self._tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+        self._traceback_head = ""
+        self._traceback: collections.deque[str] = collections.deque(maxlen=TRACEBACK_LINES - 1)
+        self._traceback_omitted = 0
+        self._after_exception: Optional[int] = None
+        self.traceback_at: Optional[float] = None  # time.monotonic() of the last header
         self._captured: Optional[list[str]] = [] if capture else None
         self._state_lock = threading.Lock()
         self._threads: list[threading.Thread] = []
@@ -85,6 +95,25 @@ class WorkerOutput:
         with self._state_lock:
             return list(self._tail)
 
+    def traceback(self) -> list[str]:
+        """The worker's last Python traceback: its header, its last lines (at most
+        ``TRACEBACK_LINES`` in all, a gap marked) and a few lines after the exception; ``[]`` if
+        the worker printed none."""
+        with self._state_lock:
+            if self.traceback_at is None:
+                return []
+            gap = ([f"  ... ({self._traceback_omitted} line(s) left out; see the full output)"]
+                   if self._traceback_omitted else [])
+            return [self._traceback_head, *gap, *self._traceback]
+
+    def ends_with_traceback(self) -> bool:
+        """True when the worker's output ends with a Python traceback (at most
+        ``LINES_AFTER_EXCEPTION`` lines after its exception): it stopped after an error, as in
+        JAX's shutdown barrier, rather than handling it and going on."""
+        with self._state_lock:
+            return (self.traceback_at is not None
+                    and (self._after_exception or 0) <= LINES_AFTER_EXCEPTION)
+
     def captured(self) -> Optional[list[str]]:
         """Every line printed so far when ``capture=True``, else ``None``."""
         with self._state_lock:
@@ -98,6 +127,7 @@ class WorkerOutput:
                 line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
                 with self._state_lock:
                     self._tail.append(line)
+                    self._keep_traceback(line)
                     if self._captured is not None:
                         self._captured.append(line)
                     if self._log is not None:
@@ -119,3 +149,28 @@ class WorkerOutput:
                 last = self._open_pipes == 0
             if last:
                 self.close()
+
+    def _keep_traceback(self, line: str) -> None:
+        """Called with the state lock held, for every line in arrival order.
+
+        Keeps the header of the last traceback, its last lines (the exception is at the end)
+        and a few lines after the exception line; what follows belongs to the tail.
+        """
+        if line.startswith(TRACEBACK_HEADER):
+            self.traceback_at = time.monotonic()
+            self._traceback_head = line
+            self._traceback.clear()
+            self._traceback_omitted = 0
+            self._after_exception = None
+            return
+        if self.traceback_at is None:
+            return
+        if self._after_exception is not None:
+            self._after_exception += 1
+            if self._after_exception > LINES_AFTER_EXCEPTION:
+                return
+        elif line and not line[0].isspace():
+            self._after_exception = 0  # the "SomeError: message" line ends the frames
+        if len(self._traceback) == self._traceback.maxlen:
+            self._traceback_omitted += 1
+        self._traceback.append(line)

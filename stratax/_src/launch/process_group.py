@@ -2,8 +2,10 @@
 
 Each worker runs in its own session (``start_new_session=True``), so it leads a process group
 that also holds whatever it spawns; teardown signals whole groups, grandchildren included.
-A waiter thread per worker records exits in the order they happen, which is what lets the
-launcher name the *first* failing task rather than one that died because a peer did.
+A waiter thread per worker records exits in the order they happen, and
+:meth:`WorkerGroup.root_cause` uses those times, and the time each worker began printing its
+last Python traceback, to name the task where a failure *started* rather than one that died
+because a peer did.
 """
 
 from __future__ import annotations
@@ -24,6 +26,10 @@ from stratax._src.launch.output import WorkerOutput
 
 logger = logging.getLogger(__name__)
 
+# How a worker ends when the teardown stops it: killed by SIGTERM or SIGKILL, or exiting with
+# 128 + SIGTERM from a handler.
+_TEARDOWN_STATUSES = (-signal.SIGTERM, -signal.SIGKILL, 128 + signal.SIGTERM)
+
 
 @dataclasses.dataclass
 class Worker:
@@ -34,6 +40,13 @@ class Worker:
     output: WorkerOutput
     exited: threading.Event = dataclasses.field(default_factory=threading.Event)
     returncode: Optional[int] = None
+    exited_at: Optional[float] = None  # time.monotonic() when the exit was seen
+
+    @property
+    def failed_at(self) -> float:
+        """When this worker first showed its failure: its last traceback began, or it exited."""
+        times = [t for t in (self.output.traceback_at, self.exited_at) if t is not None]
+        return min(times) if times else float("inf")
 
     @property
     def pid(self) -> int:
@@ -65,6 +78,7 @@ class WorkerGroup:
         self._exits: queue.Queue[Worker] = queue.Queue()
         self._waiters: list[threading.Thread] = []
         self._torn_down = False
+        self._signalled_at: Optional[float] = None  # when teardown first signalled the group
 
     @classmethod
     def start(
@@ -141,6 +155,7 @@ class WorkerGroup:
 
     def _wait(self, worker: Worker) -> None:
         worker.returncode = worker.process.wait()
+        worker.exited_at = time.monotonic()
         worker.exited.set()
         self._exits.put(worker)
 
@@ -150,6 +165,28 @@ class WorkerGroup:
             return self._exits.get(timeout=timeout)
         except queue.Empty:
             return None
+
+    def root_cause(self) -> Optional[Worker]:
+        """The worker where the failure started.
+
+        Candidates are the workers that failed on their own, plus those the teardown stopped
+        (SIGTERM or SIGKILL after it signalled them) whose output ends with a Python traceback:
+        they had failed and were stuck, e.g. in JAX's shutdown barrier. Other workers the
+        teardown stopped are victims, not causes. Of the candidates, the one whose failure
+        showed first wins: the earlier of the time it began printing its last traceback and the
+        time it exited. So a worker that printed a traceback is named before peers that aborted
+        (SIGABRT from JAX's coordination service) because it stopped answering.
+        """
+        failed = [w for w in self.workers if w.returncode not in (None, 0)]
+        candidates = [w for w in failed
+                      if not self._stopped_by_teardown(w) or w.output.ends_with_traceback()]
+        return min(candidates or failed, key=lambda w: w.failed_at) if failed else None
+
+    def _stopped_by_teardown(self, worker: Worker) -> bool:
+        signalled = self._signalled_at
+        return (signalled is not None and worker.exited_at is not None
+                and worker.exited_at >= signalled
+                and worker.returncode in _TEARDOWN_STATUSES)
 
     def all_exited(self) -> bool:
         """True once every worker has exited (whatever its status)."""
@@ -174,6 +211,7 @@ class WorkerGroup:
             return
         self._torn_down = True
         if not self.all_exited():
+            self._signalled_at = time.monotonic()
             self.signal_all(signal.SIGTERM)
         deadline = time.monotonic() + grace_period
         for worker in self.workers:

@@ -13,7 +13,6 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Optional
 
 from stratax._src.observe.run_dir import default_run_dir
 from stratax._src.observe.server import DashboardServer
@@ -38,7 +37,7 @@ def add_dashboard_arguments(parser: argparse.ArgumentParser) -> None:
                        help="dashboard port (default: a free one)")
 
 
-def run_dir_from_args(args: argparse.Namespace) -> Optional[Path]:
+def run_dir_from_args(args: argparse.Namespace) -> Path | None:
     """The run directory the flags ask for: ``--run-dir``, a new one with ``--dashboard``, or
     ``None`` when neither is given."""
     if args.run_dir:
@@ -47,7 +46,7 @@ def run_dir_from_args(args: argparse.Namespace) -> Optional[Path]:
 
 
 @contextlib.contextmanager
-def dashboard_from_args(args: argparse.Namespace, prog: str) -> Iterator[Optional[Path]]:
+def dashboard_from_args(args: argparse.Namespace, prog: str) -> Iterator[Path | None]:
     """Yields the run directory (created) and, with ``--dashboard``, serves it meanwhile.
 
     Prints the URL (and at the end how to view the saved run) on stderr, prefixed by ``prog``.
@@ -92,7 +91,7 @@ def add_dashboard_command(commands: argparse._SubParsersAction) -> None:  # type
     parser.set_defaults(handler=run_dashboard)
 
 
-def run_dashboard(args: argparse.Namespace, stop: Optional[threading.Event] = None) -> int:
+def run_dashboard(args: argparse.Namespace, stop: threading.Event | None = None) -> int:
     """Serves ``args.run_dir`` until Ctrl-C (or ``stop`` is set); returns the exit code."""
     run_dir = Path(args.run_dir)
     if not run_dir.is_dir():

@@ -12,7 +12,7 @@ import logging
 import statistics
 import threading
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from stratax._src.observe.run_dir import METRICS_DIR, PathLike, events_path
 
@@ -104,7 +104,7 @@ class RunReader:
                 "run_dir": str(self.run_dir)}
 
 
-def find_straggler(tasks: dict[str, dict[str, Any]]) -> Optional[str]:
+def find_straggler(tasks: dict[str, dict[str, Any]]) -> str | None:
     """The training task whose latest ``step_s`` is the largest, when it exceeds the median of
     all tasks' by ``STRAGGLER_FACTOR``; ``None`` with fewer than two tasks reporting steps."""
     times = {name: float(v["step_s"]) for name, v in tasks.items()

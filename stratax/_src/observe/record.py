@@ -26,7 +26,6 @@ import math
 import threading
 import time
 from pathlib import Path
-from typing import Optional
 
 from stratax._src.observe.run_dir import PathLike, metrics_path, resolve_run_dir, resolve_task_name
 
@@ -41,14 +40,14 @@ class MetricsWriter:
         >>> writer.write(step=10, loss=0.5, step_s=0.012)  # doctest: +SKIP
     """
 
-    def __init__(self, run_dir: PathLike, task: Optional[str] = None) -> None:
+    def __init__(self, run_dir: PathLike, task: str | None = None) -> None:
         self.task = resolve_task_name(task)
         self.path: Path = metrics_path(run_dir, self.task)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - kept open; close()
 
-    def write(self, step: Optional[int] = None, **scalars: float) -> None:
+    def write(self, step: int | None = None, **scalars: float) -> None:
         """Appends one record; values must be numbers (``None`` and non-finite become ``null``).
 
         Raises:
@@ -81,7 +80,7 @@ class MetricsWriter:
         self.close()
 
 
-def _number(name: str, value: object) -> Optional[float]:
+def _number(name: str, value: object) -> float | None:
     if value is None:
         return None
     if isinstance(value, int):  # bool included: stays an exact integer
@@ -99,8 +98,8 @@ _writers: dict[tuple[Path, str], MetricsWriter] = {}
 _writers_lock = threading.Lock()
 
 
-def writer_for(run_dir: Optional[PathLike] = None,
-               task: Optional[str] = None) -> Optional[MetricsWriter]:
+def writer_for(run_dir: PathLike | None = None,
+               task: str | None = None) -> MetricsWriter | None:
     """The shared writer of this process for ``run_dir``/``task`` (resolved), or ``None``.
 
     ``None`` when no run directory is given and ``STRATAX_RUN_DIR`` is unset.
@@ -117,8 +116,8 @@ def writer_for(run_dir: Optional[PathLike] = None,
         return writer
 
 
-def record(step: Optional[int] = None, *, run_dir: Optional[PathLike] = None,
-           task: Optional[str] = None, **scalars: float) -> bool:
+def record(step: int | None = None, *, run_dir: PathLike | None = None,
+           task: str | None = None, **scalars: float) -> bool:
     """Reports scalars of this process at ``step`` to the run directory.
 
     Args:

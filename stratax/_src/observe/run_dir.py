@@ -12,7 +12,6 @@ import os
 import re
 import time
 from pathlib import Path
-from typing import Optional
 
 from stratax._src.core import env as env_names
 
@@ -23,7 +22,7 @@ _TASK_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 PathLike = str | os.PathLike
 
 
-def resolve_run_dir(run_dir: Optional[PathLike] = None) -> Optional[Path]:
+def resolve_run_dir(run_dir: PathLike | None = None) -> Path | None:
     """The run directory: ``run_dir`` if given, else ``$STRATAX_RUN_DIR``, else ``None``."""
     if run_dir is not None:
         return Path(run_dir)
@@ -45,7 +44,7 @@ def check_task_name(task: str) -> str:
     return task
 
 
-def resolve_task_name(task: Optional[str] = None) -> str:
+def resolve_task_name(task: str | None = None) -> str:
     """This process's task name: ``task``, ``$STRATAX_TASK_NAME``, the launcher's rank, TF_CONFIG.
 
     ``stratax launch`` children are ``worker_<global rank>``; a process with a ``TF_CONFIG``

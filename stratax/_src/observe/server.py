@@ -19,7 +19,6 @@ import threading
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Optional
 from urllib.parse import parse_qs, quote, urlsplit
 
 from stratax._src.core import env as env_names
@@ -62,7 +61,7 @@ class DashboardServer:
     """
 
     def __init__(self, run_dir: PathLike, *, host: str = "127.0.0.1", port: int = 0,
-                 token: Optional[str] = None) -> None:
+                 token: str | None = None) -> None:
         if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
             raise ValueError(f"port must be an int in 0..65535 (0 = any free port), got {port!r}.")
         if token is None and not is_loopback(host):
@@ -103,7 +102,7 @@ class DashboardServer:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def authorized(self, query_token: Optional[str], header: Optional[str]) -> bool:
+    def authorized(self, query_token: str | None, header: str | None) -> bool:
         """Whether a request carries the token (always true without one)."""
         if self.token is None:
             return True
@@ -115,7 +114,7 @@ class _Handler(BaseHTTPRequestHandler):
     dashboard: DashboardServer
     server_version = "stratax-dashboard"
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+    def do_GET(self) -> None:
         parts = urlsplit(self.path)
         query = parse_qs(parts.query)
         path = parts.path
@@ -152,12 +151,12 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - base signature
+    def log_message(self, format: str, *args: object) -> None:
         logger.debug("dashboard %s: " + format, self.address_string(), *args)
 
 
 def serve_dashboard(run_dir: PathLike, *, host: str = "127.0.0.1", port: int = 0,
-                    token: Optional[str] = None) -> DashboardServer:
+                    token: str | None = None) -> DashboardServer:
     """Starts serving the dashboard of ``run_dir`` in a background thread; returns the server.
 
     Works on a live run (the page updates every second) and on a finished one. See

@@ -21,12 +21,12 @@ do nothing. Install the writer with ``pip install "stratax[tensorboard]"``.
 from __future__ import annotations
 
 import time
-from typing import Any, Optional
+from typing import Any
 
 import keras
 import numpy as np
 
-from stratax._src.keras.bridge import model_strategy
+from stratax._src.keras.binding import model_strategy
 
 
 def _summary_writer_class() -> Any:
@@ -130,22 +130,22 @@ class TensorBoard(keras.callbacks.Callback):
         self._writers = {}
 
     # ----------------------------------------------------------------- keras hooks
-    def on_train_begin(self, logs: Optional[dict[str, Any]] = None) -> None:
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         self._global_train_batch = 0
 
-    def on_train_end(self, logs: Optional[dict[str, Any]] = None) -> None:
+    def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
         self._close_writers()
 
-    def on_epoch_begin(self, epoch: int, logs: Optional[dict[str, Any]] = None) -> None:
+    def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self._epoch_start = time.time()
         self._epoch_iterations = self._iterations()
 
-    def on_train_batch_begin(self, batch: int, logs: Optional[dict[str, Any]] = None) -> None:
+    def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         self._global_train_batch += 1
         if self.write_steps_per_second:
             self._batch_start = time.time()
 
-    def on_train_batch_end(self, batch: int, logs: Optional[dict[str, Any]] = None) -> None:
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         if self.update_freq == "epoch":
             return
         step = self._global_train_batch
@@ -155,11 +155,11 @@ class TensorBoard(keras.callbacks.Callback):
         if step % self.update_freq == 0:
             self._scalars("train", scalars, "batch_{}", step)
 
-    def on_test_end(self, logs: Optional[dict[str, Any]] = None) -> None:
+    def on_test_end(self, logs: dict[str, Any] | None = None) -> None:
         if getattr(self.model, "optimizer", None) is not None and logs:
             self._scalars("validation", logs, "evaluation_{}_vs_iterations", self._iterations())
 
-    def on_epoch_end(self, epoch: int, logs: Optional[dict[str, Any]] = None) -> None:
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         logs = logs or {}
         train = {k: v for k, v in logs.items() if not k.startswith("val_")}
         val = {k[4:]: v for k, v in logs.items() if k.startswith("val_")}

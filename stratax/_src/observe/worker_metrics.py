@@ -27,7 +27,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, Optional, cast
+from typing import Any, cast
 
 import jax
 import keras
@@ -35,7 +35,7 @@ import numpy as np
 
 from stratax._src.core.context import get_replica_context
 from stratax._src.core.reduce_op import ReduceOp
-from stratax._src.keras.bridge import model_strategy
+from stratax._src.keras.binding import model_strategy
 from stratax._src.observe.record import MetricsWriter, writer_for
 from stratax._src.observe.run_dir import PathLike
 
@@ -97,7 +97,7 @@ class WorkerMetrics(keras.callbacks.Callback):
         ...           callbacks=[sx.callbacks.WorkerMetrics("runs/exp1")])  # doctest: +SKIP
     """
 
-    def __init__(self, run_dir: Optional[PathLike] = None, *, task: Optional[str] = None,
+    def __init__(self, run_dir: PathLike | None = None, *, task: str | None = None,
                  every_seconds: float = 1.0, probe_repeats: int = 5) -> None:
         super().__init__()
         if not isinstance(every_seconds, (int, float)) or not every_seconds > 0:
@@ -115,9 +115,9 @@ class WorkerMetrics(keras.callbacks.Callback):
         self.writer: MetricsWriter = writer
         self.every_seconds = float(every_seconds)
         self.probe_repeats = probe_repeats
-        self.collective_s: Optional[float] = None
+        self.collective_s: float | None = None
         self._window = _Window()
-        self._original: Optional[Callable[..., Any]] = None
+        self._original: Callable[..., Any] | None = None
         self._step = 0
         self._epoch = 0
         self._processes = 1
@@ -126,7 +126,7 @@ class WorkerMetrics(keras.callbacks.Callback):
         self._rows_by_shape: dict[tuple[type, tuple[int, ...]], float] = {}
 
     # ------------------------------------------------------------------ keras hooks
-    def on_train_begin(self, logs: Optional[dict[str, Any]] = None) -> None:
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         strategy = model_strategy(self.model)
         self._processes = strategy.num_processes if strategy is not None else 1
         self._rows_by_shape.clear()
@@ -139,20 +139,20 @@ class WorkerMetrics(keras.callbacks.Callback):
         self._last_logs = None
         self._window.reset(time.perf_counter())
 
-    def on_train_end(self, logs: Optional[dict[str, Any]] = None) -> None:
+    def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
         if self._original is not None:
             self.model.train_function = self._original
             self._original = None
 
-    def on_epoch_begin(self, epoch: int, logs: Optional[dict[str, Any]] = None) -> None:
+    def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self._epoch = epoch
         self._window.reset(time.perf_counter())  # time between epochs is no step's
 
-    def on_test_begin(self, logs: Optional[dict[str, Any]] = None) -> None:
+    def on_test_begin(self, logs: dict[str, Any] | None = None) -> None:
         if self._original is not None:  # validation inside fit: the epoch's steps end here
             self._close_window()
 
-    def on_epoch_end(self, epoch: int, logs: Optional[dict[str, Any]] = None) -> None:
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self._close_window()
         scalars = {k: v for k, v in (logs or {}).items() if isinstance(v, (int, float))}
         self.writer.write(self._step, epoch=epoch, epoch_end=1, **scalars)
@@ -219,7 +219,7 @@ def _trainable_size(model: Any) -> int:
     return int(sum(int(np.prod(v.shape)) for v in model.trainable_variables))
 
 
-def probe_all_reduce(strategy: Any, num_floats: int, repeats: int) -> Optional[float]:
+def probe_all_reduce(strategy: Any, num_floats: int, repeats: int) -> float | None:
     """Median seconds of ``repeats`` all-reduces (SUM) of ``num_floats`` float32 over ``strategy``.
 
     Every process of the strategy must call it at the same point (it is a collective). Returns

@@ -7,75 +7,22 @@ the index among this process's devices of that platform, as in TensorFlow.
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Sequence
-from typing import Union
 
 import jax
-from jax._src import xla_bridge
 
-from stratax._src.core import env
+from stratax._src import seam
 
-DeviceLike = Union[str, jax.Device]
+DeviceLike = str | jax.Device
 
 _DEVICE_RE = re.compile(r"(?:^|/)(?:device:)?(?P<kind>[A-Za-z]+):(?P<index>\d+)$")
 _PLATFORM_ALIASES = {"cpu": "cpu", "gpu": "gpu", "cuda": "gpu", "rocm": "gpu", "tpu": "tpu"}
-_FORCE_FLAG = "--xla_force_host_platform_device_count"
 
 
 def jax_started() -> bool:
     """True once JAX has initialised its backends (device counts are then fixed)."""
-    return bool(xla_bridge.backends_are_initialized())
-
-
-def set_cpu_device_count(count: int) -> None:
-    """Splits the host CPU into ``count`` JAX devices, so ``MirroredStrategy`` gets ``count`` replicas.
-
-    Must run before JAX starts (before the first computation or device query). The environment
-    equivalent is ``STRATAX_CPU_DEVICES=count`` (read on ``import stratax``) or
-    ``XLA_FLAGS=--xla_force_host_platform_device_count=count``.
-
-    Example:
-        >>> import stratax as sx
-        >>> sx.set_cpu_device_count(4)           # doctest: +SKIP
-        >>> sx.MirroredStrategy().num_replicas_in_sync   # doctest: +SKIP
-        4
-
-    Raises:
-        ValueError: ``count`` is not a positive integer.
-        RuntimeError: JAX already started with a different number of CPU devices.
-    """
-    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-        raise ValueError(f"CPU device count must be a positive integer; received {count!r}.")
-    if jax_started():
-        have = len(jax.local_devices(backend="cpu"))
-        if have == count:
-            return
-        raise RuntimeError(
-            f"JAX has already started with {have} CPU device(s), so it cannot be split into "
-            f"{count}. Call `sx.set_cpu_device_count({count})` at the top of the program, before "
-            f"any JAX computation, or set `{env.STRATAX_CPU_DEVICES}={count}` in the environment."
-        )
-    if _FORCE_FLAG in os.environ.get(env.XLA_FLAGS, ""):
-        flags = [f for f in os.environ[env.XLA_FLAGS].split() if not f.startswith(_FORCE_FLAG)]
-        os.environ[env.XLA_FLAGS] = " ".join(flags + [f"{_FORCE_FLAG}={count}"])
-    jax.config.update("jax_num_cpu_devices", count)
-
-
-def apply_cpu_device_env() -> None:
-    """Applies ``STRATAX_CPU_DEVICES`` from the environment, if set (called on ``import stratax``)."""
-    raw = os.environ.get(env.STRATAX_CPU_DEVICES, "").strip()
-    if not raw:
-        return
-    try:
-        count = int(raw)
-    except ValueError:
-        raise ValueError(
-            f"{env.STRATAX_CPU_DEVICES}={raw!r} is not an integer; set it to the number of CPU "
-            f"replicas wanted, e.g. {env.STRATAX_CPU_DEVICES}=2."
-        ) from None
-    set_cpu_device_count(count)
+    return seam.jax_backends_initialized()
 
 
 def default_devices() -> list[jax.Device]:

@@ -10,6 +10,8 @@ users expect around it:
 - a worker first checks that the coordinator answers, and fails with an error naming it
   instead of aborting inside XLA;
 - every wait is bounded by ``timeout_seconds`` (start-up, heartbeats, shutdown);
+- an uncaught exception ends the worker at once instead of in JAX's shutdown barrier, and
+  SIGTERM ends it unless a preemption-aware callback is training (``worker_exit``);
 - a failed collective is reported as ``WorkerUnavailableError`` naming the processes that
   stopped answering.
 """
@@ -27,8 +29,10 @@ from typing import TypeVar
 
 import jax
 
+from stratax._src import seam
 from stratax._src.cluster.layout import ProcessLayout
 from stratax._src.core.errors import CollectiveTimeoutError, WorkerUnavailableError
+from stratax._src.runtime import worker_exit
 from stratax._src.runtime.devices import jax_started
 
 logger = logging.getLogger(__name__)
@@ -134,15 +138,16 @@ def initialize(layout: ProcessLayout, *, timeout_seconds: float, task_names: dic
     watchdog.daemon = True
     watchdog.start()
     try:
-        jax.distributed.initialize(
-            coordinator_address=address,
-            num_processes=layout.num_processes,
-            process_id=layout.process_id,
-            coordinator_bind_address=bind,
-            initialization_timeout=timeout,
-            heartbeat_timeout_seconds=timeout,
-            shutdown_timeout_seconds=timeout,
-        )
+        with worker_exit.joining(task_name(layout.process_id)):
+            jax.distributed.initialize(
+                coordinator_address=address,
+                num_processes=layout.num_processes,
+                process_id=layout.process_id,
+                coordinator_bind_address=bind,
+                initialization_timeout=timeout,
+                heartbeat_timeout_seconds=timeout,
+                shutdown_timeout_seconds=timeout,
+            )
     finally:
         watchdog.cancel()
     runtime.layout = layout
@@ -162,9 +167,7 @@ def _report_join_timeout(layout: ProcessLayout, timeout: int) -> None:
 
 def dead_processes() -> list[int]:
     """Processes the coordination service no longer sees (empty when unknown or all alive)."""
-    from jax._src import distributed as jax_distributed  # the client has no public accessor
-
-    client = jax_distributed.global_state.client
+    client = seam.distributed_client()
     layout = runtime.layout
     if client is None or layout is None:
         return []

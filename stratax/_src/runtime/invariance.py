@@ -10,6 +10,12 @@ as in TensorFlow) and this module reads the traced jaxpr instead, with a sound r
 varies across replicas if it depends on a per-replica input or on the replica index, unless a
 collective over the replica axis made it uniform again. Anything the rule cannot see through is
 treated as varying, which is always safe (``PerReplica`` instead of mirrored).
+
+Constants are the same on every replica: literals, and the values a replica function closes
+over (an array, a Keras model's weights). The analysis is given the whole traced program
+(``jit(shard_map(body))``), in which closed-over values are the program's constants; they reach
+the ``shard_map`` body as extra operands (lifted by ``shard_map``), and the flags follow them in
+like any other operand. Analysing the body alone would miss those operands.
 """
 
 from __future__ import annotations
@@ -31,8 +37,10 @@ def varying_outputs(jaxpr: Any, varying_inputs: Sequence[bool], axis: str) -> li
     """For each output of ``jaxpr`` (a ``Jaxpr`` or ``ClosedJaxpr``), whether it varies over ``axis``.
 
     Args:
-        jaxpr: the per-replica body, as traced inside ``shard_map``.
-        varying_inputs: one flag per input variable: True for per-replica inputs.
+        jaxpr: the traced program (constants included), e.g. ``jit(shard_map(body))``'s, or a
+            per-replica body.
+        varying_inputs: one flag per input variable (not per constant): True for per-replica
+            inputs.
         axis: the mesh axis name of the replicas.
     """
     inner = getattr(jaxpr, "jaxpr", jaxpr)

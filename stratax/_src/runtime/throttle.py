@@ -1,9 +1,9 @@
 """A bound on how many compiled steps the host dispatches ahead of the devices.
 
 XLA's in-process CPU collectives deadlock when the host queues many multi-device steps ahead
-(``rendezvous.cc: Termination timeout for all reduce ... Expected 2 threads to join``; see
-FINDINGS.md). The aborting thread's stack shows why: the all-reduce thunk of one device runs as
-a continuation *on a worker of the Eigen intra-op thread pool* (after a parallel matmul
+(``rendezvous.cc: Termination timeout for all reduce ... Expected 2 threads to join``;
+reproduced by ``tests/runtime/test_cpu_collective_hazard.py``). The aborting thread's stack
+shows why: the all-reduce thunk of one device runs as a continuation *on a worker of the Eigen intra-op thread pool* (after a parallel matmul
 finished) and blocks there in the rendezvous, waiting for the other device's participant. That
 pool is shared by all CPU devices and has one thread per core; with many steps in flight, every
 pool thread can end up blocked in a rendezvous while the other device's compute, which it needs

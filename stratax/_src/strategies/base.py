@@ -2,14 +2,15 @@
 
 A strategy owns a ``jax.sharding.Mesh`` with one axis, ``"replica"``, over its devices.
 ``run(fn, args)`` executes ``fn`` once per replica as SPMD (``jax.shard_map`` over that axis,
-compiled once per argument structure and shapes); values move between the per-replica and the
-cross-replica world as ``PerReplica`` (one value per replica) and replicated ``jax.Array``s.
+traced and compiled once per argument structure and shapes by ``run_compiler``); values move
+between the per-replica and the cross-replica world as ``PerReplica`` (one value per replica) and
+replicated ``jax.Array``s.
 """
 
 from __future__ import annotations
 
-import collections
 import contextlib
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -25,15 +26,13 @@ from stratax._src.data.distributed_dataset import (
     DistributedDataset,
     DistributedDatasetsFromFunction,
 )
+from stratax._src.data.global_batch import check_same_shapes
 from stratax._src.data.input_context import InputContext, InputOptions, ValueContext
 from stratax._src.data.values import Mirrored, PerReplica, is_distributed_leaf
 from stratax._src.runtime import throttle
 from stratax._src.runtime.devices import local_replica_ids, process_rank
-from stratax._src.runtime.invariance import varying_outputs
 from stratax._src.strategies.replica_context import REPLICA_AXIS, ReplicaContext
-
-_RUN_CACHE_SIZE = 64
-_PER_REPLICA, _REPLICATED, _STATIC = "per_replica", "replicated", "static"
+from stratax._src.strategies.run_compiler import RunCompiler
 
 
 class Strategy:
@@ -49,6 +48,8 @@ class Strategy:
         >>> model.fit(x, y, batch_size=256)     # 256 = global batch
     """
 
+    is_default = False  # True only for the strategy current outside any scope
+
     def __init__(self, devices: Sequence[jax.Device]) -> None:
         self._devices = list(devices)
         self._local_ids = local_replica_ids(self._devices)
@@ -56,7 +57,12 @@ class Strategy:
         self._mesh = Mesh(np.array(self._devices, dtype=object), (REPLICA_AXIS,))
         self._replicated = NamedSharding(self._mesh, P())
         self._stacked = NamedSharding(self._mesh, P(REPLICA_AXIS))
-        self._run_cache: collections.OrderedDict[Any, Any] = collections.OrderedDict()
+        self._runner = RunCompiler(self, self._mesh, self._to_global)
+        # Cross-replica results are replicated, so every process can read them.
+        replicated = functools.partial(jax.jit, out_shardings=self._replicated)
+        self._concat_real_rows = replicated(_concat_real_rows, static_argnums=1)
+        self._reduce_stacked = replicated(_reduce_stacked, static_argnums=(1, 2))
+        self._gather_stacked = replicated(_gather_stacked, static_argnums=1)
         window = throttle.cpu_window_from_env() if throttle.needs_bound(self._devices) else 0
         self._window = throttle.DispatchWindow(window)
 
@@ -133,8 +139,10 @@ class Strategy:
         ``PerReplica`` arguments give each replica its own component; arrays and ``Mirrored``
         values are passed whole to every replica; other Python values are constants of the
         compiled step (a change recompiles, like a Python value in a ``tf.function``).
-        Results that every replica computed identically (e.g. after ``all_reduce``) come back as
-        replicated ``jax.Array``s; the others as ``PerReplica``.
+        ``fn`` is traced once per argument structure (see ``run_compiler``); values it closes
+        over are the same on every replica and are captured when that structure is first
+        compiled. Results that every replica computed identically (e.g. after ``all_reduce``)
+        come back as replicated ``jax.Array``s; the others as ``PerReplica``.
 
         Raises:
             RuntimeError: called inside another ``run``.
@@ -146,101 +154,27 @@ class Strategy:
                 "`strategy.run` was called inside a replica function; call it once, from the "
                 "cross-replica context, and use `sx.get_replica_context()` inside."
             )
-        kwargs = dict(kwargs or {})
-        leaves, treedef = jax.tree.flatten((tuple(args), kwargs), is_leaf=is_distributed_leaf)
-        kinds, dynamic, statics = self._classify(leaves)
-        key = (fn, treedef, tuple(kinds), _static_key(statics),
-               tuple((x.shape, str(x.dtype)) for x in dynamic))
-        compiled = self._run_cache.get(key)
-        if compiled is None:
-            compiled = self._compile_run(fn, treedef, kinds, leaves, dynamic)
-            self._run_cache[key] = compiled
-            if len(self._run_cache) > _RUN_CACHE_SIZE:
-                self._run_cache.popitem(last=False)
-        else:
-            self._run_cache.move_to_end(key)
-        call, out_tree, out_varying = compiled
-        placed = [
-            jax.device_put(x, self._stacked if k == _PER_REPLICA else self._replicated)
-            for x, k in zip(dynamic, (k for k in kinds if k != _STATIC), strict=True)
-        ]
-        flat = call(*placed)
-        self._window.admit(flat)
-        wrapped = [PerReplica(x) if v else x for x, v in zip(flat, out_varying, strict=True)]
-        return jax.tree.unflatten(out_tree, wrapped)
+        out = self._runner.run(fn, tuple(args), dict(kwargs or {}))
+        self._window.admit(out)
+        return out
 
-    def _classify(self, leaves: list[Any]) -> tuple[list[str], list[Any], list[Any]]:
-        kinds, dynamic, statics = [], [], []
-        for leaf in leaves:
-            if isinstance(leaf, PerReplica):
-                if leaf.num_replicas != self.num_replicas_in_sync:
-                    raise ValueError(
-                        f"A PerReplica argument has {leaf.num_replicas} components but "
-                        f"{self!r} has {self.num_replicas_in_sync} replicas; distribute the "
-                        "value with this strategy."
-                    )
-                kinds.append(_PER_REPLICA)
-                dynamic.append(leaf.stacked)
-            elif isinstance(leaf, Mirrored):
-                kinds.append(_REPLICATED)
-                dynamic.append(jnp.asarray(leaf.value))
-            elif isinstance(leaf, (jax.Array, np.ndarray, np.generic)):
-                kinds.append(_REPLICATED)
-                dynamic.append(leaf)
-            else:
-                kinds.append(_STATIC)
-                statics.append(leaf)
-        return kinds, dynamic, statics
+    def _to_global(self, stacked: Any) -> jax.Array:
+        """A ``PerReplica``'s stacked value as a global array sharded over the replicas.
 
-    def _compile_run(
-        self,
-        fn: Callable[..., Any],
-        treedef: Any,
-        kinds: list[str],
-        leaves: list[Any],
-        dynamic: list[Any],
-    ) -> tuple[Callable[..., Any], Any, list[bool]]:
-        out_tree_box: list[Any] = []
-
-        def body(expand_flags: list[bool] | None, *local: Any) -> list[Any]:
-            it = iter(local)
-            rebuilt = []
-            for kind, leaf in zip(kinds, leaves, strict=True):
-                if kind == _PER_REPLICA:
-                    rebuilt.append(next(it)[0])
-                elif kind == _REPLICATED:
-                    rebuilt.append(next(it))
-                else:
-                    rebuilt.append(leaf)
-            args, kwargs = jax.tree.unflatten(treedef, rebuilt)
-            with context.replica_context_scope(ReplicaContext(self, traced=True)):
-                out = fn(*args, **kwargs)
-            flat, out_tree = jax.tree.flatten(out)
-            out_tree_box[:] = [out_tree]
-            flat = [jnp.asarray(x) for x in flat]
-            if expand_flags is None:
-                return [x[None] for x in flat]
-            return [x[None] if e else x for x, e in zip(flat, expand_flags, strict=True)]
-
-        in_specs = tuple(P(REPLICA_AXIS) if k == _PER_REPLICA else P() for k in kinds if k != _STATIC)
-        probe = jax.shard_map(
-            lambda *a: body(None, *a), mesh=self._mesh, in_specs=in_specs,
-            out_specs=P(REPLICA_AXIS), check_vma=False,
-        )
-        abstract = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in dynamic]
-        traced = jax.make_jaxpr(probe)(*abstract)
-        if self.num_replicas_in_sync == 1:
-            out_varying = [False] * len(traced.jaxpr.outvars)
-        else:
-            inner = _shard_map_body(traced)
-            in_flags = [k == _PER_REPLICA for k in kinds if k != _STATIC]
-            out_varying = varying_outputs(inner, in_flags, REPLICA_AXIS)
-        out_specs = [P(REPLICA_AXIS) if v else P() for v in out_varying]
-        mapped = jax.shard_map(
-            lambda *a: body(out_varying, *a), mesh=self._mesh, in_specs=in_specs,
-            out_specs=out_specs, check_vma=False,
-        )
-        return jax.jit(mapped), out_tree_box[0], out_varying
+        Host blocks (``InputOptions(experimental_fetch_to_device=False)``) hold this process's
+        replicas only and are placed here.
+        """
+        if isinstance(stacked, jax.Array):
+            return jax.device_put(stacked, self._stacked)
+        block = np.asarray(stacked)
+        local = len(self._local_ids)
+        if block.ndim == 0 or block.shape[0] != local:
+            raise ValueError(
+                f"A host PerReplica value has leading size {block.shape[:1]}, but this process "
+                f"runs {local} replica(s) of {self!r}; distribute it with this strategy."
+            )
+        shape = (self.num_replicas_in_sync, *block.shape[1:])
+        return jax.make_array_from_process_local_data(self._stacked, block, shape)
 
     # ----------------------------------------------------------------- reductions
     def reduce(self, reduce_op: ReduceOp | str, value: Any, axis: int | None = None) -> Any:
@@ -250,36 +184,68 @@ class Strategy:
         of each component, e.g. ``reduce(MEAN, per_example_losses, axis=0)`` is the mean over
         the whole global batch. A value that is the same on every replica counts once per
         replica, as TensorFlow's mirrored values do (``SUM`` multiplies it by the replica count).
+        The padding rows of an uneven batch are left out (``axis=0`` reduces the real rows).
+
+        Raises:
+            ValueError: the components have different shapes (an uneven batch reduced with
+                ``axis=None`` or along another axis than 0); the message names each replica's.
         """
         op = ReduceOp.from_string(reduce_op)
 
         def one(leaf: Any) -> Any:
+            if isinstance(leaf, PerReplica) and leaf.is_padded:
+                self._require_row_axis(leaf, axis, "reduce")
+                return self._reduce_stacked(self._real_rows(leaf)[None], op, (0, 1))
             stacked = self._stacked_components(leaf)
             axes = (0,) if axis is None else (0, _normalize_axis(axis, stacked.ndim - 1) + 1)
-            return _REDUCERS[op](stacked, axis=axes)
+            return self._reduce_stacked(stacked, op, axes)
 
         return jax.tree.map(one, value, is_leaf=is_distributed_leaf)
 
     def _stacked_components(self, leaf: Any) -> Any:
         """A leaf as ``(num_replicas, ...)``: a replicated value counts once per replica."""
         if isinstance(leaf, PerReplica):
-            return leaf.stacked
+            return self._to_global(leaf.stacked)
         base = leaf.value if isinstance(leaf, Mirrored) else jnp.asarray(leaf)
         return jnp.broadcast_to(base, (self.num_replicas_in_sync, *base.shape))
 
+    def _real_rows(self, leaf: PerReplica) -> jax.Array:
+        """The real rows of a padded ``PerReplica``, concatenated in replica order (replicated)."""
+        return self._concat_real_rows(self._to_global(leaf.stacked), leaf.valid_rows)
+
+    def _require_row_axis(self, leaf: PerReplica, axis: int | None, what: str) -> None:
+        """Components of an uneven batch differ along axis 0: only axis 0 can combine them."""
+        component_ndim = leaf.stacked.ndim - 1
+        if axis is not None and _normalize_axis(axis, component_ndim) == 0:
+            return
+        rest = tuple(leaf.stacked.shape[2:])
+        check_same_shapes(
+            [(rows, *rest) for rows in leaf.valid_rows or ()],
+            what=f"the components passed to `{what}(..., axis={axis})` (an uneven batch)",
+        )
+
     def gather(self, value: Any, axis: int) -> Any:
-        """Concatenates every replica's component of ``value`` along ``axis``, in replica order."""
+        """Concatenates every replica's component of ``value`` along ``axis``, in replica order.
+
+        The padding rows of an uneven batch are left out: ``gather(batch, axis=0)`` gives the
+        real rows of the global batch, in order.
+
+        Raises:
+            ValueError: scalar components, ``axis`` out of range, or components of different
+                shapes along another axis than the one gathered.
+        """
 
         def one(leaf: Any) -> Any:
+            if isinstance(leaf, PerReplica) and leaf.is_padded and leaf.stacked.ndim >= 2:
+                self._require_row_axis(leaf, axis, "gather")
+                return self._real_rows(leaf)
             stacked = self._stacked_components(leaf)
             if stacked.ndim < 2:
                 raise ValueError(
                     "gather needs components with at least one dimension; received scalars. "
                     "Use `strategy.experimental_local_results(value)` or reshape to (1,)."
                 )
-            k = _normalize_axis(axis, stacked.ndim - 1)
-            moved = jnp.moveaxis(stacked, 0, k)
-            return moved.reshape(*moved.shape[:k], -1, *moved.shape[k + 2 :])
+            return self._gather_stacked(stacked, _normalize_axis(axis, stacked.ndim - 1))
 
         return jax.tree.map(one, value, is_leaf=is_distributed_leaf)
 
@@ -287,14 +253,22 @@ class Strategy:
         """The components of ``value`` on this process's replicas, as a tuple (one per replica).
 
         A replicated value gives one identical entry per local replica; a pytree gives a tuple
-        of pytrees.
+        of pytrees. Components of an uneven batch show only their real rows.
         """
         local = self._local_ids
 
         def components(leaf: Any) -> list[Any]:
             if isinstance(leaf, PerReplica):
-                shards = sorted(leaf.stacked.addressable_shards, key=lambda s: s.index[0].start or 0)
-                return [shard.data[0] for shard in shards]
+                if isinstance(leaf.stacked, jax.Array):
+                    shards = sorted(leaf.stacked.addressable_shards,
+                                    key=lambda s: s.index[0].start or 0)
+                    parts = [shard.data[0] for shard in shards]
+                else:
+                    parts = list(np.asarray(leaf.stacked))
+                rows = leaf.valid_rows
+                if rows is None:
+                    return parts
+                return [part[: rows[replica]] for part, replica in zip(parts, local, strict=True)]
             base = leaf.value if isinstance(leaf, Mirrored) else leaf
             return [base] * len(local)
 
@@ -325,7 +299,10 @@ class Strategy:
         values = [value_fn(ValueContext(i, n)) for i in self._local_ids]
 
         def stack(*components: Any) -> PerReplica:
-            block = np.stack([np.asarray(c) for c in components])
+            arrays = [np.asarray(c) for c in components]
+            check_same_shapes([a.shape for a in arrays],
+                              what="the values `value_fn` returned for the replicas")
+            block = np.stack(arrays)
             return PerReplica(
                 jax.make_array_from_process_local_data(self._stacked, block, (n, *block.shape[1:]))
             )
@@ -346,19 +323,16 @@ def _normalize_axis(axis: int, ndim: int) -> int:
     return axis % ndim
 
 
-def _shard_map_body(closed: Any) -> Any:
-    for eqn in closed.jaxpr.eqns:
-        if eqn.primitive.name == "shard_map":
-            return eqn.params["jaxpr"]
-    raise RuntimeError("internal: the replica function did not trace to a shard_map.")
+def _reduce_stacked(stacked: jax.Array, op: ReduceOp, axes: tuple[int, ...]) -> jax.Array:
+    return _REDUCERS[op](stacked, axis=axes)
 
 
-def _static_key(statics: list[Any]) -> tuple[Any, ...]:
-    key = []
-    for value in statics:
-        try:
-            hash(value)
-            key.append((type(value), value))
-        except TypeError:
-            key.append((type(value), id(value)))
-    return tuple(key)
+def _gather_stacked(stacked: jax.Array, axis: int) -> jax.Array:
+    """``(replicas, ...)`` components concatenated along component axis ``axis``."""
+    moved = jnp.moveaxis(stacked, 0, axis)
+    return moved.reshape(*moved.shape[:axis], -1, *moved.shape[axis + 2 :])
+
+
+def _concat_real_rows(stacked: jax.Array, valid_rows: tuple[int, ...]) -> jax.Array:
+    """Replica ``i``'s first ``valid_rows[i]`` rows, concatenated in replica order."""
+    return jnp.concatenate([stacked[i, :rows] for i, rows in enumerate(valid_rows)])

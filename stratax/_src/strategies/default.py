@@ -19,6 +19,8 @@ class DefaultStrategy(Strategy):
     API unconditionally.
     """
 
+    is_default = True
+
     def __init__(self) -> None:
         super().__init__([jax.local_devices()[0]])
 
@@ -38,9 +40,3 @@ class DefaultStrategy(Strategy):
         with context.replica_context_scope(self.default_replica_context()):
             return fn(*args, **(kwargs or {}))
 
-
-def _make_default() -> DefaultStrategy:
-    return DefaultStrategy()
-
-
-context.set_default_strategy_factory(_make_default)

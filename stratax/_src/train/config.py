@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
+from stratax._src.data import global_batch
+
 # Model names of ``--model``; ``stratax._src.train.models.MODELS`` builds them.
 MODEL_NAMES = ("mlp", "cnn")
 DEFAULT_STRATEGY = "mirrored"
@@ -92,12 +94,7 @@ class TrainConfig:
 
 def check_batch_size(batch_size: int, num_replicas: int) -> None:
     """Raises ``ValueError`` unless the global ``batch_size`` splits evenly over the replicas."""
-    if batch_size % num_replicas:
-        lower = max(num_replicas, batch_size // num_replicas * num_replicas)
-        raise ValueError(
-            f"--batch-size {batch_size} does not split over {num_replicas} replicas; the global "
-            f"batch must be a multiple of {num_replicas}, e.g. --batch-size {lower}."
-        )
+    global_batch.check_divisible(batch_size, num_replicas, hint="`stratax train --batch-size={batch}`")
 
 
 def _not_int(value: object) -> bool:

@@ -12,12 +12,13 @@ import logging
 import statistics
 import sys
 import time
-from typing import Any, Optional, TextIO
+from typing import Any, TextIO
 
 import keras
 
 from stratax._src.datasets import load_digits
-from stratax._src.runtime.devices import device_name, local_replica_ids, set_cpu_device_count
+from stratax._src.runtime.devices import device_name, local_replica_ids
+from stratax._src.startup import set_cpu_device_count
 from stratax._src.strategies.registry import strategy_from_name
 from stratax._src.train.config import TrainConfig, check_batch_size
 from stratax._src.train.models import build_model
@@ -83,10 +84,10 @@ class EpochTimer(keras.callbacks.Callback):
         self.durations: list[float] = []
         self._start = 0.0
 
-    def on_epoch_begin(self, epoch: int, logs: Optional[dict[str, Any]] = None) -> None:
+    def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self._start = time.perf_counter()
 
-    def on_epoch_end(self, epoch: int, logs: Optional[dict[str, Any]] = None) -> None:
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self.durations.append(time.perf_counter() - self._start)
 
 
@@ -105,7 +106,7 @@ def throughput(durations: list[float], samples_per_epoch: int) -> tuple[float, f
     return steady, mean, len(timed)
 
 
-def run_training(config: TrainConfig, out: Optional[TextIO] = None) -> TrainResult:
+def run_training(config: TrainConfig, out: TextIO | None = None) -> TrainResult:
     """Trains and evaluates the configured classifier; prints a header and the summary line.
 
     Args:

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# The other end of the tested range (pyproject.toml, stratax/_src/seam.py): the Keras- and
+# JAX-facing tests on Python 3.12 with the newest JAX that installs there and the oldest Keras
+# stratax claims. Run from the repository root; the venv is kept in .venv-range/ between runs.
+set -euo pipefail
+python312=""
+for candidate in python3.12 /root/.pyenv/versions/3.12*/bin/python3.12 /usr/bin/python3.12; do
+  if "$candidate" -c "import sys; assert sys.version_info[:2] == (3, 12)" 2>/dev/null; then
+    python312=$candidate
+    break
+  fi
+done
+if [ -z "$python312" ]; then
+  echo "other end of the range: SKIPPED, no python3.12 on this machine"
+  exit 0
+fi
+venv=.venv-range
+[ -x "$venv/bin/python" ] || "$python312" -m venv "$venv"
+"$venv/bin/python" -m pip install -q "jax>=0.10,<0.13" "keras==3.10.0" "numpy>=1.26" \
+  "pytest>=8" "pytest-timeout>=2.3"
+"$venv/bin/python" -m pip install -q --no-deps -e .
+"$venv/bin/python" -c "import jax, keras; print('other end of the range: jax', jax.__version__, \
+'keras', keras.__version__)"
+"$venv/bin/python" -m pytest -q -p no:cacheprovider tests/keras tests/strategies/test_run.py

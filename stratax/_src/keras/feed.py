@@ -1,0 +1,362 @@
+"""``GlobalFeed``: the one batch path of ``fit``/``evaluate``/``predict`` under every strategy.
+
+Every input kind a TensorFlow user passes — numpy/JAX arrays (dicts and lists of them too), a
+list of ``(x, y[, sample_weight])`` batches, a ``keras.utils.PyDataset``, a Python generator, a
+stratax distributed dataset — becomes a ``GlobalFeed``, in one process and in many, with or
+without callbacks. The rules, each written once:
+
+- **Global batches.** The data describe *global* batches; ``batch_size`` is global and must
+  split over the replicas (:func:`stratax._src.data.global_batch.check_divisible`).
+- **Order.** With ``shuffle=True`` the order of epoch ``e`` is a permutation drawn from
+  ``(seed, e)`` alone — rows for arrays, batches for a ``PyDataset`` — where ``seed`` is
+  ``keras.utils.set_random_seed``'s (every worker agrees on one). It is the same in one process
+  and in many, and does not change when a callback is added or a run resumes from a backup.
+  (Plain Keras draws its permutation from numpy's global generator instead, so with
+  ``shuffle=True`` plain Keras and stratax visit the data in different orders; with
+  ``shuffle=False`` they are equal.)
+- **Weights.** ``class_weight`` becomes per-example weights exactly as Keras computes them, for
+  arrays, batch lists, ``PyDataset``\\ s and generators.
+- **This process's share.** Worker ``p`` of ``P`` feeds rows ``[p*B/P, (p+1)*B/P)`` of each
+  global batch of ``B`` rows (auto-shard by data), so the global batch is exactly the one a
+  single process would see. Per-worker data (``AutoShardPolicy.OFF``,
+  ``distribute_datasets_from_function``) is fed as it comes.
+- **Placement ahead of the step.** A background thread places up to ``prefetch`` batches on
+  the replicas while the previous step runs (``InputOptions(experimental_fetch_to_device=...,
+  experimental_prefetch_to_device=...)`` of a distributed dataset, else
+  ``STRATAX_PREFETCH_DEPTH``, default 2; 0 places each batch when the step asks for it).
+- **The last partial batch** is trained, never dropped: split when it divides over the
+  replicas, else fed whole to every replica (each computes the same update one device would:
+  exact, one slower step). ``predict`` in a multi-process run feeds every batch whole to every
+  worker, so each gets all predictions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import os
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import jax
+import keras
+import numpy as np
+
+from stratax._src import seam
+from stratax._src.core import env
+from stratax._src.data import global_batch
+from stratax._src.data.distributed_dataset import (
+    DistributedDataset,
+    DistributedDatasetsFromFunction,
+)
+from stratax._src.data.input_context import AutoShardPolicy
+
+_KERAS_DEFAULT_BATCH = 32
+_DEFAULT_PREFETCH = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class FeedLayout:
+    """How global batches are shared: replicas, this process among the processes, replication."""
+
+    num_replicas: int
+    process_rank: int = 0
+    num_processes: int = 1
+    replicate_all: bool = False
+
+    def local(self, batch: Any) -> tuple[Any, bool]:
+        """This process's share of a global ``batch``, and whether it is replicated."""
+        rows = _rows(batch)
+        if self.replicate_all or rows % self.num_replicas:
+            return batch, True
+        if self.num_processes == 1:
+            return batch, False
+        share = rows // self.num_processes
+        start = self.process_rank * share
+        return jax.tree.map(lambda a: np.asarray(a)[start : start + share], batch), False
+
+
+def _rows(tree: Any) -> int:
+    return int(jax.tree.leaves(tree)[0].shape[0])
+
+
+def _standardize(batch: Any) -> Any:
+    """A batch as Keras' ``PyDataset`` adapter reads it: a dict or an ``(x[, y[, w]])`` tuple."""
+    if isinstance(batch, (np.ndarray, jax.Array)):
+        return (batch,)
+    if isinstance(batch, list):
+        return tuple(batch)
+    return batch
+
+
+def _with_class_weight(batch: Any, class_weight: dict[int, float] | None) -> Any:
+    if class_weight is None:
+        return batch
+    if not isinstance(batch, tuple) or len(batch) != 2:
+        raise ValueError(
+            "class_weight needs batches of (x, y); received batches with "
+            f"{len(batch) if isinstance(batch, tuple) else type(batch).__name__} parts. Give "
+            "per-example weights as the third element of each batch instead."
+        )
+    return (*batch, seam.class_weight_to_sample_weights(batch[1], class_weight))
+
+
+def _permutation(size: int, seed: int, epoch: int) -> np.ndarray:
+    return np.random.default_rng((seed, epoch)).permutation(size)
+
+
+class _ArraySource:
+    """Global batches cut from arrays, in a ``(seed, epoch)`` order when shuffled."""
+
+    def __init__(self, arrays: Any, batch_size: int, shuffle: bool | str) -> None:
+        self._arrays = jax.tree.map(np.asarray, arrays)
+        self._n = _rows(self._arrays)
+        self._batch = batch_size
+        self._shuffle = shuffle
+
+    def __len__(self) -> int:
+        return -(-self._n // self._batch)
+
+    def batches(self, seed: int, epoch: int, skip: int) -> Iterator[Any]:
+        order = _permutation(self._n, seed, epoch) if self._shuffle is True else None
+        for index in range(skip, len(self)):
+            start, stop = index * self._batch, min((index + 1) * self._batch, self._n)
+            if order is not None:
+                rows: Any = order[start:stop]
+            elif self._shuffle == "batch":
+                rows = start + np.random.default_rng((seed, epoch, index)).permutation(stop - start)
+            else:
+                rows = slice(start, stop)
+            yield jax.tree.map(lambda a, r=rows: a[r], self._arrays)
+
+
+class _SequenceSource:
+    """Batches read by index (a ``PyDataset`` or a list), the batch order shuffled per epoch."""
+
+    def __init__(self, sequence: Any, shuffle: bool, class_weight: dict[int, float] | None) -> None:
+        self.sequence = sequence
+        self._shuffle = bool(shuffle)
+        self._class_weight = class_weight
+
+    def __len__(self) -> int:
+        size = getattr(self.sequence, "num_batches", None)
+        return len(self.sequence) if size is None else int(size)
+
+    def batches(self, seed: int, epoch: int, skip: int) -> Iterator[Any]:
+        order = _permutation(len(self), seed, epoch) if self._shuffle else range(len(self))
+        for index in itertools.islice(order, skip, None):
+            yield _with_class_weight(_standardize(self.sequence[int(index)]), self._class_weight)
+
+
+class _IterableSource:
+    """Batches of an iterable read once, in order (a generator is not re-run per epoch)."""
+
+    def __init__(self, iterable: Iterable[Any], class_weight: dict[int, float] | None) -> None:
+        self._iterator = iter(iterable)
+        self._class_weight = class_weight
+        self._pushed_back: list[Any] = []
+
+    def peek(self) -> Any:
+        """The next batch, left in place for the next pass."""
+        if not self._pushed_back:
+            self._pushed_back.append(next(self._iterator))
+        return _with_class_weight(_standardize(self._pushed_back[0]), self._class_weight)
+
+    def batches(self, seed: int, epoch: int, skip: int) -> Iterator[Any]:
+        del seed, epoch
+        pending, self._pushed_back = self._pushed_back, []
+        for batch in itertools.islice(itertools.chain(pending, self._iterator), skip, None):
+            yield _with_class_weight(_standardize(batch), self._class_weight)
+
+
+class GlobalFeed(keras.utils.PyDataset):
+    """This process's batches of one ``fit``/``evaluate``/``predict`` input (module docstring).
+
+    Keras sees a ``PyDataset``; the strategy's runner reads :meth:`local_batches` directly.
+    """
+
+    def __init__(self, source: Any, layout: FeedLayout, *, seed: int = 0,
+                 per_worker: bool = False) -> None:
+        super().__init__()
+        self._source = source
+        self.layout = layout
+        self.seed = seed
+        self.per_worker = per_worker
+        self.prefetch = default_prefetch_depth()
+        self.epoch = 0
+        self._skip = 0
+
+    @property
+    def num_batches(self) -> int | None:
+        return len(self._source) if hasattr(self._source, "__len__") else None
+
+    def __getitem__(self, index: int) -> Any:
+        return self._local(next(self._source.batches(self.seed, self.epoch, index)))[0]
+
+    def peek(self) -> Any:
+        """This process's first batch of the next pass, without consuming it (to build a model)."""
+        if hasattr(self._source, "peek"):
+            return self._local(self._source.peek())[0]
+        return self._local(next(self._source.batches(self.seed, self.epoch, self._skip)))[0]
+
+    def set_epoch(self, epoch: int) -> None:
+        """Makes the next pass over the data produce epoch ``epoch``'s order."""
+        self.epoch = epoch
+
+    def resume_at(self, epoch: int, skip: int) -> None:
+        """Makes the next pass start ``skip`` batches into epoch ``epoch`` (after a restore)."""
+        self.epoch, self._skip = epoch, skip
+
+    def local_batches(self) -> Iterator[tuple[Any, bool]]:
+        """One pass of ``(this process's batch, replicated)`` from the current position."""
+        skip, self._skip = self._skip, 0
+        for batch in self._source.batches(self.seed, self.epoch, skip):
+            yield self._local(batch)
+
+    def _local(self, batch: Any) -> tuple[Any, bool]:
+        if self.per_worker:
+            return batch, False
+        return self.layout.local(batch)
+
+    def on_epoch_end(self) -> None:
+        sequence = getattr(self._source, "sequence", None)
+        if isinstance(sequence, keras.utils.PyDataset):
+            sequence.on_epoch_end()
+
+
+class FeedEpochs(keras.callbacks.Callback):
+    """Tells a feed which epoch ``fit`` is in, before the epoch reads its first batch."""
+
+    def __init__(self, feed: GlobalFeed) -> None:
+        super().__init__()
+        self.feed = feed
+
+    def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        self.feed.set_epoch(epoch)
+
+
+def default_prefetch_depth() -> int:
+    """Batches placed ahead of the step: ``STRATAX_PREFETCH_DEPTH``, else 2 (0 turns it off)."""
+    raw = os.environ.get(env.STRATAX_PREFETCH_DEPTH, "").strip()
+    if not raw:
+        return _DEFAULT_PREFETCH
+    if not raw.isdigit():
+        raise ValueError(
+            f"{env.STRATAX_PREFETCH_DEPTH}={raw!r} is not a non-negative integer; set it to how "
+            f"many batches fit may place ahead of the step (default {_DEFAULT_PREFETCH}, 0 = off)."
+        )
+    return int(raw)
+
+
+def data_seed() -> int:
+    """The seed of the data order: Keras' global seed, else a fresh draw (like Keras' shuffle)."""
+    seed = seam.keras_random_seed()
+    return int(seed) if seed is not None else int(np.random.randint(0, 2**31 - 1))
+
+
+def _is_array_like(x: Any) -> bool:
+    if not isinstance(x, (np.ndarray, jax.Array, list, tuple, dict)):
+        return False
+    leaves = jax.tree.leaves(x)
+    return bool(leaves) and all(isinstance(a, (np.ndarray, jax.Array)) for a in leaves)
+
+
+def _is_batch_list(x: Any) -> bool:
+    return isinstance(x, (list, tuple)) and bool(x) and isinstance(x[0], (tuple, dict))
+
+
+def _arrays_feed(arrays: tuple[Any, ...], batch_size: int | None, shuffle: bool | str,
+                 layout: FeedLayout, class_weight: dict[int, float] | None,
+                 hint: str) -> GlobalFeed:
+    batch = batch_size or _KERAS_DEFAULT_BATCH
+    global_batch.check_divisible(batch, layout.num_replicas, hint=hint)
+    if class_weight is not None:
+        if len(arrays) != 2:
+            raise ValueError("You cannot use class_weight and sample_weight at the same time.")
+        arrays = (*arrays, seam.class_weight_to_sample_weights(arrays[1], class_weight))
+    return GlobalFeed(_ArraySource(arrays, batch, shuffle), layout, seed=data_seed())
+
+
+def as_feed(x: Any, layout: FeedLayout, *, shuffle: bool | str = False,
+            class_weight: dict[int, float] | None = None) -> GlobalFeed | None:
+    """The feed of a non-array input, or ``None`` for kinds left to Keras (e.g. ``tf.data``)."""
+    if isinstance(x, GlobalFeed):
+        return x
+    if isinstance(x, DistributedDataset):
+        per_worker = x.options.auto_shard_policy is AutoShardPolicy.OFF and layout.num_processes > 1
+        feed = as_feed(x.dataset, layout, class_weight=class_weight)
+        if feed is not None:
+            feed.per_worker = per_worker
+            options = x.options
+            feed.prefetch = (options.experimental_prefetch_to_device
+                             if options.experimental_fetch_to_device else 0)
+        return feed
+    if isinstance(x, DistributedDatasetsFromFunction):
+        return GlobalFeed(_IterableSource(x.local_global_batches(), class_weight), layout,
+                          per_worker=True)
+    if _is_batch_list(x):  # batches come in the order given, as from a dataset
+        return GlobalFeed(_SequenceSource(x, False, class_weight), layout)
+    if isinstance(x, keras.utils.PyDataset):
+        sized = hasattr(x, "__len__") or getattr(x, "num_batches", None) is not None
+        if sized:
+            return GlobalFeed(_SequenceSource(x, bool(shuffle), class_weight), layout,
+                              seed=data_seed())
+        return GlobalFeed(_IterableSource(x, class_weight), layout)
+    if isinstance(x, Iterator) or (isinstance(x, Iterable) and not isinstance(x, (str, bytes))
+                                   and not _is_array_like(x) and not isinstance(x, dict)):
+        return GlobalFeed(_IterableSource(x, class_weight), layout)
+    return None
+
+
+def feed_arguments(method: str, arguments: dict[str, Any], layout: FeedLayout) -> dict[str, Any]:
+    """Rewrites bound ``fit``/``evaluate``/``predict`` arguments so ``x`` is a ``GlobalFeed``.
+
+    ``y``, ``sample_weight``, ``class_weight``, ``batch_size``, ``shuffle`` and
+    ``validation_split`` are consumed by the feed; ``validation_data`` gets its own feed.
+    """
+    arguments = dict(arguments)
+    x = arguments.get("x")
+    shuffle = arguments.get("shuffle", True) if method == "fit" else False
+    class_weight = arguments.get("class_weight") if method == "fit" else None
+    hint = f"`model.{method}(..., batch_size={{batch}})`"
+    if _is_array_like(x) and not _is_batch_list(x):
+        if method == "fit" and arguments.get("validation_split"):
+            (x, y, weights), validation = seam.train_validation_split(
+                (x, arguments.get("y"), arguments.get("sample_weight")),
+                arguments["validation_split"],
+            )
+            arguments.update(y=y, sample_weight=weights, validation_data=validation)
+        packed = (x,) if method == "predict" else tuple(
+            a for a in (x, arguments.get("y"), arguments.get("sample_weight")) if a is not None)
+        feed = _arrays_feed(packed, arguments.get("batch_size"), shuffle, layout, class_weight,
+                            hint)
+    else:
+        feed = as_feed(x, layout, shuffle=shuffle, class_weight=class_weight)
+        if feed is None:
+            return arguments
+    arguments["x"] = feed
+    if method == "fit":
+        arguments["shuffle"] = False  # the feed shuffles, identically on every worker
+        arguments["validation_data"] = _validation_feed(arguments, layout)
+    for name in ("y", "sample_weight", "batch_size", "class_weight", "validation_split"):
+        if arguments.get(name) is not None:
+            arguments[name] = None
+    if method == "fit":
+        callbacks = arguments.get("callbacks")
+        if not isinstance(callbacks, keras.callbacks.CallbackList):
+            arguments["callbacks"] = [FeedEpochs(feed), *(callbacks or ())]
+    return arguments
+
+
+def _validation_feed(arguments: dict[str, Any], layout: FeedLayout) -> Any:
+    validation = arguments.get("validation_data")
+    if validation is None:
+        return None
+    if isinstance(validation, (tuple, list)) and _is_array_like(validation) and not (
+            _is_batch_list(validation)):
+        size = arguments.get("validation_batch_size") or arguments.get("batch_size")
+        arguments["validation_batch_size"] = None
+        return _arrays_feed(tuple(v for v in validation if v is not None), size, False, layout,
+                            None, "`model.fit(..., validation_batch_size={batch})`")
+    feed = as_feed(validation, layout)
+    return validation if feed is None else feed

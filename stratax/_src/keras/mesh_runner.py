@@ -1,0 +1,112 @@
+"""``MeshRunner``: Keras on the replicas of a data-parallel strategy (OneDevice, Mirrored, MWMS).
+
+Several replicas (or several processes) use the strategy's Keras distribution
+(``StrategyDistribution``: variables mirrored, each batch split over the ``"replica"`` axis or,
+when it does not split, given whole to every replica); XLA inserts the gradient all-reduce. A
+one-replica strategy needs no mesh: Keras runs its own single-device path with the strategy's
+device as JAX's default device (a 1-device mesh made Keras recompile its step every epoch).
+
+On several CPU devices of one process the host dispatches at most a few steps ahead, which
+avoids XLA's CPU all-reduce deadlock (``stratax._src.runtime.throttle``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import jax
+import keras
+
+from stratax._src import seam
+from stratax._src.keras import binding
+from stratax._src.keras.distribution import StrategyDistribution
+from stratax._src.keras.runner import KerasRunner
+from stratax._src.runtime import distributed
+
+
+class MeshRunner(KerasRunner):
+    """Runs Keras' step over the strategy's ``"replica"`` mesh (see the module docstring)."""
+
+    def __init__(self, strategy: Any) -> None:
+        super().__init__(strategy)
+        uses_mesh = strategy.num_replicas_in_sync > 1 or strategy.is_multi_process
+        self.distribution = StrategyDistribution(strategy) if uses_mesh else None
+        binding.remember_mesh(strategy)
+
+    def placement_scope(self) -> contextlib.AbstractContextManager[Any]:
+        if self.distribution is not None:
+            return self.distribution.scope()
+        return jax.default_device(self.strategy.devices[0])
+
+    def batches(self, local_batches: Iterator[tuple[Any, bool]]) -> Iterator[Any]:
+        if self.distribution is None:
+            device = self.strategy.devices[0]
+            for batch, _ in local_batches:
+                yield jax.device_put(batch, device)
+            return
+        for batch, replicated in local_batches:
+            sharding = self.distribution.placement(replicated)
+            yield jax.tree.map(lambda a, s=sharding: jax.make_array_from_process_local_data(s, a),
+                               batch)
+
+    def place_unconverted(self, batches: Iterator[Any]) -> Iterator[Any]:
+        if self.distribution is None:
+            yield from batches
+            return
+        distribution = self.distribution
+        layouts, shapes = None, None
+        for batch in batches:
+            key = tuple(tuple(leaf.shape) for leaf in jax.tree.leaves(batch))
+            if key != shapes:
+                layouts = keras.tree.map_structure(
+                    lambda d: None if d is None
+                    else distribution.get_data_layout(d.shape).backend_layout,
+                    batch,
+                )
+                shapes = key
+            yield seam.distribute_data(batch, layouts)
+
+    def make_step(self, build: Callable[[Callable[..., Any]], Callable[..., Any]],
+                  step_fn: Callable[..., Any]) -> Callable[..., Any]:
+        if self.distribution is None:
+            return build(_committed(step_fn, self.strategy.devices[0]))
+        window = self.strategy.dispatch_window
+        if window.size <= 0:
+            return build(step_fn)
+
+        def bounded_step(state: Any, data: Any) -> Any:
+            result = step_fn(state, data)
+            window.admit(result[0])
+            return result
+
+        return build(bounded_step)
+
+    def call(self, run: Callable[[], Any]) -> Any:
+        if self.strategy.is_multi_process:
+            return distributed.translate_collective_errors(run)
+        return run()
+
+    def finish(self) -> None:
+        self.strategy.dispatch_window.drain()
+
+
+def _committed(step_fn: Callable[..., Any], device: Any) -> Callable[..., Any]:
+    """``step_fn`` with its state committed to ``device``, so it compiles once.
+
+    jit's cache key includes whether each argument is committed to a device. Keras hands over
+    fresh, uncommitted state at the start of a call and after ``reset_metrics``; committing it
+    (and the batches) keeps every call of the step on one compiled program. A state the step
+    returned is already committed and passes through untouched.
+    """
+    returned: list[Any] = [None]
+
+    def step(state: Any, data: Any) -> Any:
+        if state is not returned[0]:
+            state = jax.device_put(state, device)
+        logs, new_state = step_fn(state, data)
+        returned[0] = new_state
+        return logs, new_state
+
+    return step

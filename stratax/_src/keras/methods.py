@@ -1,0 +1,71 @@
+"""The Keras ``Model`` methods of a model bound to a strategy, routed through the strategy's runner.
+
+``model.fit(...)`` of such a model: bind the arguments, let the runner turn the input into its
+feed (``KerasRunner.prepare``), then run Keras' own ``fit`` inside the runner's placement, with
+the runner's step (``make_step``) and batches (``batches``). A model of no strategy runs exactly
+as plain Keras.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+from stratax._src import seam
+from stratax._src.keras import binding, session
+from stratax._src.keras.feed import GlobalFeed
+from stratax._src.keras.runner import runner_for
+
+_BATCHED_METHODS = ("fit", "evaluate", "predict")
+
+
+def _bind(method: Callable[..., Any], args: tuple[Any, ...],
+          kwargs: dict[str, Any]) -> dict[str, Any]:
+    arguments = inspect.signature(method).bind_partial(None, *args, **kwargs).arguments
+    arguments.pop("self", None)
+    arguments.update(arguments.pop("kwargs", {}))
+    return arguments
+
+
+def model_method(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+    """``original`` (a Keras ``Model`` method) for models bound to a strategy."""
+
+    @functools.wraps(original)
+    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        strategy = binding.model_strategy(self)
+        if strategy is None:
+            return original(self, *args, **kwargs)
+        if name == "compile":
+            binding.bind(self, strategy)
+        runner = runner_for(strategy)
+        call = session.Call(runner)
+        if name in _BATCHED_METHODS:
+            kwargs = runner.prepare(name, _bind(original, args, kwargs))
+            args = ()
+            x = kwargs.get("x")
+            call.feed = x if isinstance(x, GlobalFeed) else None
+            if call.feed is not None and call.feed.num_batches != 0:
+                with runner.placement_scope():
+                    seam.build_for(self, name, call.feed.peek())
+        with session.running(call):
+            try:
+                with warnings.catch_warnings():
+                    # A run resumed mid-epoch ends that epoch's data early, on purpose.
+                    warnings.filterwarnings("ignore", message="Your input ran out of data")
+                    return runner.call(lambda: original(self, *args, **kwargs))
+            finally:
+                runner.finish()
+
+    return method
+
+
+def make_step(model: Any, build: Callable[[Callable[..., Any]], Callable[..., Any]],
+              step_function: Callable[..., Any]) -> Callable[..., Any]:
+    """How ``model`` runs a group of steps: its runner's way, else Keras' own (``build``)."""
+    strategy = binding.model_strategy(model)
+    if strategy is None:
+        return build(step_function)
+    return runner_for(strategy).make_step(build, step_function)

@@ -1,0 +1,115 @@
+"""``KerasRunner``: the one interface through which a strategy plugs into Keras' ``fit``.
+
+Keras' JAX trainer keeps its loop — epochs, callbacks, validation, history, progress bar — and a
+strategy changes only what its runner says. Follow a batch from ``model.fit`` to the devices:
+
+1. ``keras.methods`` receives ``model.fit(...)`` for a model bound to a strategy and asks the
+   strategy's runner to :meth:`~KerasRunner.prepare` the arguments: the user's input becomes a
+   :class:`~stratax._src.keras.feed.GlobalFeed`, the one batch path of every input kind (global
+   batches, this process's share, the last partial batch, shuffling, class weights).
+2. Keras builds its epoch iterator over the feed; each epoch it asks for an iterator, which the
+   runner gives as :meth:`~KerasRunner.batches`: the feed's batches placed on the replicas.
+3. Keras compiles ``train_step`` and asks how a group of ``steps_per_execution`` steps runs;
+   :meth:`~KerasRunner.make_step` answers (the mirrored runner bounds the steps in flight; a TPU
+   runner loops on the device; a parameter-server runner schedules the group on a worker).
+4. Saves and ``get_weights`` first call :meth:`~KerasRunner.before_save`.
+
+A runner is registered per strategy class with :func:`register_runner`; adding a strategy adds
+one runner and touches no other.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from stratax._src.keras import feed as feed_lib
+
+
+class KerasRunner:
+    """How one strategy runs Keras' ``fit``/``evaluate``/``predict`` (see the module docstring).
+
+    Subclasses override the parts their strategy does differently; this base class runs Keras'
+    own single-device behaviour.
+    """
+
+    def __init__(self, strategy: Any) -> None:
+        self.strategy = strategy
+
+    def placement_scope(self) -> contextlib.AbstractContextManager[Any]:
+        """Where Keras creates variables and runs computations (``scope()`` and each call)."""
+        return contextlib.nullcontext()
+
+    def prepare(self, method: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        """Checks and rewrites the bound arguments of ``fit``/``evaluate``/``predict``."""
+        return feed_lib.feed_arguments(method, arguments, self.feed_layout(method))
+
+    def feed_layout(self, method: str) -> feed_lib.FeedLayout:
+        """How the global batches of ``method`` are shared among processes and replicas."""
+        return feed_lib.FeedLayout(
+            num_replicas=self.strategy.num_replicas_in_sync,
+            process_rank=self.strategy.process_rank,
+            num_processes=self.strategy.num_processes,
+            replicate_all=method == "predict" and self.strategy.is_multi_process,
+        )
+
+    def batches(self, local_batches: Iterator[tuple[Any, bool]]) -> Iterator[Any]:
+        """Places one epoch of ``(local batch, replicated)`` pairs where the step reads them."""
+        raise NotImplementedError  # pragma: no cover - every registered runner implements it
+
+    def place_unconverted(self, batches: Iterator[Any]) -> Iterator[Any]:
+        """Places batches of an input kind stratax leaves to Keras (e.g. a ``tf.data`` dataset)."""
+        return batches
+
+    def make_step(self, build: Callable[[Callable[..., Any]], Callable[..., Any]],
+                  step_fn: Callable[..., Any]) -> Callable[..., Any]:
+        """Returns ``iterator_step(state, iterator) -> (logs, state)`` for one step group.
+
+        ``step_fn(state, batch)`` is Keras' (compiled) single step and ``build`` Keras' own way
+        of running ``steps_per_execution`` of them.
+        """
+        return build(step_fn)
+
+    def call(self, run: Callable[[], Any]) -> Any:
+        """Runs Keras' method (lets a runner translate the failures of its transport)."""
+        return run()
+
+    def finish(self) -> None:
+        """Called when a ``fit``/``evaluate``/``predict`` call ends, normally or not."""
+
+    def before_save(self, model: Any) -> None:
+        """Makes ``model``'s variables current before they are read for a save."""
+
+
+_RUNNERS: list[tuple[type, type[KerasRunner]]] = []
+_RUNNER_ATTR = "_stratax_keras_runner"  # the strategy's runner, kept on the strategy object
+
+
+def register_runner(strategy_class: type, runner_class: type[KerasRunner]) -> None:
+    """Makes ``runner_class`` run Keras for ``strategy_class`` and its subclasses.
+
+    The most specific registration wins, so a subclass strategy can bring its own runner.
+    """
+    _RUNNERS.insert(0, (strategy_class, runner_class))
+
+
+def runner_for(strategy: Any) -> KerasRunner:
+    """The runner of ``strategy`` (one per strategy object, created on first use).
+
+    Raises:
+        TypeError: no runner is registered for the strategy's class.
+    """
+    cached = vars(strategy).get(_RUNNER_ATTR)
+    if cached is not None:
+        return cached
+    candidates = [(cls, runner) for cls, runner in _RUNNERS if isinstance(strategy, cls)]
+    if not candidates:
+        raise TypeError(
+            f"{type(strategy).__name__} has no Keras runner; register one with "
+            "`stratax._src.keras.runner.register_runner(StrategyClass, RunnerClass)`."
+        )
+    best = min(candidates, key=lambda pair: type(strategy).__mro__.index(pair[0]))[1]
+    runner = best(strategy)
+    setattr(strategy, _RUNNER_ATTR, runner)
+    return runner

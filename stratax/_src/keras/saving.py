@@ -1,0 +1,35 @@
+"""``model.save``/``save_weights`` under a strategy: atomic, and chief-only inside ``fit``.
+
+As in TensorFlow, saves made by callbacks during ``fit`` (``ModelCheckpoint``...) are written by
+the chief only (other workers write to a temporary folder they remove), while an explicit
+``model.save(path)`` writes ``path`` on whichever worker calls it: the guides give non-chief
+workers their own temporary path and delete it themselves. Every write goes to a temporary name
+that replaces the target only when complete, so a failed save keeps the previous file.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable
+from typing import Any
+
+from stratax._src.keras import binding, checkpoint_io, session
+from stratax._src.keras.runner import runner_for
+
+
+def save_method(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``original`` (``Model.save`` or ``save_weights``) made atomic and chief-only in ``fit``."""
+
+    @functools.wraps(original)
+    def save(self: Any, filepath: Any, *args: Any, **kwargs: Any) -> Any:
+        if not isinstance(filepath, (str, os.PathLike)) or kwargs.get("max_shard_size"):
+            return original(self, filepath, *args, **kwargs)
+        strategy = binding.model_strategy(self)
+        if strategy is not None:
+            runner_for(strategy).before_save(self)
+        write = strategy is None or strategy.is_chief or session.active() is None
+        with checkpoint_io.atomic_target(filepath, write=write) as target:
+            return original(self, target, *args, **kwargs)
+
+    return save

@@ -1,0 +1,248 @@
+"""The seam: the only place where stratax touches private parts of Keras and JAX.
+
+Everything else in stratax uses public Keras and JAX API. What is hooked (replaced, read or
+written), what for, and which stratax module relies on it:
+
+- ``keras.Model.{fit, evaluate, predict, train_on_batch, test_on_batch, predict_on_batch}``
+  and ``Trainer.compile`` (replaced): a model bound to a strategy runs its calls through the
+  strategy's Keras runner. -> ``keras.methods``
+- ``keras.Model.{save, save_weights}`` (replaced): atomic, chief-only saves. -> ``keras.saving``
+- ``JAXTrainer._make_function`` (replaced): the runner decides how a group of
+  ``steps_per_execution`` steps runs. -> ``keras.runner``
+- ``JAXEpochIterator._get_iterator`` (replaced) and its ``data_adapter`` (read): the runner
+  feeds the epoch's batches, placed on the replicas. -> ``keras.session``
+- ``PyDatasetAdapter.py_dataset`` (read): finding stratax's feed behind Keras' epoch iterator.
+  -> ``keras.session``
+- ``array_slicing.train_validation_split``: ``validation_split`` cut exactly as Keras cuts it.
+  -> ``keras.feed``
+- ``data_adapter_utils.class_weight_to_sample_weights``: ``class_weight`` exactly as Keras
+  weighs it. -> ``keras.feed``
+- ``rng_utils.get_random_seed``: the seed of ``keras.utils.set_random_seed`` (no public
+  getter). -> ``keras.feed``, ``keras.install``
+- ``jax_trainer._distribute_data``: placing batches of inputs stratax leaves to Keras (e.g.
+  ``tf.data``) as Keras would. -> ``keras.mesh_runner``
+- ``model._symbolic_build``, ``model._flatten_layers``: building a model from a batch the feed
+  leaves in place (Keras' own build reads one from the epoch iterator, which loses it from a
+  generator). -> ``keras.methods``
+- ``BatchNormalization._moments`` (overridden in a subclass): batch statistics combined over
+  the replicas inside ``strategy.run``. -> ``keras.sync_batch_norm``
+- ``model._initial_epoch`` (written): Keras' own resume hook, the epoch ``fit`` starts at after
+  a restore. -> ``keras.backup``
+- ``jax._src.xla_bridge.backends_are_initialized``: whether JAX started (the CPU device count
+  is then fixed). -> ``startup``, ``runtime.devices``
+- ``jax._src.distributed.global_state.client``: which processes the coordination service still
+  sees. -> ``runtime.distributed``
+
+Each private import happens inside the function that needs it, so importing this module costs
+nothing. :func:`check_versions` refuses Keras and JAX versions outside the tested range, where
+any of the hooks above may have moved.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable, Iterator
+from importlib import metadata
+from typing import Any
+
+from stratax._src.core import env
+
+# The ranges the test suite runs on (.ci/run: the newest releases on Python 3.11, and Python
+# 3.12 with the newest JAX and the oldest Keras claimed). Keep in step with pyproject.toml.
+TESTED_RANGES = {
+    "keras": ((3, 10), (3, 16)),   # >=3.10, <3.16
+    "jax": ((0, 10), (0, 13)),     # >=0.10, <0.13
+}
+_HOOKED = "_stratax_hooked"
+
+
+def _release(version: str) -> tuple[int, ...]:
+    parts = []
+    for piece in version.split("+")[0].split("."):
+        digits = "".join(c for c in piece if c.isdigit())
+        if not digits:
+            break
+        parts.append(int(digits))
+    return tuple(parts)
+
+
+def version_problems(installed: dict[str, str] | None = None) -> list[str]:
+    """What is installed outside :data:`TESTED_RANGES` (empty when everything is in range)."""
+    problems = []
+    for package, (low, high) in TESTED_RANGES.items():
+        version = (installed or {}).get(package) or metadata.version(package)
+        release = _release(version)
+        if not low <= release[: len(low)] < high:
+            wanted = f">={'.'.join(map(str, low))},<{'.'.join(map(str, high))}"
+            problems.append(f"{package} {version} (stratax is tested with {package}{wanted})")
+    return problems
+
+
+def check_versions() -> None:
+    """Fails clearly when Keras or JAX is outside the range stratax was tested with.
+
+    Set ``STRATAX_SKIP_VERSION_CHECK=1`` to try another version at your own risk.
+
+    Raises:
+        RuntimeError: a version outside the tested range.
+    """
+    if os.environ.get(env.STRATAX_SKIP_VERSION_CHECK):
+        return
+    problems = version_problems()
+    if problems:
+        raise RuntimeError(
+            "stratax hooks into Keras and JAX internals that move between releases; found "
+            + "; ".join(problems)
+            + ". Install a tested version, e.g. `pip install \"keras>=3.10,<3.16\" "
+            "\"jax>=0.10,<0.13\"`, or set STRATAX_SKIP_VERSION_CHECK=1 to try anyway."
+        )
+
+
+# --------------------------------------------------------------------------- Keras: hooks
+def install_keras_hooks(
+    *,
+    model_method: Callable[[str, Callable[..., Any]], Callable[..., Any]],
+    save_method: Callable[[Callable[..., Any]], Callable[..., Any]],
+    make_step: Callable[[Any, Callable[..., Any], Callable[..., Any]], Callable[..., Any]],
+    epoch_batches: Callable[[Any, Callable[[], Iterator[Any]]], Iterator[Any]],
+) -> None:
+    """Replaces the Keras methods of the table above (once; later calls do nothing).
+
+    Args:
+        model_method: ``(name, original) -> replacement`` for the public ``Model`` methods.
+        save_method: ``original -> replacement`` for ``save`` and ``save_weights``.
+        make_step: ``(model, build, step_function) -> iterator_step``, where ``build(step)`` is
+            Keras' own ``_make_function`` for ``step``.
+        epoch_batches: ``(data_adapter, keras_iterator) -> iterator`` of one pass of batches,
+            where ``keras_iterator()`` is Keras' own.
+    """
+    import keras
+    from keras.src.backend.jax import trainer as jax_trainer
+    from keras.src.trainers import trainer as base_trainer
+
+    trainer = jax_trainer.JAXTrainer
+    if getattr(trainer, _HOOKED, False):
+        return
+    for name in ("compile", "fit", "evaluate", "predict", "train_on_batch", "test_on_batch",
+                 "predict_on_batch"):
+        # ``compile`` is replaced where Keras defines it, so that Keras' check for a model with
+        # its own ``compile`` (``cls.compile != Trainer.compile``) still sees the stock one.
+        owner = base_trainer.Trainer if name == "compile" else keras.Model
+        setattr(owner, name, model_method(name, getattr(owner, name)))
+    for name in ("save", "save_weights"):
+        setattr(keras.Model, name, save_method(getattr(keras.Model, name)))
+
+    original_make_function = trainer._make_function
+
+    @functools.wraps(original_make_function)
+    def _make_function(self: Any, step_function: Callable[..., Any], *args: Any,
+                       **kwargs: Any) -> Any:
+        def build(step: Callable[..., Any]) -> Any:
+            return original_make_function(self, step, *args, **kwargs)
+
+        return make_step(self, build, step_function)
+
+    trainer._make_function = _make_function
+
+    iterator_class = jax_trainer.JAXEpochIterator
+    original_get_iterator = iterator_class._get_iterator
+
+    @functools.wraps(original_get_iterator)
+    def _get_iterator(self: Any) -> Iterator[Any]:
+        return epoch_batches(self.data_adapter, lambda: original_get_iterator(self))
+
+    iterator_class._get_iterator = _get_iterator
+    setattr(trainer, _HOOKED, True)
+
+
+# --------------------------------------------------------------------------- Keras: helpers
+def train_validation_split(arrays: tuple[Any, ...], validation_split: float) -> tuple[Any, Any]:
+    """Keras' own cut of ``(x, y, sample_weight)`` for ``validation_split``."""
+    from keras.src.trainers.data_adapters import array_slicing
+
+    return array_slicing.train_validation_split(arrays, validation_split=validation_split)
+
+
+def class_weight_to_sample_weights(y: Any, class_weight: dict[int, float]) -> Any:
+    """Keras' own translation of ``class_weight`` into per-example weights."""
+    from keras.src.trainers.data_adapters import data_adapter_utils
+
+    return data_adapter_utils.class_weight_to_sample_weights(y, class_weight)
+
+
+def keras_random_seed() -> int | None:
+    """The seed given to ``keras.utils.set_random_seed``, or ``None``."""
+    from keras.src.utils import rng_utils
+
+    return rng_utils.get_random_seed()
+
+
+def distribute_data(batch: Any, layouts: Any) -> Any:
+    """Places ``batch`` with Keras' data layouts, as Keras' JAX trainer does."""
+    from keras.src.backend.jax import trainer as jax_trainer
+
+    return jax_trainer._distribute_data(batch, layouts)
+
+
+def adapter_dataset(data_adapter: Any) -> Any:
+    """The ``PyDataset`` behind one of Keras' data adapters, or ``None``."""
+    return getattr(data_adapter, "py_dataset", None)
+
+
+def build_for(model: Any, method: str, batch: Any) -> None:
+    """Builds ``model`` (and its compiled loss and metrics) from one batch, as Keras would.
+
+    Keras builds an unbuilt model by reading one batch from its epoch iterator; stratax builds
+    it first from a batch its feed leaves in place, so no batch of a generator is lost.
+    """
+    import keras
+
+    unbuilt = not all(layer.built for layer in model._flatten_layers())
+    if method == "predict":
+        if unbuilt:
+            x = batch[0] if isinstance(batch, tuple) else batch
+            with keras.StatelessScope():
+                model(x)
+        return
+    if unbuilt or getattr(model, "compiled", False):
+        model._symbolic_build(data_batch=batch)
+
+
+def batch_normalization_with_moments(
+    combine: Callable[[Any, Any], tuple[Any, Any]],
+) -> type:
+    """A ``keras.layers.BatchNormalization`` subclass whose batch moments pass through ``combine``.
+
+    ``combine(mean, variance) -> (mean, variance)`` sees the moments Keras computed over the
+    layer's own batch and returns the ones to normalise with (and to update the moving
+    statistics with).
+    """
+    import keras
+
+    class BatchNormalizationWithMoments(keras.layers.BatchNormalization):
+        def _moments(self, inputs: Any, mask: Any) -> tuple[Any, Any]:
+            return combine(*super()._moments(inputs, mask))
+
+    return BatchNormalizationWithMoments
+
+
+def set_initial_epoch(model: Any, epoch: int) -> None:
+    """Makes the running ``fit`` start at ``epoch`` (Keras' ``BackupAndRestore`` does the same)."""
+    model._initial_epoch = epoch
+
+
+# --------------------------------------------------------------------------- JAX
+def jax_backends_initialized() -> bool:
+    """True once JAX has initialised its backends (device counts are then fixed)."""
+    from jax._src import xla_bridge
+
+    return bool(xla_bridge.backends_are_initialized())
+
+
+def distributed_client() -> Any:
+    """The ``jax.distributed`` coordination-service client, or ``None`` (no public accessor)."""
+    from jax._src import distributed as jax_distributed
+
+    return jax_distributed.global_state.client
+

@@ -1,0 +1,62 @@
+"""Every input kind trains, evaluates and predicts the same under every strategy (issue 8 #1-3).
+
+The reference is OneDeviceStrategy in this process. Each variant runs under MirroredStrategy with
+1, 2 and 4 replicas, with and without ``sx.BackupAndRestore`` (adding a callback must not change
+what is trained), and under MultiWorkerMirroredStrategy with 2 real worker processes.
+"""
+
+import sys
+
+import numpy as np
+import pytest
+from conftest import HERE
+from input_matrix import VARIANTS, run_variant
+
+import stratax as sx
+from stratax._src.launch import launch
+
+pytestmark = pytest.mark.timeout(300)
+
+_references: dict[str, dict[str, np.ndarray]] = {}
+
+
+def _reference(variant):
+    if variant not in _references:
+        _references[variant] = run_variant(sx.OneDeviceStrategy("cpu:0"), variant)
+    return _references[variant]
+
+
+def _assert_equal(got, want, where):
+    assert got["counts"].tolist() == want["counts"].tolist(), where  # no double counting
+    for key in want:
+        np.testing.assert_allclose(got[key], want[key], atol=2e-5, rtol=2e-5,
+                                   err_msg=f"{where}: {key}")
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("replicas,backup", [(2, False), (4, False), (2, True), (1, True)])
+def test_input_kind_equals_one_device(variant, replicas, backup, tmp_path):
+    strategy = sx.MirroredStrategy([f"cpu:{i}" for i in range(replicas)])
+    got = run_variant(strategy, variant, backup_dir=tmp_path / "backup" if backup else None)
+    _assert_equal(got, _reference(variant), f"{variant}, {replicas} replicas, backup={backup}")
+
+
+def test_class_weight_changes_the_loss():
+    """The weighted loss differs from the unweighted one, so the comparison above has teeth."""
+    weighted = _reference("class_weight")["loss"]
+    unweighted = run_variant(sx.OneDeviceStrategy("cpu:0"), "shuffled_arrays")["loss"]
+    assert not np.allclose(weighted, unweighted, rtol=1e-3)
+
+
+def test_every_input_kind_on_two_workers(tmp_path, monkeypatch):
+    for name in ("STRATAX_CPU_DEVICES", "TF_CONFIG", "XLA_FLAGS"):
+        monkeypatch.delenv(name, raising=False)
+    result = launch([sys.executable, "mwms_inputs_program.py", str(tmp_path)], cwd=str(HERE),
+                    capture_output=True, stream_output=False, env={"PYTHONPATH": str(HERE)},
+                    nproc_per_node=2, timeout=240)
+    assert result.ok, result.summary + "\n" + "\n".join(result.outputs[0][-30:])
+    for variant in VARIANTS:
+        for worker in (0, 1):
+            with np.load(tmp_path / f"{variant}_{worker}.npz") as saved:
+                got = {key: saved[key] for key in saved.files}
+            _assert_equal(got, _reference(variant), f"{variant}, worker {worker} of 2")

@@ -1,0 +1,133 @@
+"""The package's shape: no import cycles, imports one way through the layers, a light start.
+
+ARCHITECTURE.md orders the layers core -> cluster -> runtime -> data -> strategies ->
+parameter_server -> keras -> launch, cli, train; a module imports only from its own layer and
+the ones before it. Function-local imports count: a cycle dodged by one is still a cycle.
+"""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "stratax"
+
+# Layer of each part of stratax/_src (and of the public re-export modules, which sit on top).
+LAYERS = {
+    "seam": 0, "startup": 0, "core": 0, "datasets": 0,
+    "cluster": 1,
+    "runtime": 2,
+    "data": 3,
+    "strategies": 4,
+    "parameter_server": 5,
+    "keras": 6,
+    "observe": 7, "launch": 7, "train": 7, "cli": 8,
+}
+PUBLIC_LAYER = 9
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _imports() -> dict[str, set[str]]:
+    modules = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        found = set()
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1]
+                                    + ([base] if base else []))
+                # ``from package import submodule`` depends on the submodule; ``from module import
+                # name`` on the module.
+                targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base
+                           for alias in node.names]
+            else:
+                continue
+            for target in targets:
+                while target and target not in modules:
+                    target = target.rpartition(".")[0]
+                if target and target != name and target.startswith("stratax"):
+                    found.add(target)
+        graph[name] = found
+    return graph
+
+
+def _layer(module: str) -> int:
+    parts = module.split(".")
+    if parts[:2] != ["stratax", "_src"] or len(parts) < 3:
+        return PUBLIC_LAYER
+    return LAYERS[parts[2]]
+
+
+def test_no_module_imports_one_that_imports_it_back():
+    graph = _imports()
+    state: dict[str, int] = {}
+    cycles = []
+
+    def visit(node, stack):
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                cycles.append([*stack[stack.index(nxt):], nxt])
+            elif nxt not in state:
+                visit(nxt, stack)
+        stack.pop()
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [])
+    assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_imports_go_one_way_through_the_layers():
+    graph = _imports()
+    upward = [f"{a} (layer {_layer(a)}) imports {b} (layer {_layer(b)})"
+              for a, targets in graph.items() for b in targets
+              if _layer(b) > _layer(a) and _layer(b) != PUBLIC_LAYER]
+    # Internals never import the public re-export modules (stratax, stratax.launch...).
+    upward += [f"{a} imports the public module {b}" for a, targets in graph.items()
+               for b in targets if a.startswith("stratax._src") and _layer(b) == PUBLIC_LAYER]
+    assert not upward, "\n".join(sorted(upward))
+
+
+def test_lower_layers_do_not_import_keras():
+    offenders = []
+    for path in (PACKAGE / "_src").rglob("*.py"):
+        name = _module_name(path)
+        if _layer(name) >= LAYERS["keras"] or name == "stratax._src.seam":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            offenders += [f"{name} imports {n}" for n in names if n.split(".")[0] == "keras"]
+    assert not offenders, offenders
+
+
+@pytest.mark.parametrize("statement", [
+    "import stratax",
+    "import stratax.launch",
+    "import stratax.cluster_resolver",
+    "from stratax._src import cli; cli.build_parser()",
+])
+def test_start_up_paths_import_neither_jax_nor_keras(statement):
+    code = (f"import sys; {statement}; "
+            "heavy = [m for m in ('jax', 'keras', 'jaxlib') if m in sys.modules]; "
+            "assert not heavy, heavy")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
