@@ -63,6 +63,7 @@ _EXPORTS = {
     "StrataxError": "stratax._src.core.errors",
     "ValueContext": "stratax._src.data.input_context",
     "WorkerUnavailableError": "stratax._src.core.errors",
+    "callbacks": "stratax.callbacks",
     "cluster_resolver": "stratax.cluster_resolver",
     "compute_average_loss": "stratax._src.strategies.losses",
     "datasets": "stratax.datasets",
@@ -71,12 +72,13 @@ _EXPORTS = {
     "has_strategy": "stratax._src.core.context",
     "in_cross_replica_context": "stratax._src.core.context",
     "launch": "stratax.launch",
+    "observe": "stratax.observe",
     "scale_regularization_loss": "stratax._src.strategies.losses",
     "set_cpu_device_count": "stratax._src.startup",
 }
 # Names that need neither JAX nor Keras: using them does not run the install step.
 _LIGHT = frozenset({"cluster_resolver", "launch", "CollectiveTimeoutError", "MixedStrategyError",
-                    "StrataxError", "WorkerUnavailableError"})
+                    "StrataxError", "WorkerUnavailableError", "observe"})
 
 __all__ = sorted(_EXPORTS)
 

@@ -46,6 +46,7 @@ def test_wheel_ships_the_backend_hook_and_the_guide_program_runs_keras_first(tmp
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
         assert "stratax/_src/datasets/digits.npz" in names
+        assert "stratax/_src/observe/static/uPlot.iife.min.js" in names  # the dashboard, offline
         assert "stratax-keras-backend.pth" in names  # at the root of site-packages
         site_dir = tmp_path / "site"
         archive.extract("stratax-keras-backend.pth", site_dir)

@@ -11,6 +11,9 @@ over the local devices (no network needed)::
 
     stratax launch --nproc-per-node 2 examples/multi_worker_keras.py
 
+``stratax dashboard RUN_DIR`` serves the web dashboard of a run (``--dashboard`` on ``launch``
+and ``train`` serves it live).
+
 The parser is built, and the arguments checked, before anything queries JAX's devices, so
 ``--devices`` can still split the CPU. This module itself imports neither JAX nor Keras; the
 strategy registry is imported only for ``train``, the Keras runner only once training starts.
@@ -26,6 +29,7 @@ from importlib import metadata
 from typing import Optional
 
 from stratax._src.launch.arguments import add_launch_arguments, run_launch
+from stratax._src.observe.arguments import add_dashboard_command
 from stratax._src.train.arguments import DESCRIPTION as TRAIN_DESCRIPTION
 from stratax._src.train.arguments import add_train_arguments, run_train
 
@@ -58,6 +62,7 @@ def build_parser(strategy_names: Optional[Sequence[str]] = None) -> argparse.Arg
     )
     add_launch_arguments(launch)
     launch.set_defaults(handler=run_launch)
+    add_dashboard_command(commands)
     return parser
 
 

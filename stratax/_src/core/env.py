@@ -56,6 +56,13 @@ STRATAX_K8S_JOB_NAME = "STRATAX_K8S_JOB_NAME"
 STRATAX_K8S_PORT = "STRATAX_K8S_PORT"
 # How many compiled steps the host may dispatch ahead on multi-device CPU (0 = unbounded).
 STRATAX_MAX_STEPS_IN_FLIGHT = "STRATAX_MAX_STEPS_IN_FLIGHT"
+# Run directory of an observed run (``stratax launch --dashboard``, ``sx.observe``): each process
+# appends its metrics to <dir>/metrics/<task>.jsonl and the launcher its events to <dir>/events.jsonl.
+STRATAX_RUN_DIR = "STRATAX_RUN_DIR"
+# Name of this process in the run directory (e.g. "worker_1", "ps_0"); default: from the rank.
+STRATAX_TASK_NAME = "STRATAX_TASK_NAME"
+# Token a non-loopback dashboard requires (generated and printed when unset).
+STRATAX_DASHBOARD_TOKEN = "STRATAX_DASHBOARD_TOKEN"
 # Set to 1 to run with Keras/JAX versions outside the tested range (stratax._src.seam).
 STRATAX_SKIP_VERSION_CHECK = "STRATAX_SKIP_VERSION_CHECK"
 # How many batches fit places on the devices ahead of the step (default 2, 0 = off).

@@ -14,6 +14,7 @@ from typing import Optional
 
 from stratax._src.launch.config import LaunchError
 from stratax._src.launch.launcher import launch
+from stratax._src.observe.arguments import add_dashboard_arguments, dashboard_from_args
 
 EXIT_USAGE = 2  # argparse's code for a bad command line
 
@@ -46,6 +47,7 @@ def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
                              "coordinator before giving up (default: 120)")
     parser.add_argument("--log-dir", default=None, metavar="DIR",
                         help="also append each worker's output to DIR/worker_<rank>.log")
+    add_dashboard_arguments(parser)
     parser.add_argument("-m", "--module", action="store_true",
                         help="run program as a module: python -m program (like python -m)")
     parser.add_argument("program", help="the script (or, with -m, module) every worker runs")
@@ -89,7 +91,17 @@ def run_launch(args: argparse.Namespace) -> int:
 
     Prints the root-cause summary to stderr when the group fails, times out or is interrupted;
     a bad command line or a start-up problem prints one ``error:`` line and returns 2 or 1.
+    With ``--dashboard`` (or ``--run-dir``) the run is observed: see ``stratax._src.observe``.
     """
+    try:
+        with dashboard_from_args(args, "stratax launch") as run_dir:
+            return _run_launch(args, None if run_dir is None else str(run_dir))
+    except ValueError as err:  # the dashboard could not start
+        _print_error(str(err))
+        return EXIT_USAGE
+
+
+def _run_launch(args: argparse.Namespace, run_dir: Optional[str]) -> int:
     try:
         cmd = command_from_args(args)
         result = launch(
@@ -104,6 +116,7 @@ def run_launch(args: argparse.Namespace) -> int:
             coordinator_wait=args.coordinator_wait,
             log_dir=args.log_dir,
             handle_signals=True,
+            run_dir=run_dir,
         )
     except (ValueError, TypeError) as err:
         _print_error(str(err))

@@ -25,6 +25,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from types import FrameType
 from typing import Optional, TextIO
 
+from stratax._src.core import env as env_names
 from stratax._src.launch.child_env import build_worker_specs
 from stratax._src.launch.config import Address, LaunchConfig
 from stratax._src.launch.network import (
@@ -34,6 +35,7 @@ from stratax._src.launch.network import (
     wait_until_reachable,
 )
 from stratax._src.launch.process_group import Worker, WorkerGroup, describe_returncode
+from stratax._src.observe.events import EventLog
 
 logger = logging.getLogger(__name__)
 
@@ -123,6 +125,7 @@ def launch(
     capture_output: bool = False,
     stream_output: bool = True,
     handle_signals: bool = False,
+    run_dir: Optional[str] = None,
 ) -> LaunchResult:
     """Runs ``cmd`` as ``nproc_per_node`` workers of this node and waits for the group to end.
 
@@ -144,6 +147,9 @@ def launch(
         stream_output: relay prefixed output to ``sys.stdout`` / ``sys.stderr``.
         handle_signals: install SIGINT/SIGTERM handlers (main thread only) that stop the group
             and end the launch with ``exit_code = 128 + signum``. ``stratax launch`` sets it.
+        run_dir: observed run: workers get ``STRATAX_RUN_DIR`` (where ``sx.observe`` and
+            ``sx.callbacks.WorkerMetrics`` write) and the launcher appends its starts, failures,
+            restarts and end to ``run_dir/events.jsonl`` (see ``stratax._src.observe.events``).
 
     Returns:
         A :class:`LaunchResult`; worker failures do not raise.
@@ -165,10 +171,13 @@ def launch(
     )
     base_env = dict(os.environ)
     base_env.update(env or {})
+    if run_dir is not None:
+        base_env[env_names.STRATAX_RUN_DIR] = os.path.abspath(run_dir)
     runner = _Launcher(
         list(cmd), config, base_env, cwd=cwd, capture_output=capture_output,
         stdout=sys.stdout if stream_output else None,
         stderr=sys.stderr if stream_output else None,
+        events=EventLog(run_dir) if run_dir is not None else None,
     )
     return runner.run(handle_signals)
 
@@ -178,7 +187,7 @@ class _Launcher:
 
     def __init__(self, cmd: list[str], config: LaunchConfig, base_env: dict[str, str], *,
                  cwd: Optional[str], capture_output: bool, stdout: Optional[TextIO],
-                 stderr: Optional[TextIO]) -> None:
+                 stderr: Optional[TextIO], events: Optional[EventLog] = None) -> None:
         self._cmd = cmd
         self._config = config
         self._base_env = base_env
@@ -190,12 +199,16 @@ class _Launcher:
         self._stop = threading.Event()  # a signal asked the launcher to end
         self._force = threading.Event()  # a second signal: skip the grace period
         self._group: Optional[WorkerGroup] = None
+        self._events = events
 
     def run(self, handle_signals: bool) -> LaunchResult:
         started = time.monotonic()
         with self._signals_installed(handle_signals):
             try:
-                return self._run(started)
+                result = self._run(started)
+                if self._events is not None:
+                    self._events.append("end", exit_code=result.exit_code, message=result.summary)
+                return result
             finally:
                 if self._group is not None:  # only on an exception; else already torn down
                     self._group.teardown(0.0)
@@ -214,6 +227,9 @@ class _Launcher:
                 log_dir=config.log_dir, restart_count=restart,
                 capture_output=self._capture, cwd=self._cwd,
             )
+            if self._events is not None:
+                self._events.append("start", restart=restart, pids=[w.pid for w in group.workers],
+                                    tasks=[f"worker_{w.spec.global_rank}" for w in group.workers])
             outcome, failed = self._monitor(group, deadline)
             if outcome == "timeout":
                 self._notice(f"timeout of {config.timeout:g} s reached; stopping "
@@ -221,9 +237,14 @@ class _Launcher:
             group.teardown(config.grace_period, self._force)
             if outcome == "failed" and failed is not None:
                 failures.append(_failure_of(group.root_cause() or failed, restart))
+                self._record_failure(failures[-1])
                 if restart < config.max_restarts and not self._stop.is_set():
                     self._notice(f"{failures[-1].describe()}; restarting the group "
                                  f"(restart {restart + 1} of {config.max_restarts}).")
+                    if self._events is not None:
+                        self._events.append("restart", restart=restart + 1,
+                                            message=f"restart {restart + 1} of "
+                                                    f"{config.max_restarts}")
                     continue
             return self._result(started, restart, failures, timed_out=outcome == "timeout",
                                 interrupted=self._stop.is_set())
@@ -302,6 +323,13 @@ class _Launcher:
             elapsed=time.monotonic() - started, summary="stratax launch: " + text,
             outputs=outputs,
         )
+
+    def _record_failure(self, failure: TaskFailure) -> None:
+        if self._events is not None:
+            self._events.failure(restart=failure.restart_count,
+                                 task=f"worker_{failure.global_rank}", pid=failure.pid,
+                                 returncode=failure.returncode, message=failure.describe(),
+                                 tail=failure.tail)
 
     def _notice(self, message: str) -> None:
         """Tells the user what the launcher does (restart, timeout) on its stderr."""

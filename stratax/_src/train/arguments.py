@@ -8,10 +8,13 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from typing import Optional
 
+from stratax._src.observe.arguments import add_dashboard_arguments, dashboard_from_args
+from stratax._src.observe.events import EventLog
 from stratax._src.train import config as cfg
 
 EXIT_OK = 0
@@ -73,6 +76,7 @@ def add_train_arguments(
     parser.add_argument("--min-accuracy", type=float, default=None, metavar="A",
                         help="exit with code 1 if the test accuracy ends below A, e.g. 0.95 "
                              "(default: no threshold)")
+    add_dashboard_arguments(parser)
 
 
 def config_from_args(args: argparse.Namespace) -> cfg.TrainConfig:
@@ -91,6 +95,7 @@ def config_from_args(args: argparse.Namespace) -> cfg.TrainConfig:
         seed=args.seed,
         verbose=default_verbose() if args.verbose is None else args.verbose,
         min_accuracy=args.min_accuracy,
+        run_dir=getattr(args, "run_dir", None),
     )
     config.validate()
     return config
@@ -101,8 +106,24 @@ def run_train(args: argparse.Namespace) -> int:
 
     0 on success; 2 (one ``error:`` line on stderr) for a bad flag, an unknown strategy or a
     batch size that does not split over the replicas; 1 when training fails or the test
-    accuracy ends below ``--min-accuracy``.
+    accuracy ends below ``--min-accuracy``. ``--dashboard`` serves the run's dashboard live.
     """
+    try:
+        with dashboard_from_args(args, "stratax train") as run_dir:
+            if run_dir is None:
+                return _run_train(args)
+            args.run_dir = str(run_dir)
+            events = EventLog(run_dir)
+            events.append("start", restart=0, tasks=["main"], pids=[os.getpid()])
+            code = _run_train(args)
+            events.append("end", exit_code=code, message=f"stratax train exited with {code}")
+            return code
+    except ValueError as err:  # the dashboard could not start
+        _print_error(str(err))
+        return EXIT_USAGE
+
+
+def _run_train(args: argparse.Namespace) -> int:
     try:
         config = config_from_args(args)
     except ValueError as err:

@@ -39,6 +39,8 @@ class TrainConfig:
             split is fixed (split seed 0) so accuracies are comparable across runs.
         verbose: Keras' ``fit`` verbosity: 0 silent, 1 progress bar, 2 one line per epoch.
         min_accuracy: fail (exit code 1) when the test accuracy ends below this; ``None``: never.
+        run_dir: when set, training speed and epoch logs go to this run directory
+            (``sx.callbacks.WorkerMetrics``), for ``--dashboard`` / ``stratax dashboard``.
 
     Example:
         >>> TrainConfig(devices=2, epochs=5).validate()
@@ -53,6 +55,7 @@ class TrainConfig:
     seed: int = DEFAULT_SEED
     verbose: int = 2
     min_accuracy: Optional[float] = None
+    run_dir: Optional[str] = None
 
     def validate(self) -> None:
         """Checks every field that can be checked without JAX.

@@ -153,8 +153,13 @@ def run_training(config: TrainConfig, out: TextIO | None = None) -> TrainResult:
     )
 
     timer = EpochTimer()
+    callbacks: list[keras.callbacks.Callback] = [timer]
+    if config.run_dir is not None:
+        from stratax._src.observe.worker_metrics import WorkerMetrics
+
+        callbacks.append(WorkerMetrics(config.run_dir, task="main"))
     model.fit(x_train, y_train, batch_size=config.batch_size, epochs=config.epochs,
-              verbose=config.verbose, callbacks=[timer])
+              verbose=config.verbose, callbacks=callbacks)
     test_loss, test_accuracy = model.evaluate(x_test, y_test, batch_size=config.batch_size,
                                               verbose=0)
     steady, mean, timed = throughput(timer.durations, len(x_train))

@@ -1,0 +1,190 @@
+"""End to end in a real browser: ``stratax launch --nproc-per-node 2 --dashboard`` on a tiny
+MultiWorkerMirrored program, the page opened in headless Chromium while it trains.
+
+Chromium is Debian's ``chromium`` package; when it is missing the test installs it with
+``apt-get`` (as root), or skips saying why. The page is read with Chromium's own
+``--dump-dom`` (after ``--virtual-time-budget`` lets the page's polling run) and
+``--screenshot``: no DevTools client library needed. The screenshot is saved as
+``benchmarks/results/dashboard.png``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+PROGRAM = Path(__file__).with_name("observed_program.py")
+SCREENSHOT = REPO_ROOT / "benchmarks" / "results" / "dashboard.png"
+INSTALL_TIMEOUT_S = 600
+BROWSER_TIMEOUT_S = 60
+DATA_TIMEOUT_S = 120
+
+
+def _chromium() -> str:
+    """Path of Chromium, installed from Debian's packages when missing (root only)."""
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if found:
+        return found
+    if os.geteuid() != 0 or not shutil.which("apt-get"):
+        pytest.skip("chromium is not installed and this user cannot apt-get install it; run "
+                    "`apt-get update && apt-get install -y chromium` as root")
+    for command in (["apt-get", "update", "-qq"],
+                    ["apt-get", "install", "-y", "-qq", "--no-install-recommends", "chromium"]):
+        try:
+            done = subprocess.run(command, capture_output=True, text=True,
+                                  timeout=INSTALL_TIMEOUT_S,
+                                  env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+        except subprocess.TimeoutExpired:
+            pytest.skip(f"`{' '.join(command)}` did not finish within {INSTALL_TIMEOUT_S} s")
+        if done.returncode != 0:
+            pytest.skip(f"`{' '.join(command)}` failed ({done.returncode}): "
+                        f"{done.stderr.strip()[-300:]}")
+    found = shutil.which("chromium")
+    if not found:
+        pytest.skip("apt-get installed chromium but no `chromium` command is on PATH")
+    return found
+
+
+def _browser(chromium: str, *args: str) -> str:
+    command = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+               "--virtual-time-budget=4000", *args]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=BROWSER_TIMEOUT_S)
+    if done.returncode != 0:
+        raise AssertionError(f"chromium exited {done.returncode}: {done.stderr[-500:]}")
+    return done.stdout
+
+
+def _rows(dom: str) -> dict[str, list[str]]:
+    """Per-worker table rows of the page: task -> cell texts."""
+    rows = {}
+    for task, cells in re.findall(r'<tr[^>]*data-task="([^"]+)"[^>]*>(.*?)</tr>', dom):
+        rows[task] = re.findall(r"<td>(.*?)</td>", cells)
+    return rows
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _wait_for_reports(run_dir: Path, launcher: subprocess.Popen, count: int) -> None:
+    deadline = time.monotonic() + DATA_TIMEOUT_S
+    files = [run_dir / "metrics" / f"worker_{i}.jsonl" for i in range(2)]
+    while time.monotonic() < deadline:
+        if all(f.exists() and f.read_text().count('"step_s"') >= count for f in files):
+            return
+        if launcher.poll() is not None:
+            raise AssertionError(f"stratax launch ended early with {launcher.returncode}")
+        time.sleep(0.2)
+    raise AssertionError(f"the workers wrote no {count} reports to {run_dir} within "
+                         f"{DATA_TIMEOUT_S} s")
+
+
+def _check_tensorboard_equals_reports(tb_train: Path, reports: Path) -> None:
+    """The chief's TensorBoard ``epoch_loss`` equals the epoch losses WorkerMetrics reported."""
+    accumulator = pytest.importorskip(
+        "tensorboard.backend.event_processing.event_accumulator",
+        reason="reading TensorBoard events needs the tensorboard package")
+    acc = accumulator.EventAccumulator(str(tb_train), size_guidance={accumulator.SCALARS: 0})
+    acc.Reload()
+    written = [(e.step, e.value) for e in acc.Scalars("epoch_loss")]
+    epochs = [json.loads(line) for line in reports.read_text().splitlines()]
+    reported = [(r["epoch"], r["loss"]) for r in epochs if r.get("epoch_end")]
+    assert len(written) == len(reported) >= 2
+    for (step, value), (epoch, loss) in zip(written, reported, strict=True):
+        assert step == epoch and value == pytest.approx(loss, rel=1e-6)
+
+
+def test_live_dashboard_of_two_workers_in_chromium(tmp_path):
+    chromium = _chromium()
+    run_dir, stop_file, tb_dir = tmp_path / "run", tmp_path / "stop", tmp_path / "tb"
+    port = _free_port()
+    log = open(tmp_path / "launch.log", "w")  # noqa: SIM115 - closed in finally
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "stratax._src.cli", "launch", "--nproc-per-node", "2",
+         "--dashboard", "--dashboard-port", str(port), "--run-dir", str(run_dir),
+         "--timeout", "240", str(PROGRAM), str(stop_file), "500", str(tb_dir)],
+        cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}/"
+    try:
+        _wait_for_reports(run_dir, launcher, count=2)
+        first = _browser(chromium, "--dump-dom", url)
+        rows = _rows(first)
+        assert set(rows) == {"worker_0", "worker_1"}, first[-2000:]
+        assert first.count('class="uplot') >= 4  # uPlot charts drawn
+        assert "start (start 0): worker_0, worker_1" in first
+        time.sleep(1.5)
+        SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
+        _browser(chromium, "--window-size=1400,1750", f"--screenshot={SCREENSHOT}", url)
+        later = _rows(_browser(chromium, "--dump-dom", url))
+        steps = {task: int(cells[1]) for task, cells in rows.items()}
+        later_steps = {task: int(cells[1]) for task, cells in later.items()}
+        assert all(later_steps[t] > steps[t] for t in steps), (steps, later_steps)
+        for cells in later.values():
+            assert float(cells[2]) > 0 and float(cells[3]) > 0  # step time, samples/s
+            assert cells[5].endswith("%")  # all-reduce share (estimated)
+        assert SCREENSHOT.stat().st_size > 20_000
+
+        stop_file.touch()
+        assert launcher.wait(timeout=90) == 0, (tmp_path / "launch.log").read_text()[-3000:]
+        events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+        assert [e["kind"] for e in events] == ["start", "end"] and events[-1]["exit_code"] == 0
+        # TensorBoard in a 2-worker run: only the chief wrote, the values of its History.
+        assert len(list((tb_dir / "train").glob("events.out.tfevents.*"))) == 1
+        _check_tensorboard_equals_reports(tb_dir / "train", run_dir / "metrics" / "worker_0.jsonl")
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGTERM)
+            try:
+                launcher.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(launcher.pid, signal.SIGKILL)
+                launcher.wait(timeout=10)
+        log.close()
+
+
+def test_saved_run_shows_straggler_failure_cause_and_server_load(tmp_path):
+    """A finished run's directory: the straggler row is highlighted, the failure shows its
+    root cause (the failing worker's last lines), parameter-server shards their load."""
+    from stratax._src.observe import record as record_mod
+    from stratax._src.observe.events import EventLog
+    from stratax._src.observe.server import DashboardServer
+
+    chromium = _chromium()
+    for step in (10, 20, 30):
+        record_mod.record(step=step, run_dir=tmp_path, task="worker_0", step_s=0.010,
+                          samples_per_s=3200, loss=1.0 / step, pull_s=0.001, push_s=0.002)
+        record_mod.record(step=step, run_dir=tmp_path, task="worker_1", step_s=0.020,
+                          samples_per_s=1600, loss=1.0 / step, pull_s=0.001, push_s=0.002)
+        record_mod.record(run_dir=tmp_path, task="ps_0", requests_per_s=40.0 * step,
+                          bytes_per_s=2e6)
+    record_mod.close_all()
+    log = EventLog(tmp_path)
+    log.append("start", restart=0, tasks=["worker_0", "worker_1"], pids=[11, 12])
+    log.failure(restart=0, task="worker_1", pid=12, returncode=-9,
+                message="worker 1 (local rank 1, pid 12) failed with signal SIGKILL",
+                tail=["epoch 3", "Killed by the OOM killer"])
+    log.append("end", exit_code=137, message="stratax launch: worker 1 failed")
+    with DashboardServer(tmp_path) as server:
+        dom = _browser(chromium, "--dump-dom", server.url)
+    assert re.search(r'<tr class="straggler" data-task="worker_1">', dom)
+    assert not re.search(r'<tr class="straggler" data-task="worker_0">', dom)
+    assert "failed with signal SIGKILL" in dom and "Killed by the OOM killer" in dom
+    assert "failed (exit 137)" in dom
+    rows = _rows(dom)
+    assert rows["worker_0"][5] == "30.0 %"  # (pull 1 ms + push 2 ms) / step 10 ms
+    ps_rows = re.findall(r"<tr><td>ps_0</td><td>([^<]*)</td><td>([^<]*)</td>", dom)
+    assert ps_rows == [("1200.0", "2.00")]
+    assert dom.count('class="uplot') >= 5  # ps load chart too

@@ -1,0 +1,76 @@
+"""``sx.callbacks.WorkerMetrics``: what it reports, and that it changes nothing that is trained."""
+
+from __future__ import annotations
+
+import json
+
+import keras
+import numpy as np
+import pytest
+
+import stratax as sx
+from stratax._src.observe import record as record_mod
+from stratax.callbacks import WorkerMetrics
+
+
+@pytest.fixture(autouse=True)
+def _close_writers():
+    yield
+    record_mod.close_all()
+
+
+def _model(strategy):
+    keras.utils.set_random_seed(1)
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(16, activation="relu"),
+                                  keras.layers.Dense(3)])
+        model.compile(optimizer=keras.optimizers.Adam(0.01),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def _records(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_reports_speed_and_leaves_training_unchanged(tmp_path, devices):
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(512, 6)).astype(np.float32), rng.integers(0, 3, 512)
+    strategy = (sx.OneDeviceStrategy("cpu:0") if devices == 1
+                else sx.MirroredStrategy([f"cpu:{i}" for i in range(devices)]))
+    plain = _model(strategy)
+    plain_history = plain.fit(x, y, batch_size=32, epochs=3, shuffle=False, verbose=0).history
+    observed = _model(strategy)
+    callback = WorkerMetrics(tmp_path, task="worker_0", every_seconds=1e-4)
+    history = observed.fit(x, y, batch_size=32, epochs=3, shuffle=False, verbose=0,
+                           callbacks=[callback]).history
+    for got, want in zip(observed.get_weights(), plain.get_weights(), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(history["loss"], plain_history["loss"], rtol=1e-6)
+    assert observed.train_function != callback._timed_train_function  # restored after fit
+
+    records = _records(tmp_path / "metrics" / "worker_0.jsonl")
+    windows = [r for r in records if "step_s" in r]
+    epochs = [r for r in records if r.get("epoch_end")]
+    assert len(windows) >= 10  # a tiny window: about one report per step
+    steps = [r["step"] for r in windows]
+    assert steps == sorted(steps) and steps[-1] <= 48  # 512 / 32 * 3 steps
+    for r in windows:
+        assert r["step_s"] > 0 and r["input_s"] >= 0 and r["input_s"] < r["step_s"]
+        # samples/s is rows per window over its time: 32 rows per step here.
+        assert r["samples_per_s"] == pytest.approx(32 / r["step_s"], rel=1e-6)
+    assert [r["epoch"] for r in epochs] == [0, 1, 2]
+    np.testing.assert_allclose([r["loss"] for r in epochs], history["loss"], rtol=1e-6)
+    if devices == 1:
+        assert "collective_s" not in windows[0]  # no all-reduce with one replica
+    else:
+        assert windows[0]["collective_s"] > 0 and windows[0]["collective_estimated"] == 1
+
+
+def test_needs_a_run_dir(monkeypatch):
+    monkeypatch.delenv("STRATAX_RUN_DIR", raising=False)
+    with pytest.raises(ValueError, match="WorkerMetrics needs a run directory"):
+        WorkerMetrics()
+    with pytest.raises(ValueError, match="every_seconds must be a number > 0, got 0"):
+        WorkerMetrics("/tmp/x", every_seconds=0)
