@@ -56,3 +56,20 @@ STRATAX_K8S_JOB_NAME = "STRATAX_K8S_JOB_NAME"
 STRATAX_K8S_PORT = "STRATAX_K8S_PORT"
 # How many compiled steps the host may dispatch ahead on multi-device CPU (0 = unbounded).
 STRATAX_MAX_STEPS_IN_FLIGHT = "STRATAX_MAX_STEPS_IN_FLIGHT"
+
+# Cloud TPU VM / GKE TPU / Colab (read by TPUClusterResolver; set by the TPU runtime, libtpu or
+# the TPU VM's tpu-env metadata). Names as JAX's jax/_src/clusters/cloud_tpu_cluster.py reads them.
+TPU_NAME = "TPU_NAME"
+TPU_WORKER_ID = "TPU_WORKER_ID"
+TPU_WORKER_HOSTNAMES = "TPU_WORKER_HOSTNAMES"
+TPU_PROCESS_ADDRESSES = "TPU_PROCESS_ADDRESSES"
+TPU_ACCELERATOR_TYPE = "TPU_ACCELERATOR_TYPE"
+TPU_PROCESS_BOUNDS = "TPU_PROCESS_BOUNDS"
+TPU_CHIPS_PER_PROCESS_BOUNDS = "TPU_CHIPS_PER_PROCESS_BOUNDS"
+MEGASCALE_COORDINATOR_ADDRESS = "MEGASCALE_COORDINATOR_ADDRESS"
+MEGASCALE_NUM_SLICES = "MEGASCALE_NUM_SLICES"
+MEGASCALE_SLICE_ID = "MEGASCALE_SLICE_ID"
+# Set by Colab: the address of a legacy (remote, gRPC) Colab TPU, which JAX cannot use.
+COLAB_TPU_ADDR = "COLAB_TPU_ADDR"
+# Opt-in TPU emulation: N CPU devices act as the TPU cores of TPUStrategy (testing only).
+STRATAX_TPU_EMULATION = "STRATAX_TPU_EMULATION"
