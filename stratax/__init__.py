@@ -67,6 +67,8 @@ from stratax._src.strategies.multi_worker import (  # noqa: E402
 )
 from stratax._src.strategies.one_device import OneDeviceStrategy  # noqa: E402
 from stratax._src.strategies.replica_context import ReplicaContext  # noqa: E402
+from stratax._src.strategies.tpu import TPUStrategy  # noqa: E402
+from stratax import config, tpu  # noqa: E402
 
 _apply_cpu_device_env()
 
@@ -102,10 +104,12 @@ __all__ = [
     "ReplicaContext",
     "Strategy",
     "StrataxError",
+    "TPUStrategy",
     "ValueContext",
     "WorkerUnavailableError",
     "cluster_resolver",
     "compute_average_loss",
+    "config",
     "datasets",
     "get_replica_context",
     "get_strategy",
@@ -113,4 +117,5 @@ __all__ = [
     "in_cross_replica_context",
     "scale_regularization_loss",
     "set_cpu_device_count",
+    "tpu",
 ]

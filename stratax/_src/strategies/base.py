@@ -1,6 +1,8 @@
 """``Strategy``: the data-parallel API every synchronous strategy shares (TensorFlow's names).
 
-A strategy owns a ``jax.sharding.Mesh`` with one axis, ``"replica"``, over its devices.
+A strategy owns a ``jax.sharding.Mesh`` with one axis, ``"replica"``, over its devices, or two,
+``("replica", "core")``, when each replica spans several logical cores (model parallelism: the
+replica function is SPMD over ``"replica"``; XLA partitions it over ``"core"``).
 ``run(fn, args)`` executes ``fn`` once per replica as SPMD (``jax.shard_map`` over that axis,
 compiled once per argument structure and shapes); values move between the per-replica and the
 cross-replica world as ``PerReplica`` (one value per replica) and replicated ``jax.Array``s.
@@ -30,7 +32,7 @@ from stratax._src.data.values import Mirrored, PerReplica, is_distributed_leaf
 from stratax._src.runtime import throttle
 from stratax._src.runtime.devices import local_replica_ids, process_rank
 from stratax._src.runtime.invariance import varying_outputs
-from stratax._src.strategies.replica_context import REPLICA_AXIS, ReplicaContext
+from stratax._src.strategies.replica_context import CORE_AXIS, REPLICA_AXIS, ReplicaContext
 
 _RUN_CACHE_SIZE = 64
 _PER_REPLICA, _REPLICATED, _STATIC = "per_replica", "replicated", "static"
@@ -49,11 +51,22 @@ class Strategy:
         >>> model.fit(x, y, batch_size=256)     # 256 = global batch
     """
 
-    def __init__(self, devices: Sequence[jax.Device]) -> None:
+    def __init__(self, devices: Sequence[jax.Device], cores_per_replica: int | None = None,
+                 layout_map: Any = None) -> None:
+        """``devices`` in replica-major order; ``cores_per_replica`` adds a ``"core"`` mesh axis;
+        ``layout_map`` (a Keras ``LayoutMap``) lays variables out over the mesh (see ``keras``)."""
         self._devices = list(devices)
-        self._local_ids = local_replica_ids(self._devices)
+        self._layout_map = layout_map
+        cores = cores_per_replica or 1
+        self._local_ids = local_replica_ids(self._devices[::cores])
         self._process_rank, self._num_processes = process_rank(self._devices)
-        self._mesh = Mesh(np.array(self._devices, dtype=object), (REPLICA_AXIS,))
+        grid = np.array(self._devices, dtype=object)
+        if cores_per_replica is None:
+            self._mesh = Mesh(grid, (REPLICA_AXIS,))
+        else:
+            self._mesh = Mesh(grid.reshape(-1, cores), (REPLICA_AXIS, CORE_AXIS))
+        # shard_map is manual over "replica" only; a "core" axis is left to XLA.
+        self._manual_axes = frozenset({REPLICA_AXIS})
         self._replicated = NamedSharding(self._mesh, P())
         self._stacked = NamedSharding(self._mesh, P(REPLICA_AXIS))
         self._run_cache: collections.OrderedDict[Any, Any] = collections.OrderedDict()
@@ -64,12 +77,17 @@ class Strategy:
     @property
     def num_replicas_in_sync(self) -> int:
         """How many replicas run each step in lock-step (the ``"replica"`` mesh axis size)."""
-        return len(self._devices)
+        return self._mesh.shape[REPLICA_AXIS]
 
     @property
     def mesh(self) -> Mesh:
         """The ``jax.sharding.Mesh`` of the replicas (axis ``"replica"``)."""
         return self._mesh
+
+    @property
+    def layout_map(self) -> Any:
+        """The Keras ``LayoutMap`` that splits variables over the mesh, or ``None`` (mirrored)."""
+        return self._layout_map
 
     @property
     def devices(self) -> tuple[jax.Device, ...]:
@@ -225,7 +243,7 @@ class Strategy:
         in_specs = tuple(P(REPLICA_AXIS) if k == _PER_REPLICA else P() for k in kinds if k != _STATIC)
         probe = jax.shard_map(
             lambda *a: body(None, *a), mesh=self._mesh, in_specs=in_specs,
-            out_specs=P(REPLICA_AXIS), check_vma=False,
+            out_specs=P(REPLICA_AXIS), axis_names=self._manual_axes, check_vma=False,
         )
         abstract = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in dynamic]
         traced = jax.make_jaxpr(probe)(*abstract)
@@ -238,7 +256,7 @@ class Strategy:
         out_specs = [P(REPLICA_AXIS) if v else P() for v in out_varying]
         mapped = jax.shard_map(
             lambda *a: body(out_varying, *a), mesh=self._mesh, in_specs=in_specs,
-            out_specs=out_specs, check_vma=False,
+            out_specs=out_specs, axis_names=self._manual_axes, check_vma=False,
         )
         return jax.jit(mapped), out_tree_box[0], out_varying
 
@@ -293,8 +311,9 @@ class Strategy:
 
         def components(leaf: Any) -> list[Any]:
             if isinstance(leaf, PerReplica):
-                shards = sorted(leaf.stacked.addressable_shards, key=lambda s: s.index[0].start or 0)
-                return [shard.data[0] for shard in shards]
+                # One shard per replica (a replica's cores hold copies of its component).
+                shards = {s.index[0].start or 0: s for s in leaf.stacked.addressable_shards}
+                return [shards[start].data[0] for start in sorted(shards)]
             base = leaf.value if isinstance(leaf, Mirrored) else leaf
             return [base] * len(local)
 
