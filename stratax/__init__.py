@@ -77,6 +77,10 @@ from stratax._src.keras.backup import PREEMPTION_EXIT_CODE, BackupAndRestore  # 
 
 _bridge.install()
 
+from stratax._src.keras import model_parallel as _model_parallel  # noqa: E402
+
+_model_parallel.install()
+
 __version__ = "0.1.0"
 
 __all__ = [

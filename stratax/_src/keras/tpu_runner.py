@@ -1,0 +1,299 @@
+"""``TPURunner``: how ``fit``/``evaluate``/``predict`` run under ``TPUStrategy`` (TPU semantics).
+
+The runner implements the per-strategy runner shape of the Keras seam (``placement_scope``,
+``prepare``, ``batches``, ``make_step``) with what a TPU wants:
+
+- **Static shapes.** Every batch has the global batch size ``B``. A last, partial batch of
+  ``n < B`` rows is padded with zero rows, so the step never recompiles for it.
+- **Exact loss and metrics on a padded batch.** Padding rows get sample weight 0 and real rows
+  their weight times ``B / n``. With Keras' ``"sum_over_batch_size"`` (and
+  ``"mean_with_sample_weight"``) reduction the loss is then ``sum(l * w) / n``: the loss and its
+  gradient are exactly those of the ``n`` real rows. Keras weights its loss tracker by the
+  padded row count ``B`` and weighted metrics by the scaled weights; both updates are linear,
+  and both are ``B / n`` times too large, so after the step every metric variable is moved back
+  to ``old + (n / B) * (new - old)``: exact for the loss tracker and every metric that takes
+  sample weights (means, sums, confusion counts, AUC buckets). Keras 3 gives no sample weight
+  to ``compile(metrics=[...])`` (only to ``weighted_metrics``), so those count the padding rows;
+  the runner says so in a warning the first time it pads such a model. Batch statistics of
+  ``BatchNormalization`` also see the padding rows.
+- **One program for ``steps_per_execution`` steps.** The ``N`` batches of a group are stacked
+  and placed once, and one jitted program runs ``jax.lax.scan`` over them (Keras' step inlined),
+  so ``N`` steps cost one host dispatch. A short last group is padded with skipped steps
+  (``lax.cond``), so it reuses the same program.
+- **Placement**: a Keras ``ModelParallel`` distribution on the strategy's ``("replica",
+  "core")`` mesh: batches split over ``"replica"``; variables laid out by the strategy's
+  ``LayoutMap`` (replicated otherwise).
+
+Example (what the Keras seam does for ``model.fit`` under a ``TPUStrategy``)::
+
+    runner = TPURunner(strategy)
+    arguments = runner.prepare("fit", arguments)
+    with runner.placement_scope():
+        train_function = runner.make_step(model, "train", keras_jitted_train_step)
+        logs, state = train_function(state, iterator_of(runner.batches(data_adapter)))
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import keras
+import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from stratax._src.keras import model_parallel
+from stratax._src.strategies.replica_context import REPLICA_AXIS
+from stratax._src.strategies.tpu import TPUStrategy
+
+logger = logging.getLogger(__name__)
+
+_KERAS_DEFAULT_BATCH = 32
+_EXACT_REDUCTIONS = (None, "sum_over_batch_size", "mean", "mean_with_sample_weight")
+# Position of the metric variables in Keras' JAX step state, per kind of step.
+_METRICS_INDEX = {"train": 3, "test": 2, "predict": None}
+
+
+class RowWeights(np.ndarray):
+    """A batch's sample weights that also carry how many of its rows are real (``real_rows``)."""
+
+    real_rows: int
+
+    def __array_finalize__(self, obj: Any) -> None:
+        self.real_rows = getattr(obj, "real_rows", 0)
+
+
+def pad_batch(batch: Any, size: int) -> tuple[Any, Any, RowWeights]:
+    """``(x, y, sample_weight)`` padded with zero rows to ``size``, with the exact weights.
+
+    Real rows keep their weight times ``size / n`` (1 when there were none), padding rows get 0;
+    a full batch keeps its weights unchanged (ones when there were none).
+
+    Raises:
+        ValueError: the batch has more than ``size`` rows.
+    """
+    x, y, weights = keras.utils.unpack_x_y_sample_weight(batch)
+    rows = int(np.shape(jax.tree.leaves(x)[0])[0])
+    if rows > size:
+        raise ValueError(
+            f"A batch of {rows} rows is larger than the static batch size {size} that TPU steps "
+            "are compiled for; give every batch at most that many rows (the global batch_size)."
+        )
+    base = np.ones(rows, np.float32) if weights is None else np.asarray(weights, np.float32)
+    if rows < size:
+        base = base * np.float32(size / rows)
+
+    def pad(leaf: Any) -> Any:
+        array = np.asarray(leaf)
+        if array.shape[0] == size:
+            return array
+        filler = np.zeros((size - rows, *array.shape[1:]), dtype=array.dtype)
+        return np.concatenate([array, filler])
+
+    padded_weights = pad(base).view(RowWeights)
+    padded_weights.real_rows = rows
+    return jax.tree.map(pad, x), (None if y is None else jax.tree.map(pad, y)), padded_weights
+
+
+class TPURunner:
+    """Runs Keras' steps for a ``TPUStrategy``: static shapes, padded batches, on-device loops.
+
+    Args:
+        strategy: The ``TPUStrategy`` the model belongs to.
+    """
+
+    def __init__(self, strategy: TPUStrategy) -> None:
+        self.strategy = strategy
+        self.distribution = model_parallel.distribution_for(strategy)
+        self._batch_size: int | None = None
+        self._warned_unweighted = False
+        self._stacked_sharding = NamedSharding(strategy.mesh, P(None, REPLICA_AXIS))
+        self._replicated = NamedSharding(strategy.mesh, P())
+
+    # ------------------------------------------------------------------ runner interface
+    def placement_scope(self) -> contextlib.AbstractContextManager[Any]:
+        """Keras variables and batches go where the strategy's ``ModelParallel`` puts them."""
+        return self.distribution.scope()
+
+    def prepare(self, method: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        """Fixes the static global batch size and checks it splits over the replicas.
+
+        Raises:
+            ValueError: the batch size does not split, or the strategy spans several hosts
+                (each host would need its own share of every batch).
+        """
+        if self.strategy.is_multi_process:
+            raise ValueError(
+                f"model.{method} under a TPUStrategy that spans {self.strategy.num_processes} "
+                "hosts needs each host to feed its share of every batch, which this runner does "
+                "not do yet; use a custom loop with strategy.distribute_datasets_from_function."
+            )
+        arguments = dict(arguments)
+        batch_size = arguments.get("batch_size")
+        if batch_size is None and isinstance(arguments.get("x"), (np.ndarray, jax.Array)):
+            batch_size = _KERAS_DEFAULT_BATCH
+        if batch_size is not None:
+            self._set_batch_size(batch_size, f"model.{method}(..., batch_size=")
+        return arguments
+
+    def _set_batch_size(self, batch_size: int, fix: str) -> None:
+        replicas = self.strategy.num_replicas_in_sync
+        if batch_size % replicas:
+            raise ValueError(
+                f"Global batch size {batch_size} does not split over {replicas} TPU replicas; "
+                f"use a multiple of {replicas}, e.g. `{fix}"
+                f"{max(replicas, batch_size // replicas * replicas)})`."
+            )
+        self._batch_size = batch_size
+
+    def batches(self, feed: Any) -> Iterator[tuple[Any, Any, RowWeights]]:
+        """One epoch of host batches from ``feed`` (a Keras data adapter or an iterable),
+        each padded to the static batch size (see ``pad_batch``)."""
+        source: Iterable[Any] = feed.get_numpy_iterator() if hasattr(
+            feed, "get_numpy_iterator") else feed
+        for batch in source:
+            if self._batch_size is None:
+                first = jax.tree.leaves(keras.utils.unpack_x_y_sample_weight(batch)[0])[0]
+                self._set_batch_size(int(np.shape(first)[0]), "batches of size (")
+            yield pad_batch(batch, self._batch_size)
+
+    def make_step(self, model: Any, kind: str,
+                  step_fn: Callable[[Any, Any], tuple[Any, Any]]) -> Callable[[Any, Any], Any]:
+        """Returns ``function(state, iterator) -> (logs, state)`` running up to
+        ``model.steps_per_execution`` batches of ``iterator`` as one on-device loop.
+
+        Raises:
+            ValueError: ``kind`` is not ``"train"``, ``"test"`` or ``"predict"``.
+        """
+        if kind not in _METRICS_INDEX:
+            raise ValueError(f"kind must be 'train', 'test' or 'predict'; received {kind!r}.")
+        group = max(int(getattr(model, "steps_per_execution", 1) or 1), 1)
+        program = self._group_program(model, kind, step_fn)
+        compiled: list[Callable[..., Any]] = []
+
+        def function(state: Any, iterator: Iterator[Any]) -> tuple[Any, Any]:
+            steps = _take(iterator, group)
+            rows = [int(batch[2].real_rows) for batch in steps]
+            if min(rows) < (self._batch_size or 0):
+                self._check_exact_padding(model, kind)
+            if not compiled:
+                # The state keeps its layout from step to step, so one program serves them all.
+                shardings = jax.tree.map(lambda a: a.sharding, state)
+                compiled.append(jax.jit(program, donate_argnums=0, out_shardings=(None, shardings)))
+            outputs, state = compiled[0](state, *self._stack(steps, group))
+            self.strategy.dispatch_window.admit(outputs)  # the state is donated next call
+            if kind == "predict":
+                outputs = _crop(outputs, rows)
+            return outputs, state
+
+        return function
+
+    # ------------------------------------------------------------------ internals
+    def _stack(self, steps: list[Any], group: int) -> tuple[Any, Any, Any]:
+        filler = jax.tree.map(np.zeros_like, steps[-1])
+        padded = steps + [filler] * (group - len(steps))
+        stacked = jax.tree.map(lambda *leaves: np.stack([np.asarray(v) for v in leaves]), *padded)
+        real = np.array([int(b[2].real_rows) for b in steps] + [0] * (group - len(steps)),
+                        np.int32)
+        valid = np.arange(group) < len(steps)
+        placed = jax.device_put(stacked, self._stacked_sharding)
+        return placed, jax.device_put(real, self._replicated), jax.device_put(
+            valid, self._replicated)
+
+    def _group_program(self, model: Any, kind: str,
+                       step_fn: Callable[[Any, Any], tuple[Any, Any]]) -> Callable[..., Any]:
+        metrics_index = _METRICS_INDEX[kind]
+
+        def program(state: Any, stacked: Any, real: Any, valid: Any) -> tuple[Any, Any]:
+            size = jax.tree.leaves(stacked)[0].shape[1]
+
+            def one_step(state: Any, inputs: Any) -> tuple[Any, Any]:
+                batch, rows, ok = inputs
+                out_shape = jax.eval_shape(step_fn, state, batch)[0]
+
+                def run(state: Any) -> tuple[Any, Any]:
+                    out, new_state = step_fn(state, batch)
+                    if metrics_index is not None:
+                        new_state = _corrected_metrics(state, new_state, metrics_index, rows, size)
+                    return (out if kind == "predict" else None), new_state
+
+                def skip(state: Any) -> tuple[Any, Any]:
+                    zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), out_shape)
+                    return (zeros if kind == "predict" else None), state
+
+                out, state = jax.lax.cond(ok, run, skip, state)
+                return state, out
+
+            state, outs = jax.lax.scan(one_step, state, (stacked, real, valid))
+            if metrics_index is None:
+                return outs, state
+            return _metrics_logs(model, state[metrics_index]), state
+
+        return program
+
+    def _check_exact_padding(self, model: Any, kind: str) -> None:
+        for loss in jax.tree.leaves(getattr(model, "loss", None)):
+            reduction = getattr(loss, "reduction", None)
+            if reduction not in _EXACT_REDUCTIONS:
+                raise ValueError(
+                    f"The last batch has fewer rows than the static batch size {self._batch_size}"
+                    f" and is padded; a loss with reduction={reduction!r} cannot be made exact on "
+                    "padded rows. Use the default reduction ('sum_over_batch_size'), or a data "
+                    "size that is a multiple of the batch size."
+                )
+        if kind != "predict" and not self._warned_unweighted:
+            self._warned_unweighted = True
+            logger.warning(
+                "TPU steps pad the last partial batch to %d rows: the loss, its gradient and "
+                "weighted metrics stay exact; metrics passed as compile(metrics=[...]) get no "
+                "sample weights in Keras 3 and count the padding rows. Pass them as "
+                "compile(weighted_metrics=[...]) for exact values.", self._batch_size)
+
+
+def _take(iterator: Iterator[Any], count: int) -> list[Any]:
+    steps = []
+    for _ in range(count):
+        try:
+            steps.append(next(iterator))
+        except StopIteration:
+            break
+    if not steps:
+        raise StopIteration
+    return steps
+
+
+def _corrected_metrics(old: Any, new: Any, index: int, rows: Any, size: int) -> Any:
+    """Scales the metric updates of a padded step back to its ``rows`` real rows (exact when
+    ``rows == size``: the new values are kept as they are)."""
+    full = rows == size
+    factor = rows.astype(jnp.float32) / size
+
+    def correct(before: Any, after: Any) -> Any:
+        if not jnp.issubdtype(after.dtype, jnp.floating):
+            return after
+        scaled = before + (factor * (after - before)).astype(after.dtype)
+        return jnp.where(full, after, scaled)
+
+    metrics = [correct(b, a) for b, a in zip(old[index], new[index], strict=True)]
+    return (*new[:index], metrics, *new[index + 1:])
+
+
+def _metrics_logs(model: Any, metric_values: Any) -> dict[str, Any]:
+    """The logs Keras would report for these metric variable values (``get_metrics_result``)."""
+    mapping = list(zip(model.metrics_variables, metric_values, strict=True))
+    with keras.StatelessScope(state_mapping=mapping):
+        return model.get_metrics_result()
+
+
+def _crop(outputs: Any, rows: list[int]) -> Any:
+    """Predictions of the real rows only: step ``i`` of the group keeps its first ``rows[i]``."""
+    def crop(stacked: Any) -> np.ndarray:
+        array = np.asarray(stacked)
+        return np.concatenate([array[i, :n] for i, n in enumerate(rows)])
+
+    return jax.tree.map(crop, outputs)
