@@ -40,9 +40,10 @@ class _RunnerSession:
 
 @contextlib.contextmanager
 def tpu_runner_hook() -> Iterator[dict[str, int]]:
-    """Routes models under a TPUStrategy through TPURunner; yields counters of runner steps."""
+    """Routes models under a TPUStrategy through TPURunner; yields counts of runner step
+    functions made and of their calls (one call per ``steps_per_execution`` group)."""
     state = threading.local()
-    counters = {"make_step": 0}
+    counters = {"make_step": 0, "calls": 0}
     patch = pytest.MonkeyPatch()
     original_session = session.DataSession
     original_prepare = bridge._prepare_arguments
@@ -66,7 +67,13 @@ def tpu_runner_hook() -> Iterator[dict[str, int]]:
         if isinstance(current, _RunnerSession):
             counters["make_step"] += 1
             kind = "predict" if concatenate_outputs else getattr(state, "kind", "train")
-            return current.runner.make_step(model, kind, step_function)
+            function = current.runner.make_step(model, kind, step_function)
+
+            def counted(state: Any, iterator: Any) -> Any:
+                counters["calls"] += 1
+                return function(state, iterator)
+
+            return counted
         return original_make_function(model, step_function, concatenate_outputs)
 
     def kind_setter(kind: str, original: Any) -> Any:

@@ -6,16 +6,17 @@ The runner implements the per-strategy runner shape of the Keras seam (``placeme
 - **Static shapes.** Every batch has the global batch size ``B``. A last, partial batch of
   ``n < B`` rows is padded with zero rows, so the step never recompiles for it.
 - **Exact loss and metrics on a padded batch.** Padding rows get sample weight 0 and real rows
-  their weight times ``B / n``. With Keras' ``"sum_over_batch_size"`` (and
-  ``"mean_with_sample_weight"``) reduction the loss is then ``sum(l * w) / n``: the loss and its
-  gradient are exactly those of the ``n`` real rows. Keras weights its loss tracker by the
-  padded row count ``B`` and weighted metrics by the scaled weights; both updates are linear,
-  and both are ``B / n`` times too large, so after the step every metric variable is moved back
-  to ``old + (n / B) * (new - old)``: exact for the loss tracker and every metric that takes
-  sample weights (means, sums, confusion counts, AUC buckets). Keras 3 gives no sample weight
-  to ``compile(metrics=[...])`` (only to ``weighted_metrics``), so those count the padding rows;
-  the runner says so in a warning the first time it pads such a model. Batch statistics of
-  ``BatchNormalization`` also see the padding rows.
+  their weight times ``B / n``: with Keras' default ``"sum_over_batch_size"`` reduction the
+  loss is then ``sum(l * w) / n``, so the loss and its gradient (hence the update) are exactly
+  those of the ``n`` real rows. Metrics need more, because Keras weights its loss tracker by the
+  padded row count ``B`` and gives no sample weight to ``compile(metrics=[...])``: the padded
+  step also runs Keras' step twice more from the same state, once with the real rows' own
+  weights (C) and once on padding rows only (Z), and keeps the metric variables
+  ``M_C - (B - n) / B * (M_Z - M_0)``. Metric updates are sums of per-row terms and every
+  padding row is the same zero row, so this removes exactly the padding rows' terms, for every
+  metric (see ``_exact_padded_metrics``); it costs two extra steps once per epoch. Limits: rows
+  that differ randomly (dropout on the padding rows) make unweighted metrics approximate, and
+  ``BatchNormalization`` batch statistics include the padding rows.
 - **One program for ``steps_per_execution`` steps.** The ``N`` batches of a group are stacked
   and placed once, and one jitted program runs ``jax.lax.scan`` over them (Keras' step inlined),
   so ``N`` steps cost one host dispatch. A short last group is padded with skipped steps
@@ -36,7 +37,6 @@ Example (what the Keras seam does for ``model.fit`` under a ``TPUStrategy``)::
 from __future__ import annotations
 
 import contextlib
-import logging
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -51,10 +51,8 @@ from stratax._src.keras import model_parallel
 from stratax._src.strategies.replica_context import REPLICA_AXIS
 from stratax._src.strategies.tpu import TPUStrategy
 
-logger = logging.getLogger(__name__)
-
 _KERAS_DEFAULT_BATCH = 32
-_EXACT_REDUCTIONS = (None, "sum_over_batch_size", "mean", "mean_with_sample_weight")
+_EXACT_REDUCTIONS = (None, "sum_over_batch_size", "mean")
 # Position of the metric variables in Keras' JAX step state, per kind of step.
 _METRICS_INDEX = {"train": 3, "test": 2, "predict": None}
 
@@ -111,7 +109,6 @@ class TPURunner:
         self.strategy = strategy
         self.distribution = model_parallel.distribution_for(strategy)
         self._batch_size: int | None = None
-        self._warned_unweighted = False
         self._stacked_sharding = NamedSharding(strategy.mesh, P(None, REPLICA_AXIS))
         self._replicated = NamedSharding(strategy.mesh, P())
 
@@ -180,7 +177,7 @@ class TPURunner:
             steps = _take(iterator, group)
             rows = [int(batch[2].real_rows) for batch in steps]
             if min(rows) < (self._batch_size or 0):
-                self._check_exact_padding(model, kind)
+                self._check_exact_padding(model)
             if not compiled:
                 # The state keeps its layout from step to step, so one program serves them all.
                 shardings = jax.tree.map(lambda a: a.sharding, state)
@@ -209,17 +206,26 @@ class TPURunner:
                        step_fn: Callable[[Any, Any], tuple[Any, Any]]) -> Callable[..., Any]:
         metrics_index = _METRICS_INDEX[kind]
 
-        def program(state: Any, stacked: Any, real: Any, valid: Any) -> tuple[Any, Any]:
+        def tpu_steps(state: Any, stacked: Any, real: Any, valid: Any) -> tuple[Any, Any]:
             size = jax.tree.leaves(stacked)[0].shape[1]
 
             def one_step(state: Any, inputs: Any) -> tuple[Any, Any]:
                 batch, rows, ok = inputs
                 out_shape = jax.eval_shape(step_fn, state, batch)[0]
 
-                def run(state: Any) -> tuple[Any, Any]:
+                def full(state: Any) -> tuple[Any, Any]:
+                    return step_fn(state, batch)
+
+                def padded(state: Any) -> tuple[Any, Any]:
                     out, new_state = step_fn(state, batch)
-                    if metrics_index is not None:
-                        new_state = _corrected_metrics(state, new_state, metrics_index, rows, size)
+                    if metrics_index is None:
+                        return out, new_state
+                    metrics = _exact_padded_metrics(step_fn, state, batch, rows, size,
+                                                    metrics_index)
+                    return out, _replace(new_state, metrics_index, metrics)
+
+                def run(state: Any) -> tuple[Any, Any]:
+                    out, new_state = jax.lax.cond(rows == size, full, padded, state)
                     return (out if kind == "predict" else None), new_state
 
                 def skip(state: Any) -> tuple[Any, Any]:
@@ -234,9 +240,9 @@ class TPURunner:
                 return outs, state
             return _metrics_logs(model, state[metrics_index]), state
 
-        return program
+        return tpu_steps
 
-    def _check_exact_padding(self, model: Any, kind: str) -> None:
+    def _check_exact_padding(self, model: Any) -> None:
         for loss in jax.tree.leaves(getattr(model, "loss", None)):
             reduction = getattr(loss, "reduction", None)
             if reduction not in _EXACT_REDUCTIONS:
@@ -246,13 +252,6 @@ class TPURunner:
                     "padded rows. Use the default reduction ('sum_over_batch_size'), or a data "
                     "size that is a multiple of the batch size."
                 )
-        if kind != "predict" and not self._warned_unweighted:
-            self._warned_unweighted = True
-            logger.warning(
-                "TPU steps pad the last partial batch to %d rows: the loss, its gradient and "
-                "weighted metrics stay exact; metrics passed as compile(metrics=[...]) get no "
-                "sample weights in Keras 3 and count the padding rows. Pass them as "
-                "compile(weighted_metrics=[...]) for exact values.", self._batch_size)
 
 
 def _take(iterator: Iterator[Any], count: int) -> list[Any]:
@@ -267,20 +266,35 @@ def _take(iterator: Iterator[Any], count: int) -> list[Any]:
     return steps
 
 
-def _corrected_metrics(old: Any, new: Any, index: int, rows: Any, size: int) -> Any:
-    """Scales the metric updates of a padded step back to its ``rows`` real rows (exact when
-    ``rows == size``: the new values are kept as they are)."""
-    full = rows == size
-    factor = rows.astype(jnp.float32) / size
+def _exact_padded_metrics(step_fn: Callable[[Any, Any], tuple[Any, Any]], state: Any,
+                          batch: Any, rows: Any, size: int, index: int) -> list[Any]:
+    """The metric variables after the ``rows`` real rows of a padded batch, exactly.
 
-    def correct(before: Any, after: Any) -> Any:
-        if not jnp.issubdtype(after.dtype, jnp.floating):
-            return after
-        scaled = before + (factor * (after - before)).astype(after.dtype)
-        return jnp.where(full, after, scaled)
+    Two more runs of the step from the same ``state`` (their trained variables are dropped):
+    C with the real rows' own weights (padding weight 0) and Z with only padding rows. Every
+    metric update is a sum of per-row terms, and every padding row is the same zero row, so
+    ``M = M_C - (size - rows) / size * (M_Z - M_0)`` removes the padding rows' terms: from
+    metrics that ignore weights (``compile(metrics=...)``), from the loss tracker's count
+    (Keras weights it by the padded row count) and from its regularisation part.
+    """
+    x, y, scaled = batch
+    own = scaled * (rows.astype(scaled.dtype) / size)   # undo pad_batch's size / rows
+    _, with_own = step_fn(state, (x, y, own))
+    padding = jax.tree.map(jnp.zeros_like, batch)
+    _, padding_only = step_fn(state, padding)
+    share = (size - rows).astype(jnp.float32) / size
 
-    metrics = [correct(b, a) for b, a in zip(old[index], new[index], strict=True)]
-    return (*new[:index], metrics, *new[index + 1:])
+    def exact(before: Any, own_rows: Any, pads: Any) -> Any:
+        if not jnp.issubdtype(own_rows.dtype, jnp.floating):
+            return own_rows
+        return own_rows - (share * (pads - before)).astype(own_rows.dtype)
+
+    return [exact(b, c, z) for b, c, z in
+            zip(state[index], with_own[index], padding_only[index], strict=True)]
+
+
+def _replace(state: Any, index: int, value: Any) -> Any:
+    return (*state[:index], value, *state[index + 1:])
 
 
 def _metrics_logs(model: Any, metric_values: Any) -> dict[str, Any]:
