@@ -178,9 +178,11 @@ class TPURunner:
             rows = [int(batch[2].real_rows) for batch in steps]
             if min(rows) < (self._batch_size or 0):
                 self._check_exact_padding(model)
+            # The state keeps its layout from call to call (committed to it, as the outputs
+            # are), so one program serves every call.
+            shardings = jax.tree.map(lambda a: a.sharding, state)
+            state = jax.device_put(state, shardings)
             if not compiled:
-                # The state keeps its layout from step to step, so one program serves them all.
-                shardings = jax.tree.map(lambda a: a.sharding, state)
                 compiled.append(jax.jit(program, donate_argnums=0, out_shardings=(None, shardings)))
             outputs, state = compiled[0](state, *self._stack(steps, group))
             self.strategy.dispatch_window.admit(outputs)  # the state is donated next call
