@@ -53,9 +53,10 @@ def _child(spec: dict) -> dict:
         assignment = sx.tpu.experimental.DeviceAssignment.build(
             topology, computation_shape=[1, 1, 1, cores] if cores <= 2 else [cores // 2, 1, 1, 2],
             num_replicas=spec["devices"] // cores)
-        if cores > 1:
+        if cores > 1:   # Megatron-style: hidden kernels split by columns, the output by rows
             layout_map = keras.distribution.LayoutMap(None)
-            layout_map[".*dense.*kernel"] = (None, "core")
+            layout_map[".*dense(_1)?/kernel"] = (None, "core")
+            layout_map[".*dense_2/kernel"] = ("core", None)
         strategy = sx.TPUStrategy(resolver, experimental_device_assignment=assignment,
                                   layout_map=layout_map)
     elif system == "mirrored":
@@ -144,6 +145,7 @@ def main() -> None:
                       for s, d, c in PARALLEL_CONFIGS]
     specs = loop_specs + parallel_specs
     results: list[list[dict]] = [[] for _ in specs]
+    load_before = os.getloadavg()
     for rep in range(args.reps):
         for i, spec in enumerate(specs):
             results[i].append(_run(spec, timeout=900))
@@ -151,12 +153,14 @@ def main() -> None:
                   f"cores={spec.get('cores', 1)}: {results[i][-1]}", flush=True)
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "tpu.json").write_text(json.dumps(
-        {"machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+        {"machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
+                     "loadavg_before": load_before, "loadavg_after": os.getloadavg()},
          "configs": [{"spec": s, "reps": r} for s, r in zip(specs, results, strict=True)]},
         indent=1))
     lines = [
         "# TPUStrategy (emulated on CPU devices): on-device step loop and model parallelism", "",
-        f"Median [min-max] of {args.reps} fresh processes; {os.cpu_count()} CPU cores. "
+        f"Median [min-max] of {args.reps} fresh processes; {os.cpu_count()} CPU cores, load "
+        f"average {load_before[0]:.1f} before and {os.getloadavg()[0]:.1f} after. "
         "`python -m benchmarks.tpu" + (" --quick" if args.quick else "") + "`.", "",
         "## Step loop: MLP 784-128-10, batch 256, steps_per_execution 32", "",
         "| system | devices | samples/s |", "| --- | ---: | ---: |",
