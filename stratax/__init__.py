@@ -21,7 +21,7 @@ from stratax._src.keras.backend import ensure_jax_backend as _ensure_jax_backend
 
 _ensure_jax_backend()
 
-from stratax import cluster_resolver, datasets  # noqa: E402
+from stratax import cluster_resolver, config, datasets, tpu  # noqa: E402
 from stratax._src.core.context import (  # noqa: E402
     get_replica_context,
     get_strategy,
@@ -68,7 +68,6 @@ from stratax._src.strategies.multi_worker import (  # noqa: E402
 from stratax._src.strategies.one_device import OneDeviceStrategy  # noqa: E402
 from stratax._src.strategies.replica_context import ReplicaContext  # noqa: E402
 from stratax._src.strategies.tpu import TPUStrategy  # noqa: E402
-from stratax import config, tpu  # noqa: E402
 
 _apply_cpu_device_env()
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from stratax._src.cluster.layout import process_layout
@@ -77,7 +79,7 @@ def test_pod_without_hosts_lets_jax_read_the_metadata(tpu_env: pytest.MonkeyPatc
 def test_named_remote_tpu_is_a_clear_error(tpu_env: pytest.MonkeyPatch) -> None:
     with pytest.raises(ValueError, match=r"tpu='my-tpu'.*Cloud TPU API.*tpu-vm ssh my-tpu"):
         TPUClusterResolver(tpu="my-tpu")
-    with pytest.raises(ValueError, match="grpc://10.1.2.3:8470"):
+    with pytest.raises(ValueError, match=re.escape("grpc://10.1.2.3:8470")):
         TPUClusterResolver(tpu="grpc://10.1.2.3:8470")
     tpu_env.setenv(env.TPU_NAME, "remote-one")
     with pytest.raises(ValueError, match="remote-one"):
@@ -92,7 +94,7 @@ def test_own_tpu_name_on_a_tpu_vm_is_local(tpu_env: pytest.MonkeyPatch) -> None:
 
 def test_legacy_colab_tpu_is_a_clear_error(tpu_env: pytest.MonkeyPatch) -> None:
     tpu_env.setenv(env.COLAB_TPU_ADDR, "10.0.0.9:8470")
-    with pytest.raises(ValueError, match="legacy Colab TPU.*TPU VM runtime"):
+    with pytest.raises(ValueError, match=r"legacy Colab TPU.*TPU VM runtime"):
         TPUClusterResolver(tpu="")
 
 
@@ -107,7 +109,7 @@ def test_emulation_argument_and_variable(tpu_env: pytest.MonkeyPatch) -> None:
     tpu_env.setenv(env.STRATAX_TPU_EMULATION, "four")
     with pytest.raises(ValueError, match="STRATAX_TPU_EMULATION='four'"):
         TPUClusterResolver()
-    with pytest.raises(ValueError, match="emulation_cores must be a positive integer.*-1"):
+    with pytest.raises(ValueError, match=r"emulation_cores must be a positive integer.*-1"):
         TPUClusterResolver(emulation_cores=-1)
 
 

@@ -14,12 +14,11 @@ import keras
 import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
+from tpu_hook import tpu_runner_hook
 
 import stratax as sx
 from stratax._src.keras.tpu_runner import pad_batch
 from stratax._src.runtime import tpu_system
-
-from tpu_hook import tpu_runner_hook
 
 TOLERANCE = 2e-5
 ROWS, BATCH = 100, 16     # 7 steps per epoch, the last one 4 real rows padded to 16

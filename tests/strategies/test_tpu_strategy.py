@@ -1,4 +1,4 @@
-"""TPUStrategy on 8 emulated cores: the explicit switch, topology, device assignment, logical cores."""
+"""TPUStrategy on 8 emulated cores: the explicit switch, topology, device assignment, cores."""
 
 from __future__ import annotations
 
@@ -114,7 +114,7 @@ def test_split_to_logical_devices_keeps_values_and_shards_over_cores() -> None:
     per_replica = strategy.experimental_distribute_values_from_function(
         lambda ctx: x[ctx.replica_id_in_sync_group])
     total_split, h_split = strategy.run(step, (per_replica, w, True))
-    total_plain, h_plain = strategy.run(step, (per_replica, w, False))
+    total_plain, _ = strategy.run(step, (per_replica, w, False))
     np.testing.assert_allclose(np.asarray(total_split), np.asarray(total_plain), rtol=1e-6)
     np.testing.assert_allclose(np.asarray(h_split.stacked), np.tanh(x @ w), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(np.asarray(total_plain), np.tanh(x @ w).sum(axis=(0, 2)), rtol=1e-5)

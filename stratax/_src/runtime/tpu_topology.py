@@ -21,10 +21,10 @@ TOPOLOGY_RANK = 4  # x, y, z, core on chip
 
 
 def device_coordinates(device: Any, index: int, cores_per_chip: int) -> tuple[int, int, int, int]:
-    """``(x, y, z, core)`` of a device: a TPU's own, or a CPU device's place in the emulated line."""
+    """``(x, y, z, core)`` of a device: a TPU's own, or a CPU device's place when emulated."""
     coords = getattr(device, "coords", None)
     if device.platform == "tpu" and coords is not None:
-        x, y, z = (list(coords) + [0, 0, 0])[:3]
+        x, y, z = [*list(coords), 0, 0, 0][:3]
         return int(x), int(y), int(z), int(getattr(device, "core_on_chip", 0))
     return index // cores_per_chip, 0, 0, index % cores_per_chip
 
@@ -126,7 +126,8 @@ class Topology:
         own = self._device_coordinates[task].tolist()
         return own.index([int(c) for c in coordinates])
 
-    def tpu_device_name_at_coordinates(self, coordinates: Sequence[int], job: str | None = None) -> str:
+    def tpu_device_name_at_coordinates(self, coordinates: Sequence[int],
+                                       job: str | None = None) -> str:
         """TensorFlow's name of that core, e.g. ``"/job:worker/task:0/device:TPU:3"``."""
         task = self.task_ordinal_at_coordinates(coordinates)
         ordinal = self.tpu_device_ordinal_at_coordinates(coordinates)

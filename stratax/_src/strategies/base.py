@@ -32,7 +32,11 @@ from stratax._src.data.values import Mirrored, PerReplica, is_distributed_leaf
 from stratax._src.runtime import throttle
 from stratax._src.runtime.devices import local_replica_ids, process_rank
 from stratax._src.runtime.invariance import varying_outputs
-from stratax._src.strategies.replica_context import CORE_AXIS, REPLICA_AXIS, ReplicaContext
+from stratax._src.strategies.replica_context import (
+    CORE_AXIS,
+    REPLICA_AXIS,
+    ReplicaContext,
+)
 
 _RUN_CACHE_SIZE = 64
 _PER_REPLICA, _REPLICATED, _STATIC = "per_replica", "replicated", "static"
@@ -243,7 +247,8 @@ class Strategy:
         in_specs = tuple(P(REPLICA_AXIS) if k == _PER_REPLICA else P() for k in kinds if k != _STATIC)
         probe = jax.shard_map(
             lambda *a: body(None, *a), mesh=self._mesh, in_specs=in_specs,
-            out_specs=P(REPLICA_AXIS), axis_names=self._manual_axes, check_vma=False,
+            out_specs=P(REPLICA_AXIS), axis_names=self._manual_axes,
+            check_vma=False,
         )
         abstract = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in dynamic]
         traced = jax.make_jaxpr(probe)(*abstract)

@@ -4,11 +4,11 @@ In TensorFlow a TPU replica may span several *logical devices* (cores), and thre
 the replica function say how a tensor is laid out over them. On JAX these become sharding
 constraints over the mesh's ``"core"`` axis, which XLA's SPMD partitioner honours:
 
-| TensorFlow | here |
+| TensorFlow (``strategy.experimental_...``) | here (``jax.lax.with_sharding_constraint``) |
 | --- | --- |
-| ``experimental_split_to_logical_devices(t, [1, 2])`` | ``with_sharding_constraint(t, P(None, "core"))`` |
-| ``experimental_replicate_to_logical_devices(t)`` | ``with_sharding_constraint(t, P())`` |
-| ``experimental_assign_to_logical_device(t, k)`` | replicated over the cores (see below) |
+| ``split_to_logical_devices(t, [1, 2])`` | ``with_sharding_constraint(t, P(None, "core"))`` |
+| ``replicate_to_logical_devices(t)`` | ``with_sharding_constraint(t, P())`` |
+| ``assign_to_logical_device(t, k)`` | replicated over the cores (see below) |
 
 SPMD programs have no "this op runs only on core k": an assigned tensor is kept whole on every
 core of the replica, which computes the same values (the placement differs, never the result).
@@ -77,7 +77,8 @@ def split(mesh: Mesh, tensor: Any, partition_dimensions: Sequence[int]) -> Any:
             f"Dimension {axis} of the tensor (size {shape[axis]}) does not split evenly over "
             f"{cores} logical cores; pad it to a multiple of {cores}."
         )
-    return _constrain(mesh, tensor, P(*[CORE_AXIS if i == axis else None for i in range(len(dims))]))
+    spec = P(*[CORE_AXIS if i == axis else None for i in range(len(dims))])
+    return _constrain(mesh, tensor, spec)
 
 
 def replicate(mesh: Mesh, tensor: Any) -> Any:
