@@ -136,3 +136,17 @@ def test_logical_device_errors() -> None:
         strategy.experimental_assign_to_logical_device(x, 2)
     split = strategy.experimental_split_to_logical_devices(x, [1, 2])   # outside run: placed
     assert split.sharding.spec == jax.sharding.PartitionSpec(None, "core")
+
+
+def test_connect_to_a_pod_after_jax_started_is_a_clear_error(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(env.TPU_WORKER_HOSTNAMES, "10.0.0.2,10.0.0.3")
+    monkeypatch.setenv(env.TPU_WORKER_ID, "1")
+    jax.devices()   # JAX has started in this test process
+    with pytest.raises(RuntimeError, match="can no longer join the other hosts of the TPU pod"):
+        sx.config.experimental_connect_to_cluster(sx.cluster_resolver.TPUClusterResolver())
+
+
+def test_connect_needs_a_tpu_resolver() -> None:
+    with pytest.raises(TypeError, match="Expected a TPUClusterResolver.*MultiWorkerMirrored"):
+        sx.config.experimental_connect_to_cluster(sx.cluster_resolver.SimpleClusterResolver({}))
