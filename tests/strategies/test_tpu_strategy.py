@@ -148,5 +148,5 @@ def test_connect_to_a_pod_after_jax_started_is_a_clear_error(
 
 
 def test_connect_needs_a_tpu_resolver() -> None:
-    with pytest.raises(TypeError, match="Expected a TPUClusterResolver.*MultiWorkerMirrored"):
+    with pytest.raises(TypeError, match=r"Expected a TPUClusterResolver.*MultiWorkerMirrored"):
         sx.config.experimental_connect_to_cluster(sx.cluster_resolver.SimpleClusterResolver({}))
