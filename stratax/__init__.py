@@ -59,6 +59,7 @@ _EXPORTS = {
     "ReductionToOneDevice": "stratax._src.strategies.cross_device_ops",
     "ReplicaContext": "stratax._src.strategies.replica_context",
     "Strategy": "stratax._src.strategies.base",
+    "TPUStrategy": "stratax._src.strategies.tpu",
     "SyncBatchNormalization": "stratax._src.keras.sync_batch_norm",
     "StrataxError": "stratax._src.core.errors",
     "ValueContext": "stratax._src.data.input_context",
@@ -66,6 +67,7 @@ _EXPORTS = {
     "callbacks": "stratax.callbacks",
     "cluster_resolver": "stratax.cluster_resolver",
     "compute_average_loss": "stratax._src.strategies.losses",
+    "config": "stratax.config",
     "datasets": "stratax.datasets",
     "get_replica_context": "stratax._src.core.context",
     "get_strategy": "stratax._src.core.context",
@@ -75,6 +77,7 @@ _EXPORTS = {
     "observe": "stratax.observe",
     "scale_regularization_loss": "stratax._src.strategies.losses",
     "set_cpu_device_count": "stratax._src.startup",
+    "tpu": "stratax.tpu",
 }
 # Names that need neither JAX nor Keras: using them does not run the install step.
 _LIGHT = frozenset({"cluster_resolver", "launch", "CollectiveTimeoutError", "MixedStrategyError",

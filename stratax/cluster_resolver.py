@@ -9,6 +9,7 @@ from stratax._src.cluster.resolver import ClusterResolver
 from stratax._src.cluster.simple import SimpleClusterResolver
 from stratax._src.cluster.slurm import SlurmClusterResolver
 from stratax._src.cluster.tfconfig import TFConfigClusterResolver
+from stratax._src.cluster.tpu import TPUClusterResolver
 
 __all__ = [
     "ClusterResolver",
@@ -19,6 +20,7 @@ __all__ = [
     "SimpleClusterResolver",
     "SlurmClusterResolver",
     "TFConfigClusterResolver",
+    "TPUClusterResolver",
     "detect_cluster_resolver",
     "process_layout",
 ]

@@ -26,7 +26,6 @@ import argparse
 import sys
 from collections.abc import Sequence
 from importlib import metadata
-from typing import Optional
 
 from stratax._src.launch.arguments import add_launch_arguments, run_launch
 from stratax._src.observe.arguments import add_dashboard_command
@@ -36,7 +35,7 @@ from stratax._src.train.arguments import add_train_arguments, run_train
 PROG = "stratax"
 
 
-def build_parser(strategy_names: Optional[Sequence[str]] = None) -> argparse.ArgumentParser:
+def build_parser(strategy_names: Sequence[str] | None = None) -> argparse.ArgumentParser:
     """The ``stratax`` parser with its ``train`` and ``launch`` sub-commands.
 
     Args:
@@ -66,7 +65,7 @@ def build_parser(strategy_names: Optional[Sequence[str]] = None) -> argparse.Arg
     return parser
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Runs ``stratax`` on ``argv`` (default ``sys.argv[1:]``); returns the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
     names = _registered_strategies() if _command(argv) == "train" else None
@@ -74,7 +73,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return int(args.handler(args))
 
 
-def _command(argv: Sequence[str]) -> Optional[str]:
+def _command(argv: Sequence[str]) -> str | None:
     """The sub-command named in ``argv`` (its first word that is not an option), if any."""
     return next((a for a in argv if not a.startswith("-")), None)
 

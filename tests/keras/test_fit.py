@@ -185,9 +185,8 @@ def test_model_of_one_strategy_in_another_scope_is_an_error():
     x, y = _data(16)
     model = _compiled(sx.MirroredStrategy(REPLICAS))
     other = sx.MirroredStrategy(["cpu:4", "cpu:5"])
-    with other.scope():
-        with pytest.raises(sx.MixedStrategyError, match="created under"):
-            model.fit(x, y, batch_size=8, verbose=0)
+    with other.scope(), pytest.raises(sx.MixedStrategyError, match="created under"):
+        model.fit(x, y, batch_size=8, verbose=0)
 
 
 def test_model_created_in_scope_trains_distributed_outside_it():

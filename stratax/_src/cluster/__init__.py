@@ -14,6 +14,7 @@ from stratax._src.cluster.simple import SimpleClusterResolver
 from stratax._src.cluster.slurm import SlurmClusterResolver
 from stratax._src.cluster.slurm_hostlist import expand_hostlist, expand_tasks_per_node
 from stratax._src.cluster.tfconfig import TFConfig, TFConfigClusterResolver, parse_tf_config
+from stratax._src.cluster.tpu import TPUClusterResolver
 
 __all__ = [
     "RESOLVERS_IN_ORDER",
@@ -26,6 +27,7 @@ __all__ = [
     "SlurmClusterResolver",
     "TFConfig",
     "TFConfigClusterResolver",
+    "TPUClusterResolver",
     "detect_cluster_resolver",
     "expand_hostlist",
     "expand_tasks_per_node",

@@ -97,7 +97,8 @@ class _Placement:
     """Where one process's share of a batch goes: the mesh, its replicas, the sharding."""
 
     def __init__(self, mesh: Mesh) -> None:
-        devices = list(mesh.devices.flat)
+        # One device per replica: a ("replica", "core") mesh's replica spans a row of cores.
+        devices = list(mesh.devices.reshape(mesh.devices.shape[0], -1)[:, 0])
         self.num_replicas = len(devices)
         self.local_replicas = local_replica_ids(devices)
         self.sharding = NamedSharding(mesh, P(_REPLICA_AXIS))

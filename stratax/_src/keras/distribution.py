@@ -6,13 +6,10 @@ import weakref
 from typing import Any
 
 import numpy as np
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
 from keras import distribution as keras_distribution
 
 from stratax._src.strategies.base import Strategy
 from stratax._src.strategies.replica_context import REPLICA_AXIS
-
 
 # Keras variables created under a several-replica strategy (by id; weakly held), so that
 # ``strategy.run`` reads a closed-over variable's current value at every call.
@@ -40,11 +37,6 @@ class StrategyDistribution(keras_distribution.DataParallel):
         )
         super().__init__(device_mesh=mesh, auto_shard_dataset=False)
         self.strategy = strategy
-
-    def placement(self, replicated: bool) -> Any:
-        """The JAX sharding of a batch: whole on every replica, or split along axis 0."""
-        mesh = self.strategy.mesh
-        return NamedSharding(mesh, P()) if replicated else NamedSharding(mesh, P(REPLICA_AXIS))
 
     def get_variable_layout(self, variable: Any) -> keras_distribution.TensorLayout:
         _created_variables[id(variable)] = variable

@@ -18,12 +18,15 @@ from typing import Any
 
 import jax
 import keras
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from stratax._src import seam
-from stratax._src.keras import binding
+from stratax._src.keras import binding, model_parallel
 from stratax._src.keras.distribution import StrategyDistribution
 from stratax._src.keras.runner import KerasRunner
 from stratax._src.runtime import distributed
+from stratax._src.strategies.replica_context import REPLICA_AXIS
 
 
 class MeshRunner(KerasRunner):
@@ -32,7 +35,13 @@ class MeshRunner(KerasRunner):
     def __init__(self, strategy: Any) -> None:
         super().__init__(strategy)
         uses_mesh = strategy.num_replicas_in_sync > 1 or strategy.is_multi_process
-        self.distribution = StrategyDistribution(strategy) if uses_mesh else None
+        self.distribution: Any = None
+        if model_parallel.needs_model_parallel(strategy):
+            self.distribution = model_parallel.distribution_for(strategy)
+        elif uses_mesh:
+            self.distribution = StrategyDistribution(strategy)
+        self._split = NamedSharding(strategy.mesh, P(REPLICA_AXIS))
+        self._whole = NamedSharding(strategy.mesh, P())
         binding.remember_mesh(strategy)
 
     def placement_scope(self) -> contextlib.AbstractContextManager[Any]:
@@ -47,7 +56,7 @@ class MeshRunner(KerasRunner):
                 yield jax.device_put(batch, device)
             return
         for batch, replicated in local_batches:
-            sharding = self.distribution.placement(replicated)
+            sharding = self._whole if replicated else self._split
             yield jax.tree.map(lambda a, s=sharding: jax.make_array_from_process_local_data(s, a),
                                batch)
 

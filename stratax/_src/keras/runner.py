@@ -96,6 +96,11 @@ def register_runner(strategy_class: type, runner_class: type[KerasRunner]) -> No
     _RUNNERS.insert(0, (strategy_class, runner_class))
 
 
+def use_runner(strategy: Any, runner: KerasRunner) -> None:
+    """Makes ``runner`` run Keras for this one ``strategy`` object (e.g. to compare runners)."""
+    setattr(strategy, _RUNNER_ATTR, runner)
+
+
 def runner_for(strategy: Any) -> KerasRunner:
     """The runner of ``strategy`` (one per strategy object, created on first use).
 

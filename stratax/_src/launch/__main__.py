@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from typing import Optional
 
 from stratax._src.launch.arguments import build_parser, run_launch
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Parses ``argv`` (default: ``sys.argv[1:]``) and runs the launch; returns the exit code."""
     parser = build_parser(prog="python -m stratax._src.launch")
     return run_launch(parser.parse_args(argv))

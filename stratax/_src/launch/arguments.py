@@ -10,7 +10,6 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
-from typing import Optional
 
 from stratax._src.launch.config import LaunchError
 from stratax._src.launch.launcher import launch
@@ -101,7 +100,7 @@ def run_launch(args: argparse.Namespace) -> int:
         return EXIT_USAGE
 
 
-def _run_launch(args: argparse.Namespace, run_dir: Optional[str]) -> int:
+def _run_launch(args: argparse.Namespace, run_dir: str | None) -> int:
     try:
         cmd = command_from_args(args)
         result = launch(
@@ -129,7 +128,7 @@ def _run_launch(args: argparse.Namespace, run_dir: Optional[str]) -> int:
     return result.exit_code
 
 
-def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
+def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     """A stand-alone parser with the launch flags (used by ``python -m stratax._src.launch``)."""
     parser = argparse.ArgumentParser(
         prog=prog or "stratax launch",

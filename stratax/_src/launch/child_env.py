@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Mapping, Sequence
-from typing import Optional
 
 from stratax._src.core import env as env_names
 from stratax._src.launch.config import Address, LaunchConfig
@@ -46,7 +45,7 @@ def build_worker_specs(
     coordinator: Address,
     restart_count: int,
     base_env: Mapping[str, str],
-    worker_ports: Optional[Sequence[int]] = None,
+    worker_ports: Sequence[int] | None = None,
 ) -> list[WorkerSpec]:
     """Builds one :class:`WorkerSpec` per local rank of this node.
 
@@ -62,7 +61,7 @@ def build_worker_specs(
         ValueError: when a single-node launch gets the wrong number of ports or a worker-0 port
             that differs from the coordinator port.
     """
-    tf_workers: Optional[list[str]] = None
+    tf_workers: list[str] | None = None
     if config.nnodes == 1:
         ports = list(worker_ports) if worker_ports is not None else []
         if len(ports) != config.nproc_per_node or ports[0] != coordinator.port:

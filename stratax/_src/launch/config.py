@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from typing import Optional
 
 
 class LaunchError(RuntimeError):
@@ -66,12 +65,12 @@ class LaunchConfig:
     nproc_per_node: int = 1
     nnodes: int = 1
     node_rank: int = 0
-    coordinator: Optional[str] = None
+    coordinator: str | None = None
     max_restarts: int = 0
-    timeout: Optional[float] = None
+    timeout: float | None = None
     grace_period: float = 5.0
     coordinator_wait: float = 120.0
-    log_dir: Optional[str] = None
+    log_dir: str | None = None
 
     def __post_init__(self) -> None:
         _check_int("nproc_per_node", self.nproc_per_node, minimum=1,
@@ -109,7 +108,7 @@ class LaunchConfig:
         return self.nnodes * self.nproc_per_node
 
     @property
-    def coordinator_address(self) -> Optional[Address]:
+    def coordinator_address(self) -> Address | None:
         """The parsed ``coordinator``, or ``None`` when the launcher picks a free port."""
         return None if self.coordinator is None else parse_address(self.coordinator)
 

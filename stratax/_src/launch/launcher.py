@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from types import FrameType
-from typing import Optional, TextIO
+from typing import TextIO
 
 from stratax._src.core import env as env_names
 from stratax._src.launch.child_env import build_worker_specs
@@ -58,12 +58,12 @@ class TaskFailure:
     traceback: tuple[str, ...] = ()  # the worker's last Python traceback, if it printed one
 
     @property
-    def exit_code(self) -> Optional[int]:
+    def exit_code(self) -> int | None:
         """The worker's exit code, or ``None`` when a signal killed it."""
         return self.returncode if self.returncode >= 0 else None
 
     @property
-    def signal_name(self) -> Optional[str]:
+    def signal_name(self) -> str | None:
         """``"SIGKILL"`` etc. when a signal killed the worker, else ``None``."""
         if self.returncode >= 0:
             return None
@@ -92,10 +92,10 @@ class LaunchResult:
     restarts: int
     failures: tuple[TaskFailure, ...]
     timed_out: bool
-    interrupted_by: Optional[str]
+    interrupted_by: str | None
     elapsed: float
     summary: str
-    outputs: Optional[Mapping[int, list[str]]] = None
+    outputs: Mapping[int, list[str]] | None = None
 
     @property
     def ok(self) -> bool:
@@ -103,7 +103,7 @@ class LaunchResult:
         return self.exit_code == 0
 
     @property
-    def failure(self) -> Optional[TaskFailure]:
+    def failure(self) -> TaskFailure | None:
         """The root cause of the last failed start, if any."""
         return self.failures[-1] if self.failures else None
 
@@ -114,18 +114,18 @@ def launch(
     *,
     nnodes: int = 1,
     node_rank: int = 0,
-    coordinator: Optional[str] = None,
+    coordinator: str | None = None,
     max_restarts: int = 0,
-    timeout: Optional[float] = None,
+    timeout: float | None = None,
     grace_period: float = 5.0,
     coordinator_wait: float = 120.0,
-    log_dir: Optional[str] = None,
-    env: Optional[Mapping[str, str]] = None,
-    cwd: Optional[str] = None,
+    log_dir: str | None = None,
+    env: Mapping[str, str] | None = None,
+    cwd: str | None = None,
     capture_output: bool = False,
     stream_output: bool = True,
     handle_signals: bool = False,
-    run_dir: Optional[str] = None,
+    run_dir: str | None = None,
 ) -> LaunchResult:
     """Runs ``cmd`` as ``nproc_per_node`` workers of this node and waits for the group to end.
 
@@ -186,8 +186,8 @@ class _Launcher:
     """State of one ``launch()`` call: the current group, and signals received."""
 
     def __init__(self, cmd: list[str], config: LaunchConfig, base_env: dict[str, str], *,
-                 cwd: Optional[str], capture_output: bool, stdout: Optional[TextIO],
-                 stderr: Optional[TextIO], events: Optional[EventLog] = None) -> None:
+                 cwd: str | None, capture_output: bool, stdout: TextIO | None,
+                 stderr: TextIO | None, events: EventLog | None = None) -> None:
         self._cmd = cmd
         self._config = config
         self._base_env = base_env
@@ -195,10 +195,10 @@ class _Launcher:
         self._capture = capture_output
         self._stdout = stdout
         self._stderr = stderr
-        self._signum: Optional[int] = None
+        self._signum: int | None = None
         self._stop = threading.Event()  # a signal asked the launcher to end
         self._force = threading.Event()  # a second signal: skip the grace period
-        self._group: Optional[WorkerGroup] = None
+        self._group: WorkerGroup | None = None
         self._events = events
 
     def run(self, handle_signals: bool) -> LaunchResult:
@@ -250,7 +250,7 @@ class _Launcher:
                                 interrupted=self._stop.is_set())
         raise RuntimeError("unreachable: the restart loop always returns")  # pragma: no cover
 
-    def _prepare(self, deadline: Optional[float]) -> tuple[Address, Optional[list[int]]]:
+    def _prepare(self, deadline: float | None) -> tuple[Address, list[int] | None]:
         """Coordinator address and (single node) TF_CONFIG ports for the next start."""
         config = self._config
         fixed = config.coordinator_address
@@ -273,7 +273,7 @@ class _Launcher:
         return fixed, None
 
     def _monitor(self, group: WorkerGroup,
-                 deadline: Optional[float]) -> tuple[str, Optional[Worker]]:
+                 deadline: float | None) -> tuple[str, Worker | None]:
         """Waits for the group's end: ``success``, ``failed`` + worker, ``timeout``, ``signal``."""
         exits = 0
         while True:
@@ -339,7 +339,7 @@ class _Launcher:
                 self._stderr.write(f"[stratax launch] {message}\n")
                 self._stderr.flush()
 
-    def _on_signal(self, signum: int, frame: Optional[FrameType]) -> None:
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         if self._signum is None:
             self._signum = signum
             self._stop.set()

@@ -10,7 +10,6 @@ import logging
 import socket
 import threading
 import time
-from typing import Optional
 
 from stratax._src.launch.config import Address, LaunchError
 
@@ -62,7 +61,7 @@ def wait_until_reachable(
     address: Address,
     wait_seconds: float,
     *,
-    stop: Optional[threading.Event] = None,
+    stop: threading.Event | None = None,
     retry_interval: float = 0.25,
 ) -> None:
     """Retries a TCP connection to ``address`` for up to ``wait_seconds``.
@@ -76,7 +75,7 @@ def wait_until_reachable(
     """
     deadline = time.monotonic() + wait_seconds
     attempts = 0
-    last_error: Optional[OSError] = None
+    last_error: OSError | None = None
     while True:
         attempts += 1
         remaining = deadline - time.monotonic()

@@ -13,7 +13,7 @@ import collections
 import os
 import threading
 import time
-from typing import IO, Optional, TextIO
+from typing import IO, TextIO
 
 TAIL_LINES = 20
 TRACEBACK_LINES = 40  # the last traceback is quoted in at most this many lines
@@ -32,12 +32,12 @@ class WorkerOutput:
     def __init__(
         self,
         name: str,
-        stdout: Optional[TextIO],
-        stderr: Optional[TextIO],
+        stdout: TextIO | None,
+        stderr: TextIO | None,
         write_lock: threading.Lock,
         *,
-        log_path: Optional[str] = None,
-        header: Optional[str] = None,
+        log_path: str | None = None,
+        header: str | None = None,
         capture: bool = False,
     ) -> None:
         self.name = name
@@ -47,13 +47,13 @@ class WorkerOutput:
         self._traceback_head = ""
         self._traceback: collections.deque[str] = collections.deque(maxlen=TRACEBACK_LINES - 1)
         self._traceback_omitted = 0
-        self._after_exception: Optional[int] = None
-        self.traceback_at: Optional[float] = None  # time.monotonic() of the last header
-        self._captured: Optional[list[str]] = [] if capture else None
+        self._after_exception: int | None = None
+        self.traceback_at: float | None = None  # time.monotonic() of the last header
+        self._captured: list[str] | None = [] if capture else None
         self._state_lock = threading.Lock()
         self._threads: list[threading.Thread] = []
         self._open_pipes = 0
-        self._log: Optional[IO[str]] = None
+        self._log: IO[str] | None = None
         if log_path is not None:
             os.makedirs(os.path.dirname(log_path) or ".", exist_ok=True)
             self._log = open(log_path, "a", encoding="utf-8", errors="replace")
@@ -114,7 +114,7 @@ class WorkerOutput:
             return (self.traceback_at is not None
                     and (self._after_exception or 0) <= LINES_AFTER_EXCEPTION)
 
-    def captured(self) -> Optional[list[str]]:
+    def captured(self) -> list[str] | None:
         """Every line printed so far when ``capture=True``, else ``None``."""
         with self._state_lock:
             return None if self._captured is None else list(self._captured)

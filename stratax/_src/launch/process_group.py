@@ -19,7 +19,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Sequence
-from typing import Optional, TextIO
+from typing import TextIO
 
 from stratax._src.launch.child_env import WorkerSpec
 from stratax._src.launch.output import WorkerOutput
@@ -39,8 +39,8 @@ class Worker:
     process: subprocess.Popen[bytes]
     output: WorkerOutput
     exited: threading.Event = dataclasses.field(default_factory=threading.Event)
-    returncode: Optional[int] = None
-    exited_at: Optional[float] = None  # time.monotonic() when the exit was seen
+    returncode: int | None = None
+    exited_at: float | None = None  # time.monotonic() when the exit was seen
 
     @property
     def failed_at(self) -> float:
@@ -78,7 +78,7 @@ class WorkerGroup:
         self._exits: queue.Queue[Worker] = queue.Queue()
         self._waiters: list[threading.Thread] = []
         self._torn_down = False
-        self._signalled_at: Optional[float] = None  # when teardown first signalled the group
+        self._signalled_at: float | None = None  # when teardown first signalled the group
 
     @classmethod
     def start(
@@ -86,12 +86,12 @@ class WorkerGroup:
         cmd: Sequence[str],
         specs: Sequence[WorkerSpec],
         *,
-        stdout: Optional[TextIO],
-        stderr: Optional[TextIO],
-        log_dir: Optional[str] = None,
+        stdout: TextIO | None,
+        stderr: TextIO | None,
+        log_dir: str | None = None,
         restart_count: int = 0,
         capture_output: bool = False,
-        cwd: Optional[str] = None,
+        cwd: str | None = None,
     ) -> WorkerGroup:
         """Starts one child per spec; on a start error, stops those already started.
 
@@ -113,13 +113,13 @@ class WorkerGroup:
         self,
         cmd: Sequence[str],
         spec: WorkerSpec,
-        stdout: Optional[TextIO],
-        stderr: Optional[TextIO],
+        stdout: TextIO | None,
+        stderr: TextIO | None,
         write_lock: threading.Lock,
-        log_dir: Optional[str],
+        log_dir: str | None,
         restart_count: int,
         capture_output: bool,
-        cwd: Optional[str],
+        cwd: str | None,
     ) -> None:
         log_path = None
         if log_dir is not None:
@@ -159,14 +159,14 @@ class WorkerGroup:
         worker.exited.set()
         self._exits.put(worker)
 
-    def next_exit(self, timeout: float) -> Optional[Worker]:
+    def next_exit(self, timeout: float) -> Worker | None:
         """The next worker to exit, in exit order, or ``None`` if none exits within ``timeout``."""
         try:
             return self._exits.get(timeout=timeout)
         except queue.Empty:
             return None
 
-    def root_cause(self) -> Optional[Worker]:
+    def root_cause(self) -> Worker | None:
         """The worker where the failure started.
 
         Candidates are the workers that failed on their own, plus those the teardown stopped
@@ -200,7 +200,7 @@ class WorkerGroup:
             except (ProcessLookupError, PermissionError):
                 pass
 
-    def teardown(self, grace_period: float, force: Optional[threading.Event] = None) -> None:
+    def teardown(self, grace_period: float, force: threading.Event | None = None) -> None:
         """Stops every worker and its descendants; idempotent.
 
         Sends SIGTERM to each process group, waits up to ``grace_period`` seconds for the

@@ -37,7 +37,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from types import TracebackType
-from typing import Any, Optional
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ class _State:
 
     def __init__(self) -> None:
         self.name = "this worker"
-        self.jax_sigterm: Optional[ctypes.Array[ctypes.c_char]] = None
+        self.jax_sigterm: ctypes.Array[ctypes.c_char] | None = None
         self.previous_excepthook: Any = None
         self.lock = threading.Lock()
         self.libc: Any = _libc()
@@ -69,7 +69,7 @@ class _State:
 state = _State()
 
 
-def _get_sigterm() -> Optional[ctypes.Array[ctypes.c_char]]:
+def _get_sigterm() -> ctypes.Array[ctypes.c_char] | None:
     """The current SIGTERM disposition as opaque bytes, or ``None`` without a usable libc."""
     if state.libc is None:
         return None
@@ -119,7 +119,7 @@ def joining(name: str) -> Iterator[None]:
     _install_excepthook()
 
 
-def route_sigterm_to_preemption() -> Optional[Callable[[], None]]:
+def route_sigterm_to_preemption() -> Callable[[], None] | None:
     """Hands SIGTERM to JAX's preemption notifier; returns the function that takes it back.
 
     Called by preemption-aware callbacks such as ``sx.BackupAndRestore`` when they start
@@ -152,7 +152,7 @@ def _install_excepthook() -> None:
 
 
 def _exit_after_traceback(exc_type: type[BaseException], exc: BaseException,
-                          tb: Optional[TracebackType]) -> None:
+                          tb: TracebackType | None) -> None:
     """Prints the traceback (through the previous hook), then ends the process at once."""
     try:
         (state.previous_excepthook or sys.__excepthook__)(exc_type, exc, tb)

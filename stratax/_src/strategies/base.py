@@ -1,6 +1,8 @@
 """``Strategy``: the data-parallel API every synchronous strategy shares (TensorFlow's names).
 
-A strategy owns a ``jax.sharding.Mesh`` with one axis, ``"replica"``, over its devices.
+A strategy owns a ``jax.sharding.Mesh`` with one axis, ``"replica"``, over its devices, or two,
+``("replica", "core")``, when each replica spans several logical cores (model parallelism: the
+replica function is SPMD over ``"replica"``; XLA partitions it over ``"core"``).
 ``run(fn, args)`` executes ``fn`` once per replica as SPMD (``jax.shard_map`` over that axis,
 traced and compiled once per argument structure and shapes by ``run_compiler``); values move
 between the per-replica and the cross-replica world as ``PerReplica`` (one value per replica) and
@@ -31,7 +33,7 @@ from stratax._src.data.input_context import InputContext, InputOptions, ValueCon
 from stratax._src.data.values import Mirrored, PerReplica, is_distributed_leaf
 from stratax._src.runtime import throttle
 from stratax._src.runtime.devices import local_replica_ids, process_rank
-from stratax._src.strategies.replica_context import REPLICA_AXIS, ReplicaContext
+from stratax._src.strategies.replica_context import CORE_AXIS, REPLICA_AXIS, ReplicaContext
 from stratax._src.strategies.run_compiler import RunCompiler
 
 
@@ -50,11 +52,20 @@ class Strategy:
 
     is_default = False  # True only for the strategy current outside any scope
 
-    def __init__(self, devices: Sequence[jax.Device]) -> None:
+    def __init__(self, devices: Sequence[jax.Device], cores_per_replica: int | None = None,
+                 layout_map: Any = None) -> None:
+        """``devices`` in replica-major order; ``cores_per_replica`` adds a ``"core"`` mesh axis;
+        ``layout_map`` (a Keras ``LayoutMap``) lays variables out over the mesh (see ``keras``)."""
         self._devices = list(devices)
-        self._local_ids = local_replica_ids(self._devices)
+        self._layout_map = layout_map
+        cores = cores_per_replica or 1
+        self._local_ids = local_replica_ids(self._devices[::cores])
         self._process_rank, self._num_processes = process_rank(self._devices)
-        self._mesh = Mesh(np.array(self._devices, dtype=object), (REPLICA_AXIS,))
+        grid = np.array(self._devices, dtype=object)
+        if cores_per_replica is None:
+            self._mesh = Mesh(grid, (REPLICA_AXIS,))
+        else:
+            self._mesh = Mesh(grid.reshape(-1, cores), (REPLICA_AXIS, CORE_AXIS))
         self._replicated = NamedSharding(self._mesh, P())
         self._stacked = NamedSharding(self._mesh, P(REPLICA_AXIS))
         self._runner = RunCompiler(self, self._mesh, self._to_global)
@@ -70,12 +81,17 @@ class Strategy:
     @property
     def num_replicas_in_sync(self) -> int:
         """How many replicas run each step in lock-step (the ``"replica"`` mesh axis size)."""
-        return len(self._devices)
+        return self._mesh.shape[REPLICA_AXIS]
 
     @property
     def mesh(self) -> Mesh:
         """The ``jax.sharding.Mesh`` of the replicas (axis ``"replica"``)."""
         return self._mesh
+
+    @property
+    def layout_map(self) -> Any:
+        """The Keras ``LayoutMap`` that splits variables over the mesh, or ``None`` (mirrored)."""
+        return self._layout_map
 
     @property
     def devices(self) -> tuple[jax.Device, ...]:
@@ -260,9 +276,9 @@ class Strategy:
         def components(leaf: Any) -> list[Any]:
             if isinstance(leaf, PerReplica):
                 if isinstance(leaf.stacked, jax.Array):
-                    shards = sorted(leaf.stacked.addressable_shards,
-                                    key=lambda s: s.index[0].start or 0)
-                    parts = [shard.data[0] for shard in shards]
+                    # One shard per replica (a replica's cores hold copies of its component).
+                    shards = {s.index[0].start or 0: s for s in leaf.stacked.addressable_shards}
+                    parts = [shards[start].data[0] for start in sorted(shards)]
                 else:
                     parts = list(np.asarray(leaf.stacked))
                 rows = leaf.valid_rows

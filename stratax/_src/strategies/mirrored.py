@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from stratax._src.runtime.devices import DeviceLike, resolve_devices
 from stratax._src.strategies.base import Strategy
@@ -21,6 +22,9 @@ class MirroredStrategy(Strategy):
         cross_device_ops: TensorFlow's all-reduce choice (``sx.NcclAllReduce()``,
             ``"hierarchical_copy"``, ...); accepted for portability: XLA compiles the all-reduce
             and picks the transport (see ``stratax._src.strategies.cross_device_ops``).
+        cores_per_replica: Model parallelism: group the devices into replicas of this many
+            logical cores (a ``("replica", "core")`` mesh, as ``TPUStrategy``'s).
+        layout_map: A ``keras.distribution.LayoutMap`` splitting variables over the mesh axes.
 
     Example:
         >>> strategy = sx.MirroredStrategy()
@@ -35,6 +39,9 @@ class MirroredStrategy(Strategy):
         self,
         devices: Sequence[DeviceLike] | None = None,
         cross_device_ops: CrossDeviceOps | str | None = None,
+        *,
+        cores_per_replica: int | None = None,
+        layout_map: Any = None,
     ) -> None:
         resolved = resolve_devices(devices)
         platforms = {d.platform for d in resolved}
@@ -44,7 +51,14 @@ class MirroredStrategy(Strategy):
                 "devices. Pick e.g. only the GPUs."
             )
         self._cross_device_ops = resolve_cross_device_ops(cross_device_ops)
-        super().__init__(resolved)
+        if cores_per_replica is not None and (
+                isinstance(cores_per_replica, bool) or not isinstance(cores_per_replica, int)
+                or cores_per_replica < 1 or len(resolved) % cores_per_replica):
+            raise ValueError(
+                f"cores_per_replica={cores_per_replica!r} must be a positive integer dividing "
+                f"the {len(resolved)} devices."
+            )
+        super().__init__(resolved, cores_per_replica=cores_per_replica, layout_map=layout_map)
 
     @property
     def cross_device_ops(self) -> CrossDeviceOps:

@@ -9,11 +9,13 @@ from stratax._src.strategies.base import Strategy
 from stratax._src.strategies.mirrored import MirroredStrategy
 from stratax._src.strategies.multi_worker import MultiWorkerMirroredStrategy
 from stratax._src.strategies.one_device import OneDeviceStrategy
+from stratax._src.strategies.tpu import TPUStrategy
 
 _REGISTRY: dict[str, Callable[[], Strategy]] = {
     "mirrored": MirroredStrategy,
     "multi_worker_mirrored": MultiWorkerMirroredStrategy,
     "one_device": lambda: OneDeviceStrategy("cpu:0"),
+    "tpu": TPUStrategy,
 }
 
 

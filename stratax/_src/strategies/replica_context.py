@@ -11,6 +11,8 @@ import jax.numpy as jnp
 from stratax._src.core.reduce_op import ReduceOp
 
 REPLICA_AXIS = "replica"
+# The logical cores of one replica (TPUStrategy, model parallelism); left to XLA inside `run`.
+CORE_AXIS = "core"
 
 _COLLECTIVES = {
     ReduceOp.SUM: jax.lax.psum,

@@ -56,6 +56,8 @@ _COUNTS_CACHE_SIZE = 16
 PER_REPLICA, REPLICATED, STATIC = "per_replica", "replicated", "static"
 
 
+# shard_map is manual over "replica" only; a "core" axis (model parallelism) is left to XLA.
+MANUAL_AXES = frozenset({REPLICA_AXIS})
 _variable_sources: list[Callable[[], Iterable[Any]]] = []
 
 
@@ -129,7 +131,7 @@ class RunCompiler:
     ) -> None:
         self._strategy = strategy
         self._mesh = mesh
-        self._num_replicas = int(mesh.devices.size)
+        self._num_replicas = int(mesh.shape[REPLICA_AXIS])
         self._to_global = to_global
         self._replicated = NamedSharding(mesh, P())
         self._cache: collections.OrderedDict[Any, CompiledRun] = collections.OrderedDict()
@@ -256,7 +258,8 @@ class RunCompiler:
             avals.append(jax.ShapeDtypeStruct((self._num_replicas,), jnp.int32))
         in_specs = tuple(P(REPLICA_AXIS) if per else P() for per in in_flags)
         probe = jax.shard_map(replica_body, mesh=self._mesh, in_specs=in_specs,
-                              out_specs=P(REPLICA_AXIS), check_vma=False)
+                              out_specs=P(REPLICA_AXIS), axis_names=MANUAL_AXES,
+                              check_vma=False)
         traced = _trace(probe, avals, fn)  # The one trace of ``fn`` for this structure.
         program = traced.jaxpr
         if self._num_replicas == 1:
@@ -323,7 +326,8 @@ def _replay(
 
     mapped = jax.shard_map(
         per_replica, mesh=mesh, in_specs=tuple(eqn.params["in_specs"]),
-        out_specs=[P(REPLICA_AXIS) if v else P() for v in out_varying], check_vma=False,
+        out_specs=[P(REPLICA_AXIS) if v else P() for v in out_varying],
+        axis_names=MANUAL_AXES, check_vma=False,
     )
 
     def step(*inputs: Any) -> list[Any]:

@@ -11,7 +11,6 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
-from typing import Optional
 
 from stratax._src.observe.arguments import add_dashboard_arguments, dashboard_from_args
 from stratax._src.observe.events import EventLog
@@ -34,7 +33,7 @@ def normalize_strategy_name(name: str) -> str:
 
 
 def add_train_arguments(
-    parser: argparse.ArgumentParser, strategy_names: Optional[Sequence[str]] = None
+    parser: argparse.ArgumentParser, strategy_names: Sequence[str] | None = None
 ) -> None:
     """Adds the ``stratax train`` flags to ``parser``.
 
@@ -152,7 +151,7 @@ def _run_train(args: argparse.Namespace) -> int:
 
 
 def build_parser(
-    prog: Optional[str] = None, strategy_names: Optional[Sequence[str]] = None
+    prog: str | None = None, strategy_names: Sequence[str] | None = None
 ) -> argparse.ArgumentParser:
     """A stand-alone parser with the train flags."""
     parser = argparse.ArgumentParser(prog=prog or "stratax train", description=DESCRIPTION)

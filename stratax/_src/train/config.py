@@ -7,7 +7,6 @@ replicas, before anything fixes the device count.
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
 
 from stratax._src.data import global_batch
 
@@ -47,15 +46,15 @@ class TrainConfig:
     """
 
     strategy: str = DEFAULT_STRATEGY
-    devices: Optional[int] = None
+    devices: int | None = None
     model: str = DEFAULT_MODEL
     epochs: int = DEFAULT_EPOCHS
     batch_size: int = DEFAULT_BATCH_SIZE
     learning_rate: float = DEFAULT_LEARNING_RATE
     seed: int = DEFAULT_SEED
     verbose: int = 2
-    min_accuracy: Optional[float] = None
-    run_dir: Optional[str] = None
+    min_accuracy: float | None = None
+    run_dir: str | None = None
 
     def validate(self) -> None:
         """Checks every field that can be checked without JAX.

@@ -1,0 +1,88 @@
+"""Model parallelism with Keras' own tools: a ``ModelParallel`` distribution on a strategy's mesh.
+
+A strategy whose mesh has a ``"core"`` axis (``TPUStrategy`` with several logical cores per
+replica, ``MirroredStrategy(cores_per_replica=...)``) or that was given a ``layout_map`` lays
+its Keras variables out with ``keras.distribution.ModelParallel``: the ``LayoutMap`` (variable
+path regex -> axes) splits the variables it names over the mesh, the others are replicated,
+and batches are split over ``"replica"`` (``batch_dim_name="replica"``). The same ``LayoutMap``
+serves any strategy whose mesh has the axes it names: one program, any mesh.
+
+The strategies' Keras runners enter that distribution (``distribution_for``) in ``scope()`` and
+in every ``fit``/``evaluate``/``predict`` call.
+
+Example:
+    >>> layout_map = keras.distribution.LayoutMap(None)     # re-homed onto the strategy's mesh
+    >>> layout_map["dense.*kernel"] = (None, "core")        # split the output units over cores
+    >>> strategy = sx.TPUStrategy(resolver, experimental_device_assignment=assignment,
+    ...                           layout_map=layout_map)
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+from keras import distribution as keras_distribution
+
+from stratax._src.strategies.base import Strategy
+from stratax._src.strategies.replica_context import CORE_AXIS, REPLICA_AXIS
+
+_distributions: weakref.WeakKeyDictionary[Strategy, keras_distribution.ModelParallel] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def needs_model_parallel(strategy: Any) -> bool:
+    """True for a strategy with a ``"core"`` mesh axis or a ``layout_map``."""
+    return isinstance(strategy, Strategy) and (
+        CORE_AXIS in strategy.mesh.shape or strategy.layout_map is not None)
+
+
+def device_mesh(strategy: Strategy) -> keras_distribution.DeviceMesh:
+    """The strategy's ``jax.sharding.Mesh`` as a Keras ``DeviceMesh`` (same devices and axes)."""
+    mesh = strategy.mesh
+    return keras_distribution.DeviceMesh(
+        shape=tuple(mesh.devices.shape), axis_names=list(mesh.axis_names),
+        devices=np.asarray(mesh.devices))
+
+
+def rehome_layout_map(layout_map: Any, mesh: keras_distribution.DeviceMesh
+                      ) -> keras_distribution.LayoutMap:
+    """Copies a ``LayoutMap`` (or a ``{regex: axes}`` dict) onto ``mesh``, checking its axes.
+
+    Raises:
+        TypeError: ``layout_map`` is neither a ``LayoutMap`` nor a mapping.
+        ValueError: a layout names an axis the mesh does not have.
+    """
+    result = keras_distribution.LayoutMap(mesh)
+    if layout_map is None:
+        return result
+    if not isinstance(layout_map, Mapping):
+        raise TypeError(
+            f"layout_map must be a keras.distribution.LayoutMap or a dict of variable-path "
+            f"regex -> axes; received {type(layout_map).__name__}."
+        )
+    for pattern in layout_map:
+        layout = layout_map[pattern]
+        axes = tuple(getattr(layout, "axes", layout))
+        unknown = [a for a in axes if a is not None and a not in mesh.axis_names]
+        if unknown:
+            raise ValueError(
+                f"layout_map[{pattern!r}] = {axes} names axis {unknown[0]!r}, but the strategy's "
+                f"mesh has axes {tuple(mesh.axis_names)}; use those (or None to replicate)."
+            )
+        result[pattern] = axes
+    return result
+
+
+def distribution_for(strategy: Strategy) -> keras_distribution.ModelParallel:
+    """The strategy's ``ModelParallel`` distribution (one per strategy, built on first use)."""
+    dist = _distributions.get(strategy)
+    if dist is None:
+        layout_map = rehome_layout_map(strategy.layout_map, device_mesh(strategy))
+        dist = keras_distribution.ModelParallel(
+            layout_map=layout_map, batch_dim_name=REPLICA_AXIS, auto_shard_dataset=False)
+        _distributions[strategy] = dist
+    return dist

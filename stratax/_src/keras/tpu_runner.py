@@ -1,0 +1,317 @@
+"""``TPURunner``: how ``fit``/``evaluate``/``predict`` run under ``TPUStrategy`` (TPU semantics).
+
+The runner implements the per-strategy runner shape of the Keras seam (``placement_scope``,
+``prepare``, ``batches``, ``make_step``) with what a TPU wants:
+
+- **Static shapes.** Every batch has the global batch size ``B``. A last, partial batch of
+  ``n < B`` rows is padded with zero rows, so the step never recompiles for it.
+- **Exact loss and metrics on a padded batch.** Padding rows get sample weight 0 and real rows
+  their weight times ``B / n``: with Keras' default ``"sum_over_batch_size"`` reduction the
+  loss is then ``sum(l * w) / n``, so the loss and its gradient (hence the update) are exactly
+  those of the ``n`` real rows. Metrics need more, because Keras weights its loss tracker by the
+  padded row count ``B`` and gives no sample weight to ``compile(metrics=[...])``: the padded
+  step also runs Keras' step twice more from the same state, once with the real rows' own
+  weights (C) and once on padding rows only (Z), and keeps the metric variables
+  ``M_C - (B - n) / B * (M_Z - M_0)``. Metric updates are sums of per-row terms and every
+  padding row is the same zero row, so this removes exactly the padding rows' terms, for every
+  metric (see ``_exact_padded_metrics``); it costs two extra steps once per epoch. Limits: rows
+  that differ randomly (dropout on the padding rows) make unweighted metrics approximate, and
+  ``BatchNormalization`` batch statistics include the padding rows.
+- **One program for ``steps_per_execution`` steps.** The ``N`` batches of a group are stacked
+  and placed once, and one jitted program runs ``jax.lax.scan`` over them (Keras' step inlined),
+  so ``N`` steps cost one host dispatch. A short last group is padded with skipped steps
+  (``lax.cond``), so it reuses the same program.
+- **Placement**: a Keras ``ModelParallel`` distribution on the strategy's ``("replica",
+  "core")`` mesh: batches split over ``"replica"``; variables laid out by the strategy's
+  ``LayoutMap`` (replicated otherwise).
+
+Example (what the Keras seam does for ``model.fit`` under a ``TPUStrategy``)::
+
+    runner = TPURunner(strategy)
+    arguments = runner.prepare("fit", arguments)
+    with runner.placement_scope():
+        train_function = runner.make_step(model, "train", keras_jitted_train_step)
+        logs, state = train_function(state, iterator_of(runner.batches(data_adapter)))
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import keras
+import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from stratax._src.keras import model_parallel
+from stratax._src.keras.runner import KerasRunner
+from stratax._src.strategies.replica_context import REPLICA_AXIS
+from stratax._src.strategies.tpu import TPUStrategy
+
+_KERAS_DEFAULT_BATCH = 32
+_EXACT_REDUCTIONS = (None, "sum_over_batch_size", "mean")
+# Position of the metric variables in Keras' JAX step state, per kind of step.
+_METRICS_INDEX = {"train": 3, "test": 2, "predict": None}
+
+
+class RowWeights(np.ndarray):
+    """A batch's sample weights that also carry how many of its rows are real (``real_rows``)."""
+
+    real_rows: int
+
+    def __array_finalize__(self, obj: Any) -> None:
+        self.real_rows = getattr(obj, "real_rows", 0)
+
+
+def pad_batch(batch: Any, size: int) -> tuple[Any, Any, RowWeights]:
+    """``(x, y, sample_weight)`` padded with zero rows to ``size``, with the exact weights.
+
+    Real rows keep their weight times ``size / n`` (1 when there were none), padding rows get 0;
+    a full batch keeps its weights unchanged (ones when there were none).
+
+    Raises:
+        ValueError: the batch has more than ``size`` rows.
+    """
+    x, y, weights = keras.utils.unpack_x_y_sample_weight(batch)
+    rows = int(np.shape(jax.tree.leaves(x)[0])[0])
+    if rows > size:
+        raise ValueError(
+            f"A batch of {rows} rows is larger than the static batch size {size} that TPU steps "
+            "are compiled for; give every batch at most that many rows (the global batch_size)."
+        )
+    base = np.ones(rows, np.float32) if weights is None else np.asarray(weights, np.float32)
+    if rows < size:
+        base = base * np.float32(size / rows)
+
+    def pad(leaf: Any) -> Any:
+        array = np.asarray(leaf)
+        if array.shape[0] == size:
+            return array
+        filler = np.zeros((size - rows, *array.shape[1:]), dtype=array.dtype)
+        return np.concatenate([array, filler])
+
+    padded_weights = pad(base).view(RowWeights)
+    padded_weights.real_rows = rows
+    return jax.tree.map(pad, x), (None if y is None else jax.tree.map(pad, y)), padded_weights
+
+
+class TPURunner(KerasRunner):
+    """Runs Keras' steps for a ``TPUStrategy``: static shapes, padded batches, on-device loops.
+
+    Args:
+        strategy: The ``TPUStrategy`` the model belongs to.
+    """
+
+    def __init__(self, strategy: TPUStrategy) -> None:
+        super().__init__(strategy)
+        self.distribution = model_parallel.distribution_for(strategy)
+        self._batch_size: int | None = None
+        self._stacked_sharding = NamedSharding(strategy.mesh, P(None, REPLICA_AXIS))
+        self._replicated = NamedSharding(strategy.mesh, P())
+
+    # ------------------------------------------------------------------ runner interface
+    def placement_scope(self) -> contextlib.AbstractContextManager[Any]:
+        """Keras variables and batches go where the strategy's ``ModelParallel`` puts them."""
+        return self.distribution.scope()
+
+    def prepare(self, method: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        """Fixes the static global batch size and checks it splits over the replicas.
+
+        Raises:
+            ValueError: the batch size does not split, or the strategy spans several hosts
+                (each host would need its own share of every batch).
+        """
+        if self.strategy.is_multi_process:
+            raise ValueError(
+                f"model.{method} under a TPUStrategy that spans {self.strategy.num_processes} "
+                "hosts needs each host to feed its share of every batch, which this runner does "
+                "not do yet; use a custom loop with strategy.distribute_datasets_from_function."
+            )
+        batch_size = arguments.get("batch_size")
+        if batch_size is None and isinstance(arguments.get("x"), (np.ndarray, jax.Array)):
+            batch_size = _KERAS_DEFAULT_BATCH
+        self._batch_size = None
+        if batch_size is not None:
+            self._set_batch_size(batch_size, f"model.{method}(..., batch_size=")
+        return super().prepare(method, arguments)
+
+    def _set_batch_size(self, batch_size: int, fix: str) -> None:
+        replicas = self.strategy.num_replicas_in_sync
+        if batch_size % replicas:
+            raise ValueError(
+                f"Global batch size {batch_size} does not split over {replicas} TPU replicas; "
+                f"use a multiple of {replicas}, e.g. `{fix}"
+                f"{max(replicas, batch_size // replicas * replicas)})`."
+            )
+        self._batch_size = batch_size
+
+    def batches(self, local_batches: Iterator[tuple[Any, bool]]) -> Iterator[Any]:
+        """One epoch of host batches, each padded to the static batch size (``pad_batch``);
+        the step places a whole group of them at once."""
+        for batch, _ in local_batches:
+            if self._batch_size is None:
+                first = jax.tree.leaves(keras.utils.unpack_x_y_sample_weight(batch)[0])[0]
+                self._set_batch_size(int(np.shape(first)[0]), "batches of size (")
+            yield pad_batch(batch, self._batch_size)
+
+    def place_unconverted(self, batches: Iterator[Any]) -> Iterator[Any]:
+        return self.batches((batch, False) for batch in batches)
+
+    def make_step(self, model: Any, kind: str, build: Callable[..., Any],
+                  step_fn: Callable[[Any, Any], tuple[Any, Any]]) -> Callable[[Any, Any], Any]:
+        """Returns ``function(state, iterator) -> (logs, state)`` running up to
+        ``model.steps_per_execution`` batches of ``iterator`` as one on-device loop.
+
+        Raises:
+            ValueError: ``kind`` is not ``"train"``, ``"test"`` or ``"predict"``.
+        """
+        if kind not in _METRICS_INDEX:
+            raise ValueError(f"kind must be 'train', 'test' or 'predict'; received {kind!r}.")
+        group = max(int(getattr(model, "steps_per_execution", 1) or 1), 1)
+        program = self._group_program(model, kind, step_fn)
+        compiled: list[Callable[..., Any]] = []
+
+        def function(state: Any, iterator: Iterator[Any]) -> tuple[Any, Any]:
+            steps = _take(iterator, group)
+            rows = [int(batch[2].real_rows) for batch in steps]
+            if min(rows) < (self._batch_size or 0):
+                self._check_exact_padding(model)
+            # The state keeps its layout from call to call (committed to it, as the outputs
+            # are), so one program serves every call.
+            shardings = jax.tree.map(lambda a: a.sharding, state)
+            state = jax.device_put(state, shardings)
+            if not compiled:
+                compiled.append(jax.jit(program, donate_argnums=0, out_shardings=(None, shardings)))
+            outputs, state = compiled[0](state, *self._stack(steps, group))
+            self.strategy.dispatch_window.admit(outputs)  # the state is donated next call
+            if kind == "predict":
+                outputs = _crop(outputs, rows)
+            return outputs, state
+
+        return function
+
+    # ------------------------------------------------------------------ internals
+    def _stack(self, steps: list[Any], group: int) -> tuple[Any, Any, Any]:
+        filler = jax.tree.map(np.zeros_like, steps[-1])
+        padded = steps + [filler] * (group - len(steps))
+        stacked = jax.tree.map(lambda *leaves: np.stack([np.asarray(v) for v in leaves]), *padded)
+        real = np.array([int(b[2].real_rows) for b in steps] + [0] * (group - len(steps)),
+                        np.int32)
+        valid = np.arange(group) < len(steps)
+        placed = jax.device_put(stacked, self._stacked_sharding)
+        return placed, jax.device_put(real, self._replicated), jax.device_put(
+            valid, self._replicated)
+
+    def _group_program(self, model: Any, kind: str,
+                       step_fn: Callable[[Any, Any], tuple[Any, Any]]) -> Callable[..., Any]:
+        metrics_index = _METRICS_INDEX[kind]
+
+        def tpu_steps(state: Any, stacked: Any, real: Any, valid: Any) -> tuple[Any, Any]:
+            size = jax.tree.leaves(stacked)[0].shape[1]
+
+            def one_step(state: Any, inputs: Any) -> tuple[Any, Any]:
+                batch, rows, ok = inputs
+                out_shape = jax.eval_shape(step_fn, state, batch)[0]
+
+                def full(state: Any) -> tuple[Any, Any]:
+                    return step_fn(state, batch)
+
+                def padded(state: Any) -> tuple[Any, Any]:
+                    out, new_state = step_fn(state, batch)
+                    if metrics_index is None:
+                        return out, new_state
+                    metrics = _exact_padded_metrics(step_fn, state, batch, rows, size,
+                                                    metrics_index)
+                    return out, _replace(new_state, metrics_index, metrics)
+
+                def run(state: Any) -> tuple[Any, Any]:
+                    out, new_state = jax.lax.cond(rows == size, full, padded, state)
+                    return (out if kind == "predict" else None), new_state
+
+                def skip(state: Any) -> tuple[Any, Any]:
+                    zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), out_shape)
+                    return (zeros if kind == "predict" else None), state
+
+                out, state = jax.lax.cond(ok, run, skip, state)
+                return state, out
+
+            state, outs = jax.lax.scan(one_step, state, (stacked, real, valid))
+            if metrics_index is None:
+                return outs, state
+            return _metrics_logs(model, state[metrics_index]), state
+
+        return tpu_steps
+
+    def _check_exact_padding(self, model: Any) -> None:
+        for loss in jax.tree.leaves(getattr(model, "loss", None)):
+            reduction = getattr(loss, "reduction", None)
+            if reduction not in _EXACT_REDUCTIONS:
+                raise ValueError(
+                    f"The last batch has fewer rows than the static batch size {self._batch_size}"
+                    f" and is padded; a loss with reduction={reduction!r} cannot be made exact on "
+                    "padded rows. Use the default reduction ('sum_over_batch_size'), or a data "
+                    "size that is a multiple of the batch size."
+                )
+
+
+def _take(iterator: Iterator[Any], count: int) -> list[Any]:
+    steps = []
+    for _ in range(count):
+        try:
+            steps.append(next(iterator))
+        except StopIteration:
+            break
+    if not steps:
+        raise StopIteration
+    return steps
+
+
+def _exact_padded_metrics(step_fn: Callable[[Any, Any], tuple[Any, Any]], state: Any,
+                          batch: Any, rows: Any, size: int, index: int) -> list[Any]:
+    """The metric variables after the ``rows`` real rows of a padded batch, exactly.
+
+    Two more runs of the step from the same ``state`` (their trained variables are dropped):
+    C with the real rows' own weights (padding weight 0) and Z with only padding rows. Every
+    metric update is a sum of per-row terms, and every padding row is the same zero row, so
+    ``M = M_C - (size - rows) / size * (M_Z - M_0)`` removes the padding rows' terms: from
+    metrics that ignore weights (``compile(metrics=...)``), from the loss tracker's count
+    (Keras weights it by the padded row count) and from its regularisation part.
+    """
+    x, y, scaled = batch
+    own = scaled * (rows.astype(scaled.dtype) / size)   # undo pad_batch's size / rows
+    _, with_own = step_fn(state, (x, y, own))
+    padding = jax.tree.map(jnp.zeros_like, batch)
+    _, padding_only = step_fn(state, padding)
+    share = (size - rows).astype(jnp.float32) / size
+
+    def exact(before: Any, own_rows: Any, pads: Any) -> Any:
+        if not jnp.issubdtype(own_rows.dtype, jnp.floating):
+            return own_rows
+        return own_rows - (share * (pads - before)).astype(own_rows.dtype)
+
+    return [exact(b, c, z) for b, c, z in
+            zip(state[index], with_own[index], padding_only[index], strict=True)]
+
+
+def _replace(state: Any, index: int, value: Any) -> Any:
+    return (*state[:index], value, *state[index + 1:])
+
+
+def _metrics_logs(model: Any, metric_values: Any) -> dict[str, Any]:
+    """The logs Keras would report for these metric variable values (``get_metrics_result``)."""
+    mapping = list(zip(model.metrics_variables, metric_values, strict=True))
+    with keras.StatelessScope(state_mapping=mapping):
+        return model.get_metrics_result()
+
+
+def _crop(outputs: Any, rows: list[int]) -> Any:
+    """Predictions of the real rows only: step ``i`` of the group keeps its first ``rows[i]``."""
+    def crop(stacked: Any) -> np.ndarray:
+        array = np.asarray(stacked)
+        return np.concatenate([array[i, :n] for i, n in enumerate(rows)])
+
+    return jax.tree.map(crop, outputs)

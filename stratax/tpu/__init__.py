@@ -1,0 +1,5 @@
+"""``sx.tpu``: TensorFlow's ``tf.tpu`` namespace (``sx.tpu.experimental``)."""
+
+from stratax.tpu import experimental
+
+__all__ = ["experimental"]
