@@ -68,5 +68,6 @@ def test_ci_runs_exactly_the_readme_test_command():
     ci_lines = (ROOT / ".ci" / "run").read_text().strip().splitlines()
     command = ci_lines[-1]
     assert command.startswith('python -m pip install -q -e ".[test]" && ')
-    assert "python -m ruff check ." in command and command.endswith("python -m pytest")
+    assert "python -m ruff check ." in command and "python -m pytest" in command
+    assert command.endswith("bash .ci/other_end_of_range.sh")  # the other end of the range
     assert f"```bash\n{command}\n```" in readme
