@@ -148,7 +148,11 @@ class RunCompiler:
         ]
         if arguments.valid_rows is not None:
             placed.append(self._row_counts(arguments.valid_rows))
-        flat = compiled.call(*placed, *(variable.value for variable in compiled.variables))
+        # A variable may live on another strategy's devices (a model built under a wider
+        # strategy, run here): its value joins this step replicated on this mesh.
+        values = [jax.device_put(variable.value, self._replicated)
+                  for variable in compiled.variables]
+        flat = compiled.call(*placed, *values)
         wrapped = [
             self._wrap(x, arguments) if varying else x
             for x, varying in zip(flat, compiled.out_varying, strict=True)
