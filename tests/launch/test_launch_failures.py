@@ -207,6 +207,6 @@ def test_sigterm_to_launcher_escalates_to_sigkill_after_the_grace_period(scripts
     elapsed = time.monotonic() - sent
     assert proc.returncode == 128 + signal.SIGTERM, stderr
     assert "interrupted by SIGTERM" in stderr
-    assert 0.9 < elapsed < 4, elapsed
+    assert 0.9 < elapsed < 6, elapsed
     for pid in pids:
         assert scripts.wait_gone(pid, 1.0)
