@@ -56,3 +56,7 @@ STRATAX_K8S_JOB_NAME = "STRATAX_K8S_JOB_NAME"
 STRATAX_K8S_PORT = "STRATAX_K8S_PORT"
 # How many compiled steps the host may dispatch ahead on multi-device CPU (0 = unbounded).
 STRATAX_MAX_STEPS_IN_FLIGHT = "STRATAX_MAX_STEPS_IN_FLIGHT"
+# Shared secret every parameter-server / worker call must carry (required off loopback).
+STRATAX_PS_TOKEN = "STRATAX_PS_TOKEN"
+# Path of a file holding that secret (read when STRATAX_PS_TOKEN is unset).
+STRATAX_PS_TOKEN_FILE = "STRATAX_PS_TOKEN_FILE"

@@ -1,0 +1,381 @@
+"""``ClusterCoordinator``: schedules step functions on workers, TensorFlow's way.
+
+``schedule(fn, args)`` runs ``fn`` once on the coordinator in *recording* mode: inside it,
+``next(per_worker_iterator)`` gives placeholders for the worker's next batch and
+``strategy.run(replica_fn, args=(batch,))`` records an exported step (traced once per
+function and shapes, then cached). ``fn`` may call ``next`` and ``strategy.run`` any number of
+times (e.g. a loop of 10 steps, TF's ``steps_per_execution``), ``strategy.reduce`` (identity: one
+replica per worker), and return any structure of ``run`` results. Anything else it computes runs
+on the coordinator at schedule time, not per step. The recorded closure goes to a free worker;
+its ``RemoteValue`` receives the returned structure as numpy arrays.
+
+Failures: an error in a step (raised by ``dataset_fn``, bad ids, ...) fails its ``RemoteValue``
+and is raised by the next ``join()``, naming the worker and its address. A worker that stops
+answering (deadline ``timeout_seconds``) is marked dead and its in-flight closure re-queued on
+the others (at-least-once; the parameter servers apply each step id at most once per shard).
+"""
+
+from __future__ import annotations
+
+import collections
+import enum
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from stratax._src.core.errors import StrataxError, WorkerUnavailableError
+from stratax._src.parameter_server import functions, rpc, structure
+from stratax._src.parameter_server.program import Program
+
+logger = logging.getLogger(__name__)
+
+
+class RemoteValueStatus(enum.Enum):
+    """State of a scheduled closure's result.
+
+    Transitions: ``PENDING`` -> ``SUCCEEDED`` (the worker returned outputs) or ``FAILED``
+    (the step raised, or no worker is left); ``PENDING`` stays ``PENDING`` when a dead worker's
+    closure is re-queued.
+    """
+
+    PENDING = "pending"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+
+class RemoteValue:
+    """The result of ``ClusterCoordinator.schedule``: ``fetch()`` waits and returns numpy
+    values."""
+
+    def __init__(self) -> None:
+        self._done = threading.Event()
+        self._value: Any = None
+        self._error: BaseException | None = None
+        self.status = RemoteValueStatus.PENDING
+
+    def _set(self, value: Any = None, error: BaseException | None = None) -> None:
+        self._value, self._error = value, error
+        self.status = RemoteValueStatus.FAILED if error else RemoteValueStatus.SUCCEEDED
+        self._done.set()
+
+    def fetch(self, timeout: float | None = None) -> Any:
+        """Waits for the closure (at most ``timeout`` s) and returns its outputs.
+
+        Raises:
+          TimeoutError: Not done within ``timeout``.
+          StrataxError: The closure failed (the message names the worker).
+        """
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"Scheduled function not done after {timeout} s.")
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+    def get(self, timeout: float | None = None) -> Any:
+        """Same as ``fetch`` (TensorFlow's ``RemoteValue.get``)."""
+        return self.fetch(timeout)
+
+
+class PerWorkerValues:
+    """One value per worker (TensorFlow's ``PerWorkerValues``)."""
+
+    def __init__(self, values: Sequence[Any]) -> None:
+        self._values = tuple(values)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+
+class StepError(StrataxError):
+    """A scheduled step failed on a worker; the message names it and quotes its error."""
+
+
+class _LeafRef:
+    """Placeholder for one leaf of a batch inside a closure being recorded."""
+
+    def __init__(self, batch: int, leaf: int, spec: jax.ShapeDtypeStruct) -> None:
+        self.batch, self.leaf, self.spec = batch, leaf, spec
+
+    def __repr__(self) -> str:
+        return f"<batch {self.batch} leaf {self.leaf} {self.spec.shape} {self.spec.dtype}>"
+
+
+class _Output:
+    """Placeholder for one output leaf of one recorded run."""
+
+    def __init__(self, run: int, leaf: int) -> None:
+        self.run, self.leaf = run, leaf
+
+
+class _Recording(threading.local):
+    def __init__(self) -> None:
+        self.closure: _Closure | None = None
+
+
+_recording = _Recording()
+
+
+def recording() -> _Closure:
+    """The closure being recorded; raises if not inside ``schedule``."""
+    if _recording.closure is None:
+        raise RuntimeError(
+            "ParameterServerStrategy.run is called inside a function given to "
+            "`coordinator.schedule(fn, args=...)`; call it there."
+        )
+    return _recording.closure
+
+
+class _Closure:
+    def __init__(self, ident: int) -> None:
+        self.ident = ident
+        self.iterator: PerWorkerIterator | None = None
+        self.batches = 0
+        self.runs: list[dict[str, Any]] = []
+        self.programs: list[Program] = []
+        self.result_tree: Any = None
+        self.remote = RemoteValue()
+
+    def add_run(self, program: Program, refs: Sequence[_LeafRef]) -> Any:
+        index = len(self.runs)
+        self.runs.append({"program": program.key, "args": [[r.batch, r.leaf] for r in refs]})
+        self.programs.append(program)
+        return jax.tree_util.tree_unflatten(
+            program.out_treedef, [_Output(index, i) for i in range(program.out_treedef.num_leaves)])
+
+
+class PerWorkerIterator:
+    """An iterator per worker over its own ``dataset_fn`` batches (built on the workers)."""
+
+    def __init__(self, name: str, tree: Any, specs: list[jax.ShapeDtypeStruct]) -> None:
+        self.name, self._tree, self._specs = name, tree, specs
+
+    def __iter__(self) -> PerWorkerIterator:
+        return self
+
+    def __next__(self) -> Any:
+        closure = recording()
+        if closure.iterator is not None and closure.iterator is not self:
+            raise ValueError("A scheduled function may read one per-worker iterator.")
+        closure.iterator = self
+        batch = closure.batches
+        closure.batches += 1
+        return structure.build(self._tree, [_LeafRef(batch, i, s) for i, s in enumerate(self._specs)])
+
+
+class PerWorkerDataset:
+    """What ``create_per_worker_dataset`` returns; ``iter()`` builds an iterator on every worker."""
+
+    def __init__(self, coordinator: ClusterCoordinator, fn_ref: dict[str, Any]) -> None:
+        self._coordinator, self._fn_ref = coordinator, fn_ref
+
+    def __iter__(self) -> PerWorkerIterator:
+        return self._coordinator._make_iterator(self._fn_ref)
+
+
+class _Worker:
+    def __init__(self, index: int, client: rpc.RpcClient) -> None:
+        self.index, self.client = index, client
+        self.alive = True
+        self.programs: set[str] = set()
+        self.iterators: set[str] = set()
+        self.stats = collections.Counter()
+
+
+class ClusterCoordinator:
+    """Schedules functions on the workers of a ``ParameterServerStrategy``.
+
+    Example:
+      >>> coordinator = sx.coordinator.ClusterCoordinator(strategy)       # doctest: +SKIP
+      >>> it = iter(coordinator.create_per_worker_dataset(dataset_fn))    # doctest: +SKIP
+      >>> loss = coordinator.schedule(step_fn, args=(it,))                # doctest: +SKIP
+      >>> coordinator.join(); loss.fetch()                                # doctest: +SKIP
+    """
+
+    def __init__(self, strategy: Any) -> None:
+        if getattr(strategy, "_coordinator", None) is not None:
+            raise ValueError("This strategy already has a ClusterCoordinator; reuse it.")
+        self.strategy = strategy
+        strategy._coordinator = self
+        self._workers = [_Worker(i, c) for i, c in enumerate(strategy._worker_clients)]
+        self._queue: collections.deque[_Closure] = collections.deque()
+        self._inflight = 0
+        self._error: BaseException | None = None
+        self._cond = threading.Condition()
+        self._ids = itertools.count()
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._serve, args=(w,), daemon=True,
+                                          name=f"stratax-worker-{w.index}")
+                         for w in self._workers]
+        for thread in self._threads:
+            thread.start()
+
+    # ----- user API -------------------------------------------------------------------------
+    def schedule(self, fn: Callable[..., Any], args: Sequence[Any] = (),
+                 kwargs: dict[str, Any] | None = None) -> RemoteValue:
+        """Records ``fn(*args, **kwargs)`` as a closure, queues it and returns its result.
+
+        Raises:
+          StrataxError: A previous closure failed and ``join()`` has not reported it yet.
+        """
+        with self._cond:
+            if self._error is not None:
+                raise self._error
+        closure = _Closure(next(self._ids))
+        _recording.closure = closure
+        try:
+            result = fn(*args, **(kwargs or {}))
+        finally:
+            _recording.closure = None
+        closure.result_tree = result
+        with self._cond:
+            self._queue.append(closure)
+            self._cond.notify_all()
+        return closure.remote
+
+    def join(self) -> None:
+        """Waits until every scheduled closure is done; raises the first error of a step."""
+        with self._cond:
+            while (self._queue or self._inflight) and self._error is None:
+                self._cond.wait(1.0)
+            error, self._error = self._error, None
+            if error is not None:
+                for closure in self._queue:
+                    closure.remote._set(error=StepError(f"Cancelled after an earlier error: {error}"))
+                self._queue.clear()
+        if error is not None:
+            raise error
+
+    def done(self) -> bool:
+        """True when nothing is queued or running (raises a pending error like ``join``)."""
+        with self._cond:
+            if self._error is not None:
+                error, self._error = self._error, None
+                raise error
+            return not self._queue and not self._inflight
+
+    def fetch(self, values: Any) -> Any:
+        """``fetch()`` of every ``RemoteValue`` in a structure (also ``PerWorkerValues``)."""
+        if isinstance(values, RemoteValue):
+            return values.fetch()
+        if isinstance(values, PerWorkerValues):
+            return tuple(self.fetch(v) for v in values)
+        return jax.tree_util.tree_map(self.fetch, values,
+                                      is_leaf=lambda x: isinstance(x, (RemoteValue, PerWorkerValues)))
+
+    def create_per_worker_dataset(self, dataset_fn: Callable[..., Any]) -> PerWorkerDataset:
+        """A dataset built on each worker by ``dataset_fn(input_context)``, sent by name (see
+        ``stratax._src.parameter_server.functions``)."""
+        return PerWorkerDataset(self, functions.reference(dataset_fn))
+
+    def stats(self) -> dict[str, dict[str, float]]:
+        """Per worker: closures and steps done, seconds spent in data, pull, compute and push."""
+        return {f"worker {w.index}": dict(w.stats) for w in self._workers}
+
+    def shutdown(self) -> None:
+        """Stops the dispatch threads (the strategy calls it on exit)."""
+        self._stop.set()
+        with self._cond:
+            self._cond.notify_all()
+        for thread in self._threads:
+            thread.join(timeout=5)
+
+    # ----- internals ------------------------------------------------------------------------
+    def _make_iterator(self, fn_ref: dict[str, Any]) -> PerWorkerIterator:
+        name = f"it{next(self._ids)}"
+        replies = {}
+        for worker in self._live_workers():
+            replies[worker.index] = worker.client.call("iterator", {"iterator": name, "fn": fn_ref})
+            worker.iterators.add(name)
+        first = next(iter(replies.values())).meta
+        for index, reply in replies.items():
+            if reply.meta["specs"] != first["specs"] or reply.meta["structure"] != first["structure"]:
+                raise ValueError(f"Worker {index}'s dataset yields {reply.meta['specs']}, worker "
+                                 f"0's {first['specs']}; every worker's batches need one shape.")
+        specs = [jax.ShapeDtypeStruct(tuple(shape), np.dtype(dtype)) for dtype, shape in first["specs"]]
+        return PerWorkerIterator(name, first["structure"], specs)
+
+    def _live_workers(self) -> list[_Worker]:
+        live = [w for w in self._workers if w.alive]
+        if not live:
+            raise WorkerUnavailableError("No worker is left: " + ", ".join(
+                f"worker {w.index} at {w.client.address}" for w in self._workers) + " died.")
+        return live
+
+    def _serve(self, worker: _Worker) -> None:
+        while not self._stop.is_set():
+            with self._cond:
+                while not self._queue and not self._stop.is_set():
+                    self._cond.wait(0.5)
+                if self._stop.is_set():
+                    return
+                closure = self._queue.popleft()
+                self._inflight += 1
+            try:
+                self._run(worker, closure)
+            except WorkerUnavailableError as err:
+                logger.warning("%s; re-queueing closure %d on the other workers", err, closure.ident)
+                worker.alive = False
+                with self._cond:
+                    self._inflight -= 1
+                    if any(w.alive for w in self._workers):
+                        self._queue.appendleft(closure)
+                    else:
+                        self._fail(closure, WorkerUnavailableError(f"No worker is left; last: {err}"))
+                    self._cond.notify_all()
+                return
+            except Exception as err:  # noqa: BLE001 - reported through RemoteValue and join()
+                error = err if isinstance(err, StrataxError) else StepError(
+                    f"worker {worker.index} at {worker.client.address}: {type(err).__name__}: {err}")
+                with self._cond:
+                    self._inflight -= 1
+                    self._fail(closure, error)
+                    self._cond.notify_all()
+                continue
+            with self._cond:
+                self._inflight -= 1
+                self._cond.notify_all()
+
+    def _fail(self, closure: _Closure, error: BaseException) -> None:
+        closure.remote._set(error=error)
+        if self._error is None:
+            self._error = error
+
+    def _run(self, worker: _Worker, closure: _Closure) -> None:
+        for program in closure.programs:
+            if program.key not in worker.programs:
+                tensors = [np.frombuffer(program.step, np.uint8)]
+                if program.ids is not None:
+                    tensors.append(np.frombuffer(program.ids, np.uint8))
+                worker.client.call("register", {"program": program.meta}, tensors, stream=True)
+                worker.programs.add(program.key)
+        iterator = closure.iterator
+        if iterator is not None and iterator.name not in worker.iterators:
+            raise StepError(f"Iterator {iterator.name} does not exist on worker {worker.index}; "
+                            "create iterators after all workers joined.")
+        start = time.perf_counter()
+        reply = worker.client.call("run", {
+            "closure": f"c{closure.ident}", "iterator": iterator.name if iterator else None,
+            "batches": closure.batches, "runs": closure.runs,
+        }, timeout=self.strategy._step_timeout)
+        outputs, position = [], 0
+        for count in reply.meta["counts"]:
+            outputs.append(reply.tensors[position:position + count])
+            position += count
+        value = jax.tree_util.tree_map(
+            lambda x: np.array(outputs[x.run][x.leaf]) if isinstance(x, _Output) else x,
+            closure.result_tree, is_leaf=lambda x: isinstance(x, _Output))
+        worker.stats["closures"] += 1
+        worker.stats["steps"] += len(closure.runs)
+        worker.stats["wall"] += time.perf_counter() - start
+        for key, seconds in reply.meta.get("timing", {}).items():
+            worker.stats[key] += float(seconds)
+        closure.remote._set(value)

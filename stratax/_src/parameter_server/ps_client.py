@@ -1,0 +1,128 @@
+"""Client side of the parameter servers: pull, pull rows, push, grouped per ps and in parallel.
+
+Variables are given as their JSON descriptions (``PSVariable.describe()``): name, shape, dtype
+and shards ``[ps, key, start, rows]``. One call per ps per operation; calls to different ps run
+concurrently.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from concurrent import futures
+from typing import Any
+
+import numpy as np
+
+from stratax._src.parameter_server import rpc
+
+VarDesc = dict[str, Any]
+# A push: (variable, distinct global rows or None for dense, gradient).
+Push = tuple[VarDesc, "np.ndarray | None", np.ndarray]
+
+
+class PSClients:
+    """One ``RpcClient`` per parameter server, plus the grouped operations workers need."""
+
+    def __init__(self, addresses: Sequence[str], timeout: float = 60.0) -> None:
+        self.addresses = list(addresses)
+        self.clients = [rpc.RpcClient(f"ps {i}", a, timeout) for i, a in enumerate(addresses)]
+        self._pool = futures.ThreadPoolExecutor(max_workers=max(len(addresses), 1),
+                                                thread_name_prefix="stratax-ps")
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+        for client in self.clients:
+            client.close()
+
+    def each(self, calls: dict[int, Callable[[rpc.RpcClient], Any]]) -> dict[int, Any]:
+        """Runs ``calls[ps](client)`` for each ps concurrently; returns results by ps."""
+        if len(calls) <= 1:
+            return {ps: call(self.clients[ps]) for ps, call in calls.items()}
+        pending = {ps: self._pool.submit(call, self.clients[ps]) for ps, call in calls.items()}
+        return {ps: future.result() for ps, future in pending.items()}
+
+    def pull(self, variables: Sequence[VarDesc]) -> list[np.ndarray]:
+        """Full values of ``variables`` (shards concatenated along axis 0)."""
+        keys: dict[int, list[str]] = defaultdict(list)
+        nbytes: dict[int, int] = defaultdict(int)
+        for var in variables:
+            row_bytes = _row_bytes(var)
+            for ps, key, _, rows in var["shards"]:
+                keys[ps].append(key)
+                nbytes[ps] += row_bytes * max(rows, 1)
+
+        def pull_from(ps: int) -> Callable[[rpc.RpcClient], list[np.ndarray]]:
+            big = nbytes[ps] > rpc.CHUNK_BYTES
+            return lambda c: c.call("pull", {"names": keys[ps]}, stream=big).tensors
+
+        got = self.each({ps: pull_from(ps) for ps in keys})
+        position = defaultdict(int)
+        values = []
+        for var in variables:
+            parts = []
+            for ps, _, _, _ in var["shards"]:
+                parts.append(got[ps][position[ps]])
+                position[ps] += 1
+            values.append(parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0))
+        return values
+
+    def pull_rows(self, variables: Sequence[VarDesc], rows: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """``var[rows]`` for each (variable, sorted distinct global rows) pair."""
+        keys: dict[int, list[str]] = defaultdict(list)
+        local: dict[int, list[np.ndarray]] = defaultdict(list)
+        nbytes: dict[int, int] = defaultdict(int)
+        plan = []
+        for var, wanted in zip(variables, rows, strict=True):
+            pieces = []
+            for ps, key, start, count in var["shards"]:
+                mask = (wanted >= start) & (wanted < start + count)
+                if mask.any():
+                    keys[ps].append(key)
+                    local[ps].append((wanted[mask] - start).astype(np.int64))
+                    nbytes[ps] += int(mask.sum()) * _row_bytes(var)
+                    pieces.append((ps, len(keys[ps]) - 1, mask))
+            plan.append((var, wanted, pieces))
+        def pull_from(ps: int) -> Callable[[rpc.RpcClient], list[np.ndarray]]:
+            big = nbytes[ps] > rpc.CHUNK_BYTES
+            return lambda c: c.call("pull_rows", {"names": keys[ps]}, local[ps], stream=big).tensors
+
+        got = self.each({ps: pull_from(ps) for ps in keys})
+        values = []
+        for var, wanted, pieces in plan:
+            out = np.empty((wanted.size,) + tuple(var["shape"][1:]), np.dtype(var["dtype"]))
+            for ps, index, mask in pieces:
+                out[mask] = got[ps][index]
+            values.append(out)
+        return values
+
+    def push(self, step: str, pushes: Sequence[Push]) -> None:
+        """Sends gradients; each ps applies step ``step`` to each of its shards at most once."""
+        dense: dict[int, list[str]] = defaultdict(list)
+        dense_t: dict[int, list[np.ndarray]] = defaultdict(list)
+        sparse: dict[int, list[str]] = defaultdict(list)
+        sparse_t: dict[int, list[np.ndarray]] = defaultdict(list)
+        for var, rows, grad in pushes:
+            for ps, key, start, count in var["shards"]:
+                if rows is None:
+                    dense[ps].append(key)
+                    dense_t[ps].append(grad[start:start + count] if len(var["shards"]) > 1 else grad)
+                    continue
+                mask = (rows >= start) & (rows < start + count)
+                if mask.any():
+                    sparse[ps].append(key)
+                    sparse_t[ps].extend([(rows[mask] - start).astype(np.int64), grad[mask]])
+        targets = set(dense) | set(sparse)
+
+        def push_to(ps: int) -> Callable[[rpc.RpcClient], Any]:
+            meta = {"step": step, "dense": dense[ps], "sparse": sparse[ps]}
+            return lambda c: c.call("push", meta, dense_t[ps] + sparse_t[ps])
+
+        self.each({ps: push_to(ps) for ps in targets})
+
+
+def _row_bytes(var: VarDesc) -> int:
+    shape = var["shape"]
+    return int(np.prod(shape[1:], dtype=np.int64)) * np.dtype(var["dtype"]).itemsize if shape \
+        else np.dtype(var["dtype"]).itemsize
+

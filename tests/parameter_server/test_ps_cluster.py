@@ -1,0 +1,46 @@
+"""ParameterServerStrategy with real processes: chief + 2 workers + 2 ps on 127.0.0.1."""
+
+import time
+
+import pytest
+from conftest import wait_all
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def test_custom_loop_sparse_exact_and_errors(cluster):
+    cluster.start("ps_program.py", {"chief": 1, "worker": 2, "ps": 2})
+    code, out = cluster.wait("chief0", timeout=180)
+    assert code == 0, out[-4000:]
+    result = cluster.result()
+
+    sparse = result["sparse"]
+    assert sparse["shards"] == [17, 17, 16]          # FixedShardsPartitioner(3), TF's blocks
+    assert sorted(set(sparse["ps"])) == [0, 1]       # shards spread over both ps
+    assert sparse["moved"] > 0.05
+    assert sparse["table_err"] < 1e-5 and sparse["w_err"] < 1e-5
+    assert sparse["iterations"] == [12, 12, 12]        # w (4 x 1) is partitioned too, as in TF
+    assert "2: rows 34-49" in sparse["table"] and "127.0.0.1" in sparse["table"]
+
+    converge = result["converge"]
+    assert converge["last"] < 0.01 * converge["first"]
+    assert converge["iterations"] == [200] * 3       # 40 calls x 5 steps on each shard, none lost
+    stats = converge["stats"]
+    assert stats["worker 0"]["steps"] + stats["worker 1"]["steps"] == 12 + 200  # sparse + converge
+
+    raised = result["fail"]["raised"]
+    assert raised and "worker 1 at 127.0.0.1:" in raised and "dataset broke" in raised
+
+    # Every worker and ps exits by itself once the chief is done.
+    codes = wait_all(cluster, timeout=30)
+    assert codes == {name: 0 for name in codes}
+
+
+def test_missing_parameter_server_is_named_within_the_timeout(cluster):
+    spec = cluster.start("ps_missing.py", {"chief": 1, "worker": 1, "ps": 1},
+                         skip=("worker0", "ps0"))
+    start = time.monotonic()
+    code, out = cluster.wait("chief0", timeout=60)
+    assert code == 3, out[-3000:]
+    assert f"ps 0 at {spec['ps'][0]}" in out and "within 2 s" in out
+    assert time.monotonic() - start < 40
