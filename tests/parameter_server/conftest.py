@@ -28,7 +28,9 @@ class Cluster:
         self.procs: dict[str, subprocess.Popen] = {}
         self._logs = []
 
-    def start(self, program: str, jobs: dict[str, int], args=(), skip=()):
+    def start(self, program: str, jobs: dict[str, int], args=(), skip=(), generic=()):
+        """Starts every task but those in ``skip``; tasks named in ``generic`` (e.g.
+        ``"ps0"``) run ``stratax server`` instead of the program."""
         spec = {job: [f"127.0.0.1:{free_port()}" for _ in range(n)] for job, n in jobs.items()}
         base = {k: v for k, v in os.environ.items()
                 if not k.startswith("STRATAX_") and k not in ("TF_CONFIG", "PYTEST_CURRENT_TEST")}
@@ -41,8 +43,10 @@ class Cluster:
                     {"cluster": spec, "task": {"type": job, "index": index}}))
                 log = open(self.log_dir / f"{name}.log", "w")  # noqa: SIM115 - closed in kill_all
                 self._logs.append(log)
+                command = ([sys.executable, "-m", "stratax._src.cli", "server"] if name in generic
+                           else [sys.executable, str(HERE / program), *args])
                 self.procs[name] = subprocess.Popen(
-                    [sys.executable, str(HERE / program), *args], cwd=HERE, env=env,
+                    command, cwd=HERE, env=env,
                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         return spec
 

@@ -60,3 +60,5 @@ STRATAX_MAX_STEPS_IN_FLIGHT = "STRATAX_MAX_STEPS_IN_FLIGHT"
 STRATAX_PS_TOKEN = "STRATAX_PS_TOKEN"
 # Path of a file holding that secret (read when STRATAX_PS_TOKEN is unset).
 STRATAX_PS_TOKEN_FILE = "STRATAX_PS_TOKEN_FILE"
+# "W,P" set by `stratax launch --workers W --ps P`: children get chief/worker/ps TF_CONFIG.
+STRATAX_PS_ROLES = "STRATAX_PS_ROLES"

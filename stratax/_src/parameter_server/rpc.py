@@ -219,9 +219,12 @@ class RpcClient:
                 raise RemoteError(f"{self.name} at {self.address} refused the call: missing or "
                                   f"wrong token; set the same {env.STRATAX_PS_TOKEN} on every "
                                   "task.") from None
+            if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+                what = f"did not answer {method!r} within {deadline:g} s"
+            else:
+                what = f"failed {method!r} ({code.name if code else err}: unreachable or died)"
             raise WorkerUnavailableError(
-                f"{self.name} at {self.address} did not answer {method!r} within {deadline:g} s "
-                f"({code.name if code else err}); check that the task is running."
+                f"{self.name} at {self.address} {what}; check that the task is running."
             ) from None
         reply = wire.decode(data)
         if not reply.meta.get("ok"):

@@ -1,0 +1,54 @@
+"""Chief + 2 workers + 1 ps; the test SIGKILLs worker 1 once "STARTED" is printed."""
+
+import json
+import logging
+
+import numpy as np
+
+import stratax as sx  # noqa: F401
+from stratax._src.parameter_server.strategy import ParameterServerStrategy
+from stratax.coordinator import ClusterCoordinator
+
+
+def dataset_fn(ctx):
+    rng = np.random.default_rng(ctx.input_pipeline_id)
+    while True:
+        x = rng.normal(size=(64, 32)).astype(np.float32)
+        yield x, x.sum(axis=1, keepdims=True)
+
+
+def main():
+    logging.basicConfig(level=logging.WARNING)
+    strategy = ParameterServerStrategy(timeout_seconds=30)
+    import jax
+    import jax.numpy as jnp
+
+    coordinator = ClusterCoordinator(strategy)
+    w = strategy.create_variable(np.zeros((32, 1), np.float32), name="w")
+
+    def replica_fn(x, y):
+        loss, g = jax.value_and_grad(lambda w: jnp.mean((x @ w - y) ** 2))(strategy.read(w))
+        strategy.apply_gradients([(g, w)], {"class_name": "SGD", "config": {"learning_rate": 0.01}})
+        return loss
+
+    def step_fn(iterator):
+        return [strategy.run(replica_fn, args=next(iterator)) for _ in range(3)]
+
+    iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
+    for _ in range(4):
+        coordinator.schedule(step_fn, args=(iterator,))
+    coordinator.join()
+    print("STARTED", flush=True)
+    calls = 4 + 150
+    for _ in range(150):
+        coordinator.schedule(step_fn, args=(iterator,))
+    coordinator.join()
+    stats = strategy._ps.clients[0].call("stats", {"names": ["w"]}).meta["stats"]["w"]
+    print("RESULT " + json.dumps({"scheduled": 3 * calls,
+                                  "iterations": strategy.optimizer_iterations(w),
+                                  "duplicates_skipped": stats["duplicates"],
+                                  "stats": coordinator.stats()}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
