@@ -21,7 +21,7 @@ from stratax._src.keras.backend import ensure_jax_backend as _ensure_jax_backend
 
 _ensure_jax_backend()
 
-from stratax import cluster_resolver, datasets  # noqa: E402
+from stratax import cluster_resolver, coordinator, datasets, partitioners  # noqa: E402
 from stratax._src.core.context import (  # noqa: E402
     get_replica_context,
     get_strategy,
@@ -66,6 +66,9 @@ from stratax._src.strategies.multi_worker import (  # noqa: E402
     MultiWorkerMirroredStrategy,
 )
 from stratax._src.strategies.one_device import OneDeviceStrategy  # noqa: E402
+from stratax._src.parameter_server.server import Server  # noqa: E402
+from stratax._src.parameter_server.strategy import ParameterServerStrategy  # noqa: E402
+from stratax._src.parameter_server.variables import PSVariable, ShardedVariable  # noqa: E402
 from stratax._src.strategies.replica_context import ReplicaContext  # noqa: E402
 
 _apply_cpu_device_env()
@@ -95,22 +98,28 @@ __all__ = [
     "MultiWorkerMirroredStrategy",
     "NcclAllReduce",
     "OneDeviceStrategy",
+    "PSVariable",
+    "ParameterServerStrategy",
     "PREEMPTION_EXIT_CODE",
     "PerReplica",
     "ReduceOp",
     "ReductionToOneDevice",
     "ReplicaContext",
+    "Server",
+    "ShardedVariable",
     "Strategy",
     "StrataxError",
     "ValueContext",
     "WorkerUnavailableError",
     "cluster_resolver",
     "compute_average_loss",
+    "coordinator",
     "datasets",
     "get_replica_context",
     "get_strategy",
     "has_strategy",
     "in_cross_replica_context",
+    "partitioners",
     "scale_regularization_loss",
     "set_cpu_device_count",
 ]

@@ -4,10 +4,7 @@ import json
 import logging
 
 import numpy as np
-
-import stratax as sx  # noqa: F401
-from stratax._src.parameter_server.strategy import ParameterServerStrategy
-from stratax.coordinator import ClusterCoordinator
+import stratax as sx
 
 
 def dataset_fn(ctx):
@@ -19,11 +16,11 @@ def dataset_fn(ctx):
 
 def main():
     logging.basicConfig(level=logging.WARNING)
-    strategy = ParameterServerStrategy(timeout_seconds=30)
+    strategy = sx.ParameterServerStrategy(timeout_seconds=30)
     import jax
     import jax.numpy as jnp
 
-    coordinator = ClusterCoordinator(strategy)
+    coordinator = sx.coordinator.ClusterCoordinator(strategy)
     w = strategy.create_variable(np.zeros((32, 1), np.float32), name="w")
 
     def replica_fn(x, y):

@@ -4,11 +4,10 @@ import sys
 import time
 
 import stratax as sx
-from stratax._src.parameter_server.strategy import ParameterServerStrategy
 
 start = time.monotonic()
 try:
-    ParameterServerStrategy(timeout_seconds=2)
+    sx.ParameterServerStrategy(timeout_seconds=2)
 except sx.WorkerUnavailableError as err:
     print(f"ERROR after {time.monotonic() - start:.1f} s: {err}", flush=True)
     sys.exit(3)

@@ -7,11 +7,7 @@ argv[1] and prints one JSON line ``RESULT {...}``.
 import json
 
 import numpy as np
-
 import stratax as sx
-from stratax._src.parameter_server.strategy import ParameterServerStrategy
-from stratax.coordinator import ClusterCoordinator
-from stratax.partitioners import FixedShardsPartitioner
 
 ROWS, DIM, BATCH = 50, 4, 16
 TRUE_W = np.arange(8, dtype=np.float32).reshape(8, 1) / 8.0
@@ -37,8 +33,8 @@ def embedding_dataset(ctx):
 def failing_dataset(ctx):
     rng = np.random.default_rng(0)
     for step in range(1000):
-        if step == 3 and ctx.input_pipeline_id == 1:
-            raise ValueError("dataset broke at step 3")
+        if step == 3:
+            raise ValueError(f"dataset of pipeline {ctx.input_pipeline_id} broke at step 3")
         yield rng.normal(size=(BATCH, 8)).astype(np.float32), np.zeros((BATCH, 1), np.float32)
 
 
@@ -131,7 +127,7 @@ def sparse(strategy, coordinator):
 
 
 def fail(strategy, coordinator):
-    """A step that raises on worker 1 reaches join(), naming the worker."""
+    """A step that raises on a worker (its 4th batch) reaches join(), naming the worker."""
     import jax
     import jax.numpy as jnp
 
@@ -153,9 +149,9 @@ def fail(strategy, coordinator):
 
 
 def main():
-    strategy = ParameterServerStrategy(variable_partitioner=FixedShardsPartitioner(3),
-                                       timeout_seconds=30)
-    coordinator = ClusterCoordinator(strategy)
+    strategy = sx.ParameterServerStrategy(
+        variable_partitioner=sx.partitioners.FixedShardsPartitioner(3), timeout_seconds=30)
+    coordinator = sx.coordinator.ClusterCoordinator(strategy)
     result = {name: fn(strategy, coordinator) for name, fn in
               [("sparse", sparse), ("converge", converge), ("fail", fail)]}
     print("RESULT " + json.dumps(result), flush=True)

@@ -3,10 +3,7 @@
 import json
 
 import numpy as np
-
-import stratax as sx  # noqa: F401
-from stratax._src.parameter_server.strategy import ParameterServerStrategy
-from stratax.coordinator import ClusterCoordinator
+import stratax as sx
 
 
 def dataset_fn(ctx):
@@ -14,8 +11,8 @@ def dataset_fn(ctx):
         yield (np.ones((4, 2), np.float32),)
 
 
-strategy = ParameterServerStrategy(timeout_seconds=30)
-coordinator = ClusterCoordinator(strategy)
+strategy = sx.ParameterServerStrategy(timeout_seconds=30)
+coordinator = sx.coordinator.ClusterCoordinator(strategy)
 w = strategy.create_variable(np.zeros(2, np.float32), name="w")
 
 

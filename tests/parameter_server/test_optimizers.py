@@ -3,7 +3,6 @@
 import keras
 import numpy as np
 import pytest
-
 from stratax._src.parameter_server.optimizers import ShardOptimizer
 from stratax._src.parameter_server.program import optimizer_spec
 

@@ -2,7 +2,6 @@
 
 import numpy as np
 import pytest
-
 from stratax._src.parameter_server.partitioners import shard_offsets, shard_sizes
 from stratax.partitioners import (
     FixedShardsPartitioner,
