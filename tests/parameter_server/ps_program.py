@@ -54,9 +54,8 @@ def converge(strategy, coordinator):
 
     with strategy.scope():
         model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
-        variables = [strategy.create_variable(v.numpy(), name=v.path)
-                     for v in model.trainable_variables]
     optimizer = keras.optimizers.Adam(0.05)
+    variables = model.trainable_variables  # placed on the ps when a step first uses them
 
     def replica_fn(x, y):
         def loss_fn(trainable):
@@ -73,8 +72,14 @@ def converge(strategy, coordinator):
     iterator = iter(coordinator.create_per_worker_dataset(regression_dataset))
     values = [coordinator.schedule(step_fn, args=(iterator,)) for _ in range(40)]
     coordinator.join()
+    kernel = strategy.variables[-2]  # the Keras kernel's PSVariable (created by the first step)
+    before = model.get_weights()[0].copy()
+    strategy.refresh_keras_variables()
     return {"first": float(values[0].fetch()), "last": float(values[-1].fetch()),
-            "iterations": strategy.optimizer_iterations(variables[0]),
+            "iterations": strategy.optimizer_iterations(kernel),
+            "kernel_name": kernel.name,
+            "keras_refreshed": bool(np.array_equal(model.get_weights()[0], kernel.numpy())),
+            "keras_was_stale": bool(not np.array_equal(before, kernel.numpy())),
             "stats": coordinator.stats()}
 
 

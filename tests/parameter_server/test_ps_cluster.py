@@ -31,6 +31,8 @@ def test_custom_loop_sparse_exact_and_errors(cluster):
     converge = result["converge"]
     assert converge["last"] < 0.01 * converge["first"]
     assert converge["iterations"] == [200] * 3       # 40 calls x 5 steps on each shard, none lost
+    assert converge["kernel_name"] == "sequential/dense/kernel"
+    assert converge["keras_was_stale"] and converge["keras_refreshed"]
     stats = converge["stats"]
     assert stats["worker 0"]["steps"] + stats["worker 1"]["steps"] == 12 + 200  # sparse + converge
     assert stats["worker 0"]["steps"] > 0 and stats["worker 1"]["steps"] > 0

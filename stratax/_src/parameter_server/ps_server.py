@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -30,6 +31,7 @@ class _Shard:
     optimizer_key: str = ""
     ledger: set[str] = dataclasses.field(default_factory=set)
     duplicates: int = 0
+    apply_seconds: float = 0.0
 
 
 def _names(meta: dict[str, Any], key: str = "names") -> list[str]:
@@ -167,10 +169,12 @@ class ParameterServer:
                 if step in shard.ledger:
                     shard.duplicates += 1
                     continue
+                start = time.perf_counter()
                 if rows is None:
                     shard.optimizer.apply_dense(shard.value, grad)
                 else:
                     shard.optimizer.apply_rows(shard.value, rows, grad)
+                shard.apply_seconds += time.perf_counter() - start
                 shard.ledger.add(step)
                 applied += 1
         return rpc.response({"applied": applied, "skipped": len(updates) - applied})
@@ -198,6 +202,6 @@ class ParameterServer:
                 out[name] = {
                     "iterations": shard.optimizer.iterations if shard.optimizer else 0,
                     "applied_steps": len(shard.ledger), "duplicates": shard.duplicates,
-                    "bytes": int(shard.value.nbytes),
+                    "bytes": int(shard.value.nbytes), "apply_seconds": shard.apply_seconds,
                 }
         return rpc.response({"stats": out})

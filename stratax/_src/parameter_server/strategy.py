@@ -97,6 +97,8 @@ class ParameterServerStrategy:
         self._names: set[str] = set()
         self._load = [0] * len(self._ps_addresses)
         self._programs: dict[Any, program.Program] = {}
+        # id(Keras variable) -> (that variable, its PSVariable); the variable is kept alive.
+        self._keras: dict[int, tuple[Any, PSVariable]] = {}
         self._optimizers_set: set[tuple[str, str]] = set()
         self._coordinator: coord.ClusterCoordinator | None = None
         self._closed = False
@@ -161,9 +163,44 @@ class ParameterServerStrategy:
         del reduce_op, axis
         return value
 
-    read = staticmethod(program.read)
-    read_rows = staticmethod(program.read_rows)
-    apply_gradients = staticmethod(program.apply_gradients)
+    def read(self, variables: Any) -> Any:
+        """Inside ``run``: this step's values of a pytree of variables (``PSVariable`` or Keras
+        variables, placed on the parameter servers the first time a step uses them)."""
+        return program.read(self._on_ps(variables))
+
+    def read_rows(self, table: Any, ids: Any) -> tuple[Any, Any]:
+        """Inside ``run``: ``(rows, positions)`` with ``table[ids] == rows[positions]``; only
+        the distinct rows are pulled, and the gradient of ``rows`` is pushed row-sparse."""
+        return program.read_rows(self._on_ps(table), ids)
+
+    def apply_gradients(self, grads_and_vars: Any, optimizer: Any,
+                        sparse_updates: str = "lazy") -> None:
+        """Inside ``run``: the parameter servers apply ``optimizer`` (a Keras SGD/Adam or its
+        config) to these gradients. ``sparse_updates``: "lazy" (only touched rows' slots
+        change, the default) or "dense" (Keras' dense semantics) for row-sparse gradients."""
+        pairs = [(g, self._on_ps(v)) for g, v in grads_and_vars]
+        program.apply_gradients(pairs, optimizer, sparse_updates)
+
+    def refresh_keras_variables(self) -> None:
+        """Copies the parameter servers' values into the Keras variables they came from, so
+        ``model.get_weights()``, ``model.save()`` and local evaluation see the trained values."""
+        for keras_var, ps_var in self._keras.values():
+            keras_var.assign(ps_var.numpy())
+
+    def _on_ps(self, variables: Any) -> Any:
+        """Maps Keras variables in a pytree to their parameter-server variables (creating them
+        from the Keras values on first use); ``PSVariable`` leaves pass through."""
+        def convert(leaf: Any) -> Any:
+            if isinstance(leaf, PSVariable) or not (hasattr(leaf, "path") and hasattr(leaf, "assign")):
+                return leaf
+            entry = self._keras.get(id(leaf))
+            if entry is None:
+                ps_var = self.create_variable(np.asarray(leaf.numpy()), name=leaf.path,
+                                              trainable=bool(getattr(leaf, "trainable", True)))
+                entry = self._keras[id(leaf)] = (leaf, ps_var)
+            return entry[1]
+
+        return jax.tree_util.tree_map(convert, variables)
 
     # ----- variables ------------------------------------------------------------------------
     def create_variable(self, initial_value: Any, name: str | None = None, trainable: bool = True,
