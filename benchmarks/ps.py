@@ -20,7 +20,6 @@ import socket
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 HERE = Path(__file__).parent
@@ -95,19 +94,20 @@ def main(argv: list[str] | None = None) -> int:
             tf = TF_STEPS_PER_S.get((workload, spe)) if (args.workers, args.ps) == (2, 1) else None
             rows.append((workload, spe, median, min(rates), max(rates), tf, middle["ms_per_step"]))
     name = f"ps_w{args.workers}_p{args.ps}"
-    lines = [f"# ParameterServerStrategy: chief + {args.workers} workers + {args.ps} ps "
-             f"(127.0.0.1, batch 256 per worker, median of {args.reps})", "",
+    title = (f"# ParameterServerStrategy: chief + {args.workers} workers + {args.ps} ps "
+             f"(127.0.0.1, batch 256 per worker, median of {args.reps})")
+    header = ("| workload | steps/call | steps/s median (min-max) | TF PSS steps/s | ratio | "
+              "ms/step: data / pull / compute / push (worker) / apply (ps) |")
+    lines = [title, "",
              f"Load average at the end: {os.getloadavg()[0]:.1f} (a shared 2-core machine).", "",
-             "| workload | steps/call | steps/s median (min-max) | TF PSS steps/s | ratio | "
-             "ms/step: data / pull / compute / push (worker) / apply (ps) |",
-             "| --- | --- | --- | --- | --- | --- |"]
+             header, "| --- | --- | --- | --- | --- | --- |"]
     for workload, spe, median, low, high, tf, ms in rows:
         ratio = f"{median / tf:.2f}x" if tf else "-"
         lines.append(f"| {workload} | {spe} | {median:.1f} ({low:.1f}-{high:.1f}) | "
                      f"{tf or '-'} | {ratio} | {ms['data']:.2f} / {ms['pull']:.2f} / "
                      f"{ms['compute']:.2f} / {ms['push']:.2f} / {ms['ps_apply']:.2f} |")
-    lines += ["", "TF's Embedding+Adam figure (43) is Keras 3's dense Adam on the whole table; "
-              "it is the reference for both emb_lazy_adam and emb_dense_adam."]
+    lines += ["", ("TF's Embedding+Adam figure (43) is Keras 3's dense Adam on the whole table; "
+                   "it is the reference for both emb_lazy_adam and emb_dense_adam.")]
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{name}.md").write_text("\n".join(lines) + "\n")
     (RESULTS / f"{name}.json").write_text(json.dumps(raw, indent=1) + "\n")

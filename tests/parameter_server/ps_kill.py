@@ -4,6 +4,7 @@ import json
 import logging
 
 import numpy as np
+
 import stratax as sx
 
 

@@ -7,6 +7,7 @@ argv[1] and prints one JSON line ``RESULT {...}``.
 import json
 
 import numpy as np
+
 import stratax as sx
 
 ROWS, DIM, BATCH = 50, 4, 16

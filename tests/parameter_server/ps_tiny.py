@@ -3,6 +3,7 @@
 import json
 
 import numpy as np
+
 import stratax as sx
 
 

@@ -3,6 +3,7 @@
 import keras
 import numpy as np
 import pytest
+
 from stratax._src.parameter_server.optimizers import ShardOptimizer
 from stratax._src.parameter_server.program import optimizer_spec
 
@@ -61,7 +62,7 @@ def test_lazy_adam_touches_only_rows():
 def test_unsupported_optimizer_is_named():
     with pytest.raises(ValueError, match="RMSprop"):
         ShardOptimizer({"class_name": "RMSprop", "config": {}}, np.zeros(2, np.float32))
-    with pytest.raises(ValueError, match="learning_rate"):
+    with pytest.raises(TypeError, match="learning_rate"):
         ShardOptimizer({"class_name": "SGD", "config": {"learning_rate": {"class_name": "X"}}},
                        np.zeros(2, np.float32))
 

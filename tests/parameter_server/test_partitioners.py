@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+
 from stratax._src.parameter_server.partitioners import shard_offsets, shard_sizes
 from stratax.partitioners import (
     FixedShardsPartitioner,

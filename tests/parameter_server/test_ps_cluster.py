@@ -6,7 +6,6 @@ import signal
 import time
 
 import pytest
-
 from conftest import wait_all
 
 pytestmark = pytest.mark.timeout(240)

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from stratax._src.launch.child_env import parameter_server_tf_config
 
 HERE = Path(__file__).parent

@@ -4,6 +4,7 @@ import time
 
 import numpy as np
 import pytest
+
 from stratax._src.core.errors import WorkerUnavailableError
 from stratax._src.parameter_server import rpc
 from stratax._src.parameter_server.ps_server import ParameterServer

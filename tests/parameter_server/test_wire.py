@@ -5,6 +5,7 @@ import struct
 
 import numpy as np
 import pytest
+
 from stratax._src.parameter_server import rpc, wire
 from stratax._src.parameter_server.ps_server import ParameterServer
 

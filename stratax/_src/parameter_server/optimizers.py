@@ -33,7 +33,7 @@ def _number(config: Mapping[str, Any], key: str, default: float) -> float:
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(
+        raise TypeError(
             f"Optimizer field {key!r} is {value!r}; the parameter server needs a number "
             "(learning-rate schedules are not supported there yet: pass a float)."
         )

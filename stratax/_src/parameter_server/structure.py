@@ -50,7 +50,7 @@ def build(structure: Any, leaves: Sequence[Any]) -> Any:
             position += 1
             return leaves[position - 1]
         if not isinstance(node, dict) or not isinstance(node.get("c"), list):
-            raise ValueError(f"Malformed structure node {node!r}.")
+            raise ValueError(f"Malformed structure node {node!r}.")  # noqa: TRY004 - bad data
         children = [walk(child, depth + 1) for child in node["c"]]
         kind = node.get("t")
         if kind == "tuple":
