@@ -229,6 +229,7 @@ class ClusterCoordinator:
         with self._cond:
             if self._error is not None:
                 raise self._error
+        self._live_workers()  # raises WorkerUnavailableError, naming them, when none is left
         closure = _Closure(next(self._ids))
         _recording.closure = closure
         try:
@@ -329,7 +330,10 @@ class ClusterCoordinator:
                     if any(w.alive for w in self._workers):
                         self._queue.appendleft(closure)
                     else:
-                        self._fail(closure, WorkerUnavailableError(f"No worker is left; last: {err}"))
+                        error = WorkerUnavailableError(f"No worker is left; the last failure: {err}")
+                        for pending in [closure, *self._queue]:
+                            self._fail(pending, error)
+                        self._queue.clear()
                     self._cond.notify_all()
                 return
             except Exception as err:  # noqa: BLE001 - reported through RemoteValue and join()
