@@ -71,3 +71,16 @@ def test_killed_worker_closures_rerun_and_each_step_applies_once(cluster):
     assert result["iterations"] == [result["scheduled"]]
     assert result["duplicates_skipped"] >= 0
     assert "worker 1" in out and "re-queueing" in out
+
+
+def test_sync_mode_equals_one_process_on_the_global_batches(cluster):
+    cluster.start("ps_sync.py", {"chief": 1, "worker": 2, "ps": 1})
+    code, out = cluster.wait("chief0", timeout=180)
+    assert code == 0, out[-4000:]
+    result = cluster.result()
+    assert result["replicas"] == 2
+    assert result["iterations"] == [12]                   # one update per global step
+    assert result["w_err"] < 1e-5 and result["b_err"] < 1e-5, result
+    assert result["loss_rel_err"] < 1e-5, result         # float32 rounding of losses ~10-40
+    assert result["loss_first_last"][1] < result["loss_first_last"][0]
+    assert result["stats"]["worker 0"]["steps"] == result["stats"]["worker 1"]["steps"] == 12

@@ -30,6 +30,7 @@ import jax
 import numpy as np
 
 from stratax._src.core.errors import StrataxError, WorkerUnavailableError
+from stratax._src.core.reduce_op import ReduceOp
 from stratax._src.parameter_server import functions, rpc, structure
 from stratax._src.parameter_server.program import Program
 
@@ -110,10 +111,37 @@ class _LeafRef:
 
 
 class _Output:
-    """Placeholder for one output leaf of one recorded run."""
+    """Placeholder for one output leaf of one recorded run, with the ``strategy.reduce`` to
+    apply over the workers' values (synchronous mode) and along ``axis``."""
 
-    def __init__(self, run: int, leaf: int) -> None:
-        self.run, self.leaf = run, leaf
+    def __init__(self, run: int, leaf: int, op: ReduceOp | None = None,
+                 axis: int | None = None) -> None:
+        self.run, self.leaf, self.op, self.axis = run, leaf, op, axis
+
+    def resolve(self, per_worker: list[list[list[np.ndarray]]]) -> Any:
+        """The value from each worker's outputs (``per_worker[w][run][leaf]``)."""
+        values = [np.array(outputs[self.run][self.leaf]) for outputs in per_worker]
+        if self.op is None:
+            return values[0] if len(values) == 1 else PerWorkerValues(values)
+        if self.axis is not None:
+            count = sum(v.shape[self.axis] for v in values)
+            combine = {ReduceOp.SUM: np.sum, ReduceOp.MEAN: np.sum, ReduceOp.MAX: np.max,
+                       ReduceOp.MIN: np.min}[self.op]
+            values = [combine(v, axis=self.axis) for v in values]
+            if self.op is ReduceOp.MEAN:
+                return np.sum(values, axis=0) / count
+        stacked = np.stack(values)
+        return {ReduceOp.SUM: np.sum, ReduceOp.MEAN: np.mean, ReduceOp.MAX: np.max,
+                ReduceOp.MIN: np.min}[self.op](stacked, axis=0)
+
+
+def reduce_outputs(op: Any, value: Any, axis: int | None) -> Any:
+    """``strategy.reduce`` inside a scheduled function: marks ``run`` outputs to be reduced
+    over the workers (synchronous mode) and along ``axis``."""
+    reduce_op = ReduceOp.from_string(op)
+    return jax.tree_util.tree_map(
+        lambda x: _Output(x.run, x.leaf, reduce_op, axis) if isinstance(x, _Output) else x,
+        value, is_leaf=lambda x: isinstance(x, _Output))
 
 
 class _Recording(threading.local):
@@ -143,6 +171,18 @@ class _Closure:
         self.programs: list[Program] = []
         self.result_tree: Any = None
         self.remote = RemoteValue()
+        self.parts: dict[int, list[list[np.ndarray]]] = {}  # worker index -> outputs per run
+        self.pinned = False  # synchronous mode: one part per worker, each on its own worker
+        self.after: str | None = None  # synchronous mode: the previous closure's last step
+
+    def resolve(self, num_parts: int) -> None:
+        """Sets the RemoteValue once every part's outputs arrived."""
+        if len(self.parts) < num_parts:
+            return
+        per_worker = [self.parts[w] for w in sorted(self.parts)]
+        self.remote._set(jax.tree_util.tree_map(
+            lambda x: x.resolve(per_worker) if isinstance(x, _Output) else x,
+            self.result_tree, is_leaf=lambda x: isinstance(x, _Output)))
 
     def add_run(self, program: Program, refs: Sequence[_LeafRef]) -> Any:
         index = len(self.runs)
@@ -206,7 +246,12 @@ class ClusterCoordinator:
         self.strategy = strategy
         strategy._coordinator = self
         self._workers = [_Worker(i, c) for i, c in enumerate(strategy._worker_clients)]
+        self._sync = getattr(strategy, "mode", "async") == "sync"
         self._queue: collections.deque[_Closure] = collections.deque()
+        # Synchronous mode: each closure is queued once per worker, for that worker.
+        self._pinned: dict[int, collections.deque[_Closure]] = {
+            w.index: collections.deque() for w in self._workers}
+        self._last_step: str | None = None
         self._inflight = 0
         self._error: BaseException | None = None
         self._cond = threading.Condition()
@@ -238,20 +283,26 @@ class ClusterCoordinator:
             _recording.closure = None
         closure.result_tree = result
         with self._cond:
-            self._queue.append(closure)
+            if self._sync:
+                closure.pinned = True
+                closure.after = self._last_step
+                if closure.runs:
+                    self._last_step = f"c{closure.ident}:{len(closure.runs) - 1}"
+                for queue in self._pinned.values():
+                    queue.append(closure)
+            else:
+                self._queue.append(closure)
             self._cond.notify_all()
         return closure.remote
 
     def join(self) -> None:
         """Waits until every scheduled closure is done; raises the first error of a step."""
         with self._cond:
-            while (self._queue or self._inflight) and self._error is None:
+            while self._pending() and self._error is None:
                 self._cond.wait(1.0)
             error, self._error = self._error, None
             if error is not None:
-                for closure in self._queue:
-                    closure.remote._set(error=StepError(f"Cancelled after an earlier error: {error}"))
-                self._queue.clear()
+                self._cancel_queued(StepError(f"Cancelled after an earlier error: {error}"))
         if error is not None:
             raise error
 
@@ -261,7 +312,7 @@ class ClusterCoordinator:
             if self._error is not None:
                 error, self._error = self._error, None
                 raise error
-            return not self._queue and not self._inflight
+            return not self._pending()
 
     def fetch(self, values: Any) -> Any:
         """``fetch()`` of every ``RemoteValue`` in a structure (also ``PerWorkerValues``)."""
@@ -304,6 +355,19 @@ class ClusterCoordinator:
         specs = [jax.ShapeDtypeStruct(tuple(shape), np.dtype(dtype)) for dtype, shape in first["specs"]]
         return PerWorkerIterator(name, first["structure"], specs)
 
+    def _pending(self) -> bool:
+        return bool(self._queue or self._inflight or any(self._pinned.values()))
+
+    def _cancel_queued(self, error: BaseException) -> None:
+        """Fails every closure not yet started (lock held)."""
+        queued = [*self._queue, *(c for q in self._pinned.values() for c in q)]
+        for closure in {id(c): c for c in queued}.values():
+            if closure.remote.status is RemoteValueStatus.PENDING:
+                closure.remote._set(error=error)
+        self._queue.clear()
+        for queue in self._pinned.values():
+            queue.clear()
+
     def _live_workers(self) -> list[_Worker]:
         live = [w for w in self._workers if w.alive]
         if not live:
@@ -313,12 +377,13 @@ class ClusterCoordinator:
 
     def _serve(self, worker: _Worker) -> None:
         while not self._stop.is_set():
+            pinned = self._pinned[worker.index]
             with self._cond:
-                while not self._queue and not self._stop.is_set():
+                while not self._queue and not pinned and not self._stop.is_set():
                     self._cond.wait(0.5)
                 if self._stop.is_set():
                     return
-                closure = self._queue.popleft()
+                closure = pinned.popleft() if pinned else self._queue.popleft()
                 self._inflight += 1
             try:
                 self._run(worker, closure)
@@ -327,13 +392,16 @@ class ClusterCoordinator:
                 worker.alive = False
                 with self._cond:
                     self._inflight -= 1
-                    if any(w.alive for w in self._workers):
+                    if closure.pinned:
+                        # A synchronous step needs every worker; it cannot move elsewhere.
+                        self._fail(closure, err)
+                        self._cancel_queued(StepError(f"Cancelled: {err}"))
+                    elif any(w.alive for w in self._workers):
                         self._queue.appendleft(closure)
                     else:
                         error = WorkerUnavailableError(f"No worker is left; the last failure: {err}")
-                        for pending in [closure, *self._queue]:
-                            self._fail(pending, error)
-                        self._queue.clear()
+                        self._fail(closure, error)
+                        self._cancel_queued(error)
                     self._cond.notify_all()
                 return
             except Exception as err:  # noqa: BLE001 - reported through RemoteValue and join()
@@ -342,6 +410,8 @@ class ClusterCoordinator:
                 with self._cond:
                     self._inflight -= 1
                     self._fail(closure, error)
+                    if closure.pinned:  # later synchronous steps would wait for this worker
+                        self._cancel_queued(StepError(f"Cancelled after: {error}"))
                     self._cond.notify_all()
                 continue
             with self._cond:
@@ -349,7 +419,8 @@ class ClusterCoordinator:
                 self._cond.notify_all()
 
     def _fail(self, closure: _Closure, error: BaseException) -> None:
-        closure.remote._set(error=error)
+        if closure.remote.status is RemoteValueStatus.PENDING:
+            closure.remote._set(error=error)
         if self._error is None:
             self._error = error
 
@@ -366,20 +437,20 @@ class ClusterCoordinator:
             raise StepError(f"Iterator {iterator.name} does not exist on worker {worker.index}; "
                             "create iterators after all workers joined.")
         start = time.perf_counter()
+        sync = len(self._workers) if closure.pinned else 1
         reply = worker.client.call("run", {
             "closure": f"c{closure.ident}", "iterator": iterator.name if iterator else None,
-            "batches": closure.batches, "runs": closure.runs,
+            "batches": closure.batches, "runs": closure.runs, "sync": sync, "after": closure.after,
         }, timeout=self.strategy._step_timeout)
         outputs, position = [], 0
         for count in reply.meta["counts"]:
             outputs.append(reply.tensors[position:position + count])
             position += count
-        value = jax.tree_util.tree_map(
-            lambda x: np.array(outputs[x.run][x.leaf]) if isinstance(x, _Output) else x,
-            closure.result_tree, is_leaf=lambda x: isinstance(x, _Output))
         worker.stats["closures"] += 1
         worker.stats["steps"] += len(closure.runs)
         worker.stats["wall"] += time.perf_counter() - start
         for key, seconds in reply.meta.get("timing", {}).items():
             worker.stats[key] += float(seconds)
-        closure.remote._set(value)
+        with self._cond:
+            closure.parts[worker.index] = outputs
+            closure.resolve(sync)

@@ -118,6 +118,18 @@ class ShardOptimizer:
         t = self.iterations + 1
         lr = self.lr * math.sqrt(1 - self.beta_2 ** t) / (1 - self.beta_1 ** t)
         m, v = self.slots["m"], self.slots["v"]
+        if rows is None:
+            # In place, one temporary: a dense update of a large table is memory-bound.
+            m *= self.beta_1
+            m += (1 - self.beta_1) * grad
+            v *= self.beta_2
+            v += (1 - self.beta_2) * np.square(grad)
+            step = np.sqrt(v)
+            step += self.epsilon
+            np.divide(m, step, out=step)
+            step *= lr
+            value -= step
+            return
         m_rows = m[index]
         v_rows = v[index]
         m_rows += (grad - m_rows) * (1 - self.beta_1)

@@ -26,6 +26,7 @@ class PSClients:
 
     def __init__(self, addresses: Sequence[str], timeout: float = 60.0) -> None:
         self.addresses = list(addresses)
+        self.timeout = timeout
         self.clients = [rpc.RpcClient(f"ps {i}", a, timeout) for i, a in enumerate(addresses)]
         self._pool = futures.ThreadPoolExecutor(max_workers=max(len(addresses), 1),
                                                 thread_name_prefix="stratax-ps")
@@ -42,10 +43,12 @@ class PSClients:
         pending = {ps: self._pool.submit(call, self.clients[ps]) for ps, call in calls.items()}
         return {ps: future.result() for ps, future in pending.items()}
 
-    def pull(self, variables: Sequence[VarDesc]) -> list[np.ndarray]:
-        """Full values of ``variables`` (shards concatenated along axis 0)."""
+    def pull(self, variables: Sequence[VarDesc], after: str | None = None) -> list[np.ndarray]:
+        """Full values of ``variables`` (shards concatenated along axis 0); with ``after``, once
+        synchronous step ``after`` is applied to each shard."""
         keys: dict[int, list[str]] = defaultdict(list)
         nbytes: dict[int, int] = defaultdict(int)
+        c_wait = 0.8 * self.timeout  # the ps gives up before the call deadline
         for var in variables:
             row_bytes = _row_bytes(var)
             for ps, key, _, rows in var["shards"]:
@@ -54,7 +57,8 @@ class PSClients:
 
         def pull_from(ps: int) -> Callable[[rpc.RpcClient], list[np.ndarray]]:
             big = nbytes[ps] > rpc.CHUNK_BYTES
-            return lambda c: c.call("pull", {"names": keys[ps]}, stream=big).tensors
+            meta = {"names": keys[ps], "after": after, "wait_s": c_wait}
+            return lambda c: c.call("pull", meta, stream=big).tensors
 
         got = self.each({ps: pull_from(ps) for ps in keys})
         position = defaultdict(int)
@@ -67,11 +71,14 @@ class PSClients:
             values.append(parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0))
         return values
 
-    def pull_rows(self, variables: Sequence[VarDesc], rows: Sequence[np.ndarray]) -> list[np.ndarray]:
-        """``var[rows]`` for each (variable, sorted distinct global rows) pair."""
+    def pull_rows(self, variables: Sequence[VarDesc], rows: Sequence[np.ndarray],
+                  after: str | None = None) -> list[np.ndarray]:
+        """``var[rows]`` for each (variable, sorted distinct global rows) pair (``after``: as
+        for ``pull``)."""
         keys: dict[int, list[str]] = defaultdict(list)
         local: dict[int, list[np.ndarray]] = defaultdict(list)
         nbytes: dict[int, int] = defaultdict(int)
+        c_wait = 0.8 * self.timeout  # the ps gives up before the call deadline
         plan = []
         for var, wanted in zip(variables, rows, strict=True):
             pieces = []
@@ -85,7 +92,8 @@ class PSClients:
             plan.append((var, wanted, pieces))
         def pull_from(ps: int) -> Callable[[rpc.RpcClient], list[np.ndarray]]:
             big = nbytes[ps] > rpc.CHUNK_BYTES
-            return lambda c: c.call("pull_rows", {"names": keys[ps]}, local[ps], stream=big).tensors
+            meta = {"names": keys[ps], "after": after, "wait_s": c_wait}
+            return lambda c: c.call("pull_rows", meta, local[ps], stream=big).tensors
 
         got = self.each({ps: pull_from(ps) for ps in keys})
         values = []
@@ -96,8 +104,11 @@ class PSClients:
             values.append(out)
         return values
 
-    def push(self, step: str, pushes: Sequence[Push]) -> None:
-        """Sends gradients; each ps applies step ``step`` to each of its shards at most once."""
+    def push(self, step: str, pushes: Sequence[Push], sync: int = 1, worker: int = 0) -> None:
+        """Sends gradients; each ps applies step ``step`` to each of its shards at most once.
+
+        With ``sync`` > 1 the ps sums the gradients of ``sync`` distinct workers for the step
+        and applies them as one update when the last arrives."""
         dense: dict[int, list[str]] = defaultdict(list)
         dense_t: dict[int, list[np.ndarray]] = defaultdict(list)
         sparse: dict[int, list[str]] = defaultdict(list)
@@ -115,7 +126,8 @@ class PSClients:
         targets = set(dense) | set(sparse)
 
         def push_to(ps: int) -> Callable[[rpc.RpcClient], Any]:
-            meta = {"step": step, "dense": dense[ps], "sparse": sparse[ps]}
+            meta = {"step": step, "dense": dense[ps], "sparse": sparse[ps], "sync": sync,
+                    "worker": worker}
             return lambda c: c.call("push", meta, dense_t[ps] + sparse_t[ps])
 
         self.each({ps: push_to(ps) for ps in targets})

@@ -26,12 +26,15 @@ from stratax._src.parameter_server.optimizers import ShardOptimizer
 @dataclasses.dataclass
 class _Shard:
     value: np.ndarray
-    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+    lock: threading.Condition = dataclasses.field(default_factory=threading.Condition)
     optimizer: ShardOptimizer | None = None
     optimizer_key: str = ""
     ledger: set[str] = dataclasses.field(default_factory=set)
     duplicates: int = 0
     apply_seconds: float = 0.0
+    # Synchronous mode: step id -> (workers heard from, gradients received so far).
+    pending: dict[str, tuple[set[int], list[tuple[Any, np.ndarray]]]] = dataclasses.field(
+        default_factory=dict)
 
 
 def _names(meta: dict[str, Any], key: str = "names") -> list[str]:
@@ -109,11 +112,35 @@ class ParameterServer:
 
     def _pull(self, frame: wire.Frame) -> bytes:
         shards = [self._shard(n) for n in _names(frame.meta)]
+        after, deadline = self._after(frame.meta)
         values = []
-        for shard in shards:
+        for name, shard in zip(_names(frame.meta), shards):
             with shard.lock:
+                self._wait_applied(name, shard, after, deadline)
                 values.append(shard.value.copy())
         return rpc.response({}, values)
+
+    @staticmethod
+    def _after(meta: dict[str, Any]) -> tuple[str | None, float]:
+        after = meta.get("after")
+        if after is not None and not isinstance(after, str):
+            raise wire.WireError(f"Field 'after' must be a step id string, got {after!r}.")
+        wait = meta.get("wait_s", 60.0)
+        if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not 0 <= wait <= 3600:
+            raise wire.WireError(f"Field 'wait_s' must be 0..3600 seconds, got {wait!r}.")
+        return after, time.monotonic() + float(wait)
+
+    @staticmethod
+    def _wait_applied(name: str, shard: _Shard, step: str | None, deadline: float) -> None:
+        """Synchronous mode: waits (lock held) until step ``step`` is applied to the shard."""
+        while step is not None and step in shard.pending:
+            left = deadline - time.monotonic()
+            heard = sorted(shard.pending[step][0])
+            if left <= 0 or not shard.lock.wait(left):
+                raise TimeoutError(
+                    f"Synchronous step {step} of {name!r} is still waiting for gradients: heard "
+                    f"from worker(s) {heard} only; a worker may have died."
+                )
 
     def _pull_rows(self, frame: wire.Frame) -> bytes:
         names = _names(frame.meta)
@@ -121,9 +148,11 @@ class ParameterServer:
             raise wire.WireError("pull_rows needs one row-index tensor per name.")
         pairs = [(self._shard(n), self._rows(n, self._shard(n), r))
                  for n, r in zip(names, frame.tensors)]
+        after, deadline = self._after(frame.meta)
         values = []
-        for shard, rows in pairs:
+        for name, (shard, rows) in zip(names, pairs):
             with shard.lock:
+                self._wait_applied(name, shard, after, deadline)
                 values.append(shard.value[rows])
         return rpc.response({}, values)
 
@@ -138,6 +167,11 @@ class ParameterServer:
 
     def _push(self, frame: wire.Frame) -> bytes:
         step = wire.require(frame.meta, "step", str)
+        sync = frame.meta.get("sync", 1)
+        worker = frame.meta.get("worker", 0)
+        for key, value in (("sync", sync), ("worker", worker)):
+            if type(value) is not int or not 0 <= value <= 1 << 16:
+                raise wire.WireError(f"Field {key!r} must be a small non-negative int, got {value!r}.")
         dense = _names(frame.meta, "dense")
         sparse = _names(frame.meta, "sparse")
         if len(frame.tensors) != len(dense) + 2 * len(sparse):
@@ -169,6 +203,17 @@ class ParameterServer:
                 if step in shard.ledger:
                     shard.duplicates += 1
                     continue
+                if sync > 1:
+                    heard, grads = shard.pending.setdefault(step, (set(), []))
+                    if worker in heard:
+                        shard.duplicates += 1
+                        continue
+                    heard.add(worker)
+                    grads.append((rows, np.array(grad)))
+                    if len(heard) < sync:
+                        continue
+                    del shard.pending[step]
+                    rows, grad = _summed(grads)
                 start = time.perf_counter()
                 if rows is None:
                     shard.optimizer.apply_dense(shard.value, grad)
@@ -176,6 +221,7 @@ class ParameterServer:
                     shard.optimizer.apply_rows(shard.value, rows, grad)
                 shard.apply_seconds += time.perf_counter() - start
                 shard.ledger.add(step)
+                shard.lock.notify_all()
                 applied += 1
         return rpc.response({"applied": applied, "skipped": len(updates) - applied})
 
@@ -205,3 +251,15 @@ class ParameterServer:
                     "bytes": int(shard.value.nbytes), "apply_seconds": shard.apply_seconds,
                 }
         return rpc.response({"stats": out})
+
+
+def _summed(grads: list[tuple[Any, np.ndarray]]) -> tuple[Any, np.ndarray]:
+    """The sum of every worker's gradient for one synchronous step (dense, or row-sparse with
+    the union of the rows)."""
+    if grads[0][0] is None:
+        return None, np.sum([g for _, g in grads], axis=0)
+    rows = np.concatenate([r for r, _ in grads])
+    unique, inverse = np.unique(rows, return_inverse=True)
+    total = np.zeros((unique.size,) + grads[0][1].shape[1:], grads[0][1].dtype)
+    np.add.at(total, inverse, np.concatenate([g for _, g in grads]))
+    return unique, total

@@ -36,7 +36,7 @@ from stratax._src.parameter_server.variables import (
 )
 
 logger = logging.getLogger(__name__)
-MODES = ("async",)
+MODES = ("async", "sync")
 
 
 class ParameterServerStrategy:
@@ -47,7 +47,10 @@ class ParameterServerStrategy:
         default ``TFConfigClusterResolver()``.
       variable_partitioner: Splits large variables along axis 0, e.g.
         ``sx.partitioners.MinSizePartitioner(min_shard_bytes=256 << 10, max_shards=2)``.
-      mode: ``"async"`` (each worker's step updates the parameters when it arrives).
+      mode: ``"async"`` (each worker's step updates the parameters when it arrives) or
+        ``"sync"`` (every scheduled step runs on every worker, each on its own batch, and the
+        parameter servers apply the sum of their gradients as one update: scale the loss by
+        the global batch, e.g. ``sx.compute_average_loss(..., global_batch_size=...)``).
       timeout_seconds: How long to wait for a task to answer (start-up, each call) before an
         error naming it.
 
@@ -63,8 +66,8 @@ class ParameterServerStrategy:
                  mode: str = "async", timeout_seconds: float = 60.0,
                  step_timeout_seconds: float = 600.0) -> None:
         if mode not in MODES:
-            raise ValueError(f"mode={mode!r} is not available; use one of {MODES} (the "
-                             "synchronous mode is not implemented yet).")
+            raise ValueError(f"mode={mode!r} is not a ParameterServerStrategy mode; use one of "
+                             f"{MODES}.")
         if cluster_resolver is None:
             from stratax._src.cluster.tfconfig import TFConfigClusterResolver
 
@@ -118,8 +121,9 @@ class ParameterServerStrategy:
 
     @property
     def num_replicas_in_sync(self) -> int:
-        """1: each worker runs one replica per step (asynchronous training)."""
-        return 1
+        """1 in asynchronous mode (each worker's step stands alone); the number of workers in
+        synchronous mode (one update sums one gradient from each)."""
+        return len(self._worker_clients) if self.mode == "sync" else 1
 
     @property
     def variables(self) -> list[PSVariable]:
@@ -159,9 +163,11 @@ class ParameterServerStrategy:
         return closure.add_run(built, leaves)
 
     def reduce(self, reduce_op: Any, value: Any, axis: int | None = None) -> Any:
-        """One replica per worker: the value itself (as TensorFlow's PSS without GPUs)."""
-        del reduce_op, axis
-        return value
+        """Inside a scheduled function: combines ``run`` results over the workers of a
+        synchronous step (one worker's value in asynchronous mode) and along ``axis``; the
+        ``RemoteValue`` then holds the reduced numpy value."""
+        coord.recording()
+        return coord.reduce_outputs(reduce_op, value, axis)
 
     def read(self, variables: Any) -> Any:
         """Inside ``run``: this step's values of a pytree of variables (``PSVariable`` or Keras

@@ -122,6 +122,10 @@ class WorkerService:
             with iterator.lock:
                 batches = [iterator.next() for _ in range(count)]
         timing["data"] += time.perf_counter() - start
+        sync = wire.require(frame.meta, "sync", int)
+        previous = frame.meta.get("after")
+        if previous is not None and not isinstance(previous, str):
+            raise wire.WireError(f"Field 'after' must be a step id, got {previous!r}.")
         outputs: list[np.ndarray] = []
         counts = []
         for index, run in enumerate(runs):
@@ -129,13 +133,16 @@ class WorkerService:
             if program is None:
                 raise KeyError(f"Program {run!r} is not registered on worker {self.task_index}.")
             leaves = [batches[b][leaf] for b, leaf in run["args"]]
-            result = self._run_one(program, leaves, f"{closure}:{index}", timing)
+            # Synchronous mode: read what the previous step of this closure wrote, once every
+            # worker's gradient for it is applied.
+            after = (f"{closure}:{index - 1}" if index else previous) if sync > 1 else None
+            result = self._run_one(program, leaves, f"{closure}:{index}", timing, sync, after)
             counts.append(len(result))
             outputs.extend(result)
         return rpc.response({"counts": counts, "timing": timing}, outputs)
 
     def _run_one(self, program: _Program, leaves: list[np.ndarray], step_id: str,
-                 timing: dict[str, float]) -> list[np.ndarray]:
+                 timing: dict[str, float], sync: int, after: str | None) -> list[np.ndarray]:
         meta = program.meta
         t0 = time.perf_counter()
         rows, positions, uniques = [], [], []
@@ -151,13 +158,14 @@ class WorkerService:
                 unique, inverse = np.unique(flat, return_inverse=True)
                 uniques.append(unique)
                 positions.append(inverse.reshape(ids.shape).astype(np.int32))
-            pulled = self._ps.pull_rows([program.variables[n] for n in meta["sparse"]], uniques)
+            pulled = self._ps.pull_rows([program.variables[n] for n in meta["sparse"]], uniques,
+                                        after)
             for name, unique, values in zip(meta["sparse"], uniques, pulled):
                 padded = np.zeros((max(int(np.prod(positions[len(rows)].shape)), 1),)
                                   + values.shape[1:], values.dtype)
                 padded[:unique.size] = values
                 rows.append(padded)
-        dense = self._ps.pull([program.variables[n] for n in meta["dense"]])
+        dense = self._ps.pull([program.variables[n] for n in meta["dense"]], after)
         t1 = time.perf_counter()
         grads, outputs = program.step(dense, rows, positions, leaves)
         grads = [np.asarray(g) for g in grads]
@@ -171,7 +179,7 @@ class WorkerService:
                 pushes.append((var, unique, grad[:unique.size]))
             else:
                 pushes.append((var, None, grad))
-        self._ps.push(step_id, pushes)
+        self._ps.push(step_id, pushes, sync, self.task_index)
         t3 = time.perf_counter()
         timing["pull"] += t1 - t0
         timing["compute"] += t2 - t1
