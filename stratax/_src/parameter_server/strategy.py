@@ -82,6 +82,12 @@ class ParameterServerStrategy:
                 f"{spec.as_dict()}; describe them in TF_CONFIG or launch with "
                 "`stratax launch --workers 2 --ps 1 train.py`."
             )
+        if cluster_resolver.task_type not in (None, "chief", *SERVED_JOBS):
+            raise ValueError(
+                f"ParameterServerStrategy runs on 'chief', 'worker' and 'ps' tasks; this task is "
+                f"{cluster_resolver.task_type!r} (TensorFlow's side-car evaluator is not "
+                "supported: evaluate on the chief instead)."
+            )
         self.mode = mode
         self._partitioner = variable_partitioner
         self._timeout = timeout_seconds
