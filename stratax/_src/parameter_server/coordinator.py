@@ -329,8 +329,16 @@ class ClusterCoordinator:
         return PerWorkerDataset(self, functions.reference(dataset_fn))
 
     def stats(self) -> dict[str, dict[str, float]]:
-        """Per worker: closures and steps done, seconds spent in data, pull, compute and push."""
-        return {f"worker {w.index}": dict(w.stats) for w in self._workers}
+        """Per worker: closures and steps done, seconds spent waiting for its calls (``wall``)
+        and, inside them, in data, pull, compute and push, and ``steps_per_s`` (steps / wall:
+        a straggler shows a lower rate)."""
+        out = {}
+        for w in self._workers:
+            stats = dict(w.stats)
+            if stats.get("wall"):
+                stats["steps_per_s"] = stats.get("steps", 0) / stats["wall"]
+            out[f"worker {w.index}"] = stats
+        return out
 
     def shutdown(self) -> None:
         """Stops the dispatch threads (the strategy calls it on exit)."""
