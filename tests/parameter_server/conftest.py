@@ -26,6 +26,7 @@ class Cluster:
     def __init__(self, log_dir: Path) -> None:
         self.log_dir = log_dir
         self.procs: dict[str, subprocess.Popen] = {}
+        self._commands: dict[str, tuple[list[str], dict[str, str]]] = {}
         self._logs = []
 
     def start(self, program: str, jobs: dict[str, int], args=(), skip=(), generic=()):
@@ -41,14 +42,27 @@ class Cluster:
                     continue
                 env = dict(base, PYTHONUNBUFFERED="1", TF_CONFIG=json.dumps(
                     {"cluster": spec, "task": {"type": job, "index": index}}))
-                log = open(self.log_dir / f"{name}.log", "w")  # noqa: SIM115 - closed in kill_all
-                self._logs.append(log)
                 command = ([sys.executable, "-m", "stratax._src.cli", "server"] if name in generic
                            else [sys.executable, str(HERE / program), *args])
-                self.procs[name] = subprocess.Popen(
-                    command, cwd=HERE, env=env,
-                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                self._commands[name] = (command, env)
+                self._launch(name)
         return spec
+
+    def _launch(self, name: str) -> None:
+        command, env = self._commands[name]
+        log = open(self.log_dir / f"{name}.log", "a")  # noqa: SIM115 - closed in kill_all
+        self._logs.append(log)
+        self.procs[name] = subprocess.Popen(command, cwd=HERE, env=env, stdout=log,
+                                            stderr=subprocess.STDOUT, start_new_session=True)
+
+    def kill(self, name: str) -> None:
+        """SIGKILLs task ``name``'s process group and reaps it."""
+        os.killpg(self.procs[name].pid, signal.SIGKILL)
+        self.procs[name].wait(timeout=10)
+
+    def restart(self, name: str) -> None:
+        """Starts task ``name`` again with the same command and TF_CONFIG."""
+        self._launch(name)
 
     def wait(self, name: str, timeout: float) -> tuple[int, str]:
         """Waits for task ``name`` (e.g. ``"chief0"``); returns its exit code and output."""

@@ -1,7 +1,9 @@
-"""Chief + 2 workers + 1 ps; the test SIGKILLs worker 1 once "STARTED" is printed."""
+"""Chief + 2 workers + 1 ps; the test SIGKILLs worker 1 once "STARTED" is printed, then
+restarts it; the chief checks that it rejoins and gets work."""
 
 import json
 import logging
+import time
 
 import numpy as np
 
@@ -37,14 +39,25 @@ def main():
         coordinator.schedule(step_fn, args=(iterator,))
     coordinator.join()
     print("STARTED", flush=True)
-    calls = 4 + 150
     for _ in range(150):
         coordinator.schedule(step_fn, args=(iterator,))
     coordinator.join()
+    # The test restarts worker 1 at once; wait (bounded) until the coordinator takes it back.
+    deadline = time.monotonic() + 90
+    while not coordinator.stats()["worker 1"].get("rejoined") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    before = coordinator.stats()["worker 1"].get("steps", 0)
+    for _ in range(60):
+        coordinator.schedule(step_fn, args=(iterator,))
+    coordinator.join()
+    calls = 4 + 150 + 60
     stats = strategy._ps.clients[0].call("stats", {"names": ["w"]}).meta["stats"]["w"]
     print("RESULT " + json.dumps({"scheduled": 3 * calls,
                                   "iterations": strategy.optimizer_iterations(w),
                                   "duplicates_skipped": stats["duplicates"],
+                                  "rejoined": coordinator.stats()["worker 1"].get("rejoined", 0),
+                                  "worker1_steps_after_rejoin":
+                                      coordinator.stats()["worker 1"].get("steps", 0) - before,
                                   "stats": coordinator.stats()}), flush=True)
 
 

@@ -5,7 +5,10 @@ import time
 import pytest
 
 from stratax._src.core.errors import WorkerUnavailableError
-from stratax._src.parameter_server.coordinator import ClusterCoordinator, RemoteValueStatus
+from stratax._src.parameter_server.coordinator import (
+    ClusterCoordinator,
+    RemoteValueStatus,
+)
 from stratax._src.parameter_server.rpc import RpcClient
 
 

@@ -12,7 +12,9 @@ its ``RemoteValue`` receives the returned structure as numpy arrays.
 Failures: an error in a step (raised by ``dataset_fn``, bad ids, ...) fails its ``RemoteValue``
 and is raised by the next ``join()``, naming the worker and its address. A worker that stops
 answering (deadline ``timeout_seconds``) is marked dead and its in-flight closure re-queued on
-the others (at-least-once; the parameter servers apply each step id at most once per shard).
+the others (the parameter servers apply each step id at most once per shard, so a re-run
+closure does not apply twice what the dead worker already pushed); a task restarted at its
+address is taken back.
 """
 
 from __future__ import annotations
@@ -252,6 +254,7 @@ class ClusterCoordinator:
         self._pinned: dict[int, collections.deque[_Closure]] = {
             w.index: collections.deque() for w in self._workers}
         self._last_step: str | None = None
+        self._iterator_refs: dict[str, dict[str, Any]] = {}  # name -> dataset_fn reference
         self._inflight = 0
         self._error: BaseException | None = None
         self._cond = threading.Condition()
@@ -355,6 +358,7 @@ class ClusterCoordinator:
         for worker in self._live_workers():
             replies[worker.index] = worker.client.call("iterator", {"iterator": name, "fn": fn_ref})
             worker.iterators.add(name)
+        self._iterator_refs[name] = fn_ref
         first = next(iter(replies.values())).meta
         for index, reply in replies.items():
             if reply.meta["specs"] != first["specs"] or reply.meta["structure"] != first["structure"]:
@@ -411,7 +415,9 @@ class ClusterCoordinator:
                         self._fail(closure, error)
                         self._cancel_queued(error)
                     self._cond.notify_all()
-                return
+                if not self._revive(worker):
+                    return
+                continue
             except Exception as err:  # noqa: BLE001 - reported through RemoteValue and join()
                 error = err if isinstance(err, StrataxError) else StepError(
                     f"worker {worker.index} at {worker.client.address}: {type(err).__name__}: {err}")
@@ -425,6 +431,26 @@ class ClusterCoordinator:
             with self._cond:
                 self._inflight -= 1
                 self._cond.notify_all()
+
+    def _revive(self, worker: _Worker) -> bool:
+        """Waits for a dead worker to answer again (a restarted task at the same address),
+        rebuilds its iterators from the start of their ``dataset_fn`` and takes it back;
+        returns False when the coordinator stops first."""
+        while not self._stop.wait(1.0):
+            try:
+                worker.client.call("ping", timeout=2.0)
+                for name, fn_ref in list(self._iterator_refs.items()):
+                    worker.client.call("iterator", {"iterator": name, "fn": fn_ref})
+            except StrataxError:
+                continue
+            worker.programs = set()
+            worker.iterators = set(self._iterator_refs)
+            worker.stats["rejoined"] += 1
+            worker.alive = True
+            logger.warning("worker %d at %s answers again; it gets work again", worker.index,
+                           worker.client.address)
+            return True
+        return False
 
     def _fail(self, closure: _Closure, error: BaseException) -> None:
         if closure.remote.status is RemoteValueStatus.PENDING:

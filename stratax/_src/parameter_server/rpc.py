@@ -37,6 +37,9 @@ _OPTIONS = [
     ("grpc.max_receive_message_length", _MAX_MESSAGE),
     ("grpc.so_reuseport", 0),
 ]
+# Reconnect quickly to a restarted task (gRPC's default backoff grows to 2 minutes).
+_CLIENT_OPTIONS = [*_OPTIONS, ("grpc.initial_reconnect_backoff_ms", 200),
+                   ("grpc.min_reconnect_backoff_ms", 200), ("grpc.max_reconnect_backoff_ms", 1000)]
 _TOKEN_KEY = "x-stratax-token"
 Handler = Callable[[wire.Frame], bytes]
 
@@ -186,7 +189,7 @@ class RpcClient:
         self.address = address
         self.timeout = timeout
         self._token = token if token is not None else read_token()
-        self._channel = grpc.insecure_channel(address, options=_OPTIONS)
+        self._channel = grpc.insecure_channel(address, options=_CLIENT_OPTIONS)
         self._unary = self._channel.unary_unary("/stratax.Service/Call")
         self._stream = self._channel.stream_stream("/stratax.Service/Stream")
 
