@@ -44,14 +44,33 @@ def test_custom_loop_sparse_exact_and_errors(cluster):
     assert codes == {name: 0 for name in codes}
 
 
-def test_missing_parameter_server_is_named_within_the_timeout(cluster):
-    spec = cluster.start("ps_missing.py", {"chief": 1, "worker": 1, "ps": 1},
-                         skip=("worker0", "ps0"))
+def test_missing_parameter_server_is_named_within_the_timeout():
+    from conftest import free_port
+
+    import stratax as sx
+
+    ps, worker = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"  # nobody listens
+    resolver = sx.cluster_resolver.SimpleClusterResolver(
+        {"chief": [f"127.0.0.1:{free_port()}"], "worker": [worker], "ps": [ps]},
+        task_type="chief", task_id=0)
     start = time.monotonic()
-    code, out = cluster.wait("chief0", timeout=60)
-    assert code == 3, out[-3000:]
-    assert f"ps 0 at {spec['ps'][0]}" in out and "within 2 s" in out
-    assert time.monotonic() - start < 40
+    with pytest.raises(sx.WorkerUnavailableError, match=f"ps 0 at {ps} did not answer within 2 s"):
+        sx.ParameterServerStrategy(resolver, timeout_seconds=2)
+    assert time.monotonic() - start < 6
+
+
+def test_sync_and_unknown_modes_and_roles_are_checked():
+    import stratax as sx
+
+    cluster = {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"], "ps": ["127.0.0.1:3"]}
+    with pytest.raises(ValueError, match="'async', 'sync'"):
+        sx.ParameterServerStrategy(sx.cluster_resolver.SimpleClusterResolver(cluster), mode="x")
+    evaluator = sx.cluster_resolver.SimpleClusterResolver(cluster, task_type="evaluator", task_id=0)
+    with pytest.raises(ValueError, match="evaluator"):
+        sx.ParameterServerStrategy(evaluator)
+    with pytest.raises(ValueError, match="'worker' and 'ps' jobs"):
+        sx.ParameterServerStrategy(sx.cluster_resolver.SimpleClusterResolver(
+            {"worker": ["127.0.0.1:2"]}))
 
 
 def test_killed_worker_reruns_elsewhere_applies_once_and_rejoins(cluster):

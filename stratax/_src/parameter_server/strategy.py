@@ -76,7 +76,7 @@ class ParameterServerStrategy:
             raise functions.DefinitionsLoaded()
         self.cluster_resolver = cluster_resolver
         spec = cluster_resolver.cluster_spec()
-        if not spec.num_tasks("ps") or not spec.num_tasks("worker"):
+        if not {"ps", "worker"} <= set(spec.jobs):
             raise ValueError(
                 f"ParameterServerStrategy needs 'worker' and 'ps' jobs in the cluster, got "
                 f"{spec.as_dict()}; describe them in TF_CONFIG or launch with "
