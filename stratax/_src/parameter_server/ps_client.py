@@ -43,65 +43,54 @@ class PSClients:
         pending = {ps: self._pool.submit(call, self.clients[ps]) for ps, call in calls.items()}
         return {ps: future.result() for ps, future in pending.items()}
 
-    def pull(self, variables: Sequence[VarDesc], after: str | None = None) -> list[np.ndarray]:
-        """Full values of ``variables`` (shards concatenated along axis 0); with ``after``, once
-        synchronous step ``after`` is applied to each shard."""
-        keys: dict[int, list[str]] = defaultdict(list)
-        nbytes: dict[int, int] = defaultdict(int)
-        c_wait = 0.8 * self.timeout  # the ps gives up before the call deadline
-        for var in variables:
-            row_bytes = _row_bytes(var)
-            for ps, key, _, rows in var["shards"]:
-                keys[ps].append(key)
-                nbytes[ps] += row_bytes * max(rows, 1)
-
-        def pull_from(ps: int) -> Callable[[rpc.RpcClient], list[np.ndarray]]:
-            big = nbytes[ps] > rpc.CHUNK_BYTES
-            meta = {"names": keys[ps], "after": after, "wait_s": c_wait}
-            return lambda c: c.call("pull", meta, stream=big).tensors
-
-        got = self.each({ps: pull_from(ps) for ps in keys})
-        position = defaultdict(int)
-        values = []
-        for var in variables:
-            parts = []
-            for ps, _, _, _ in var["shards"]:
-                parts.append(got[ps][position[ps]])
-                position[ps] += 1
-            values.append(parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0))
-        return values
-
-    def pull_rows(self, variables: Sequence[VarDesc], rows: Sequence[np.ndarray],
-                  after: str | None = None) -> list[np.ndarray]:
-        """``var[rows]`` for each (variable, sorted distinct global rows) pair (``after``: as
-        for ``pull``)."""
-        keys: dict[int, list[str]] = defaultdict(list)
+    def pull(self, variables: Sequence[VarDesc], rows: Sequence[np.ndarray | None] | None = None,
+             after: str | None = None) -> list[np.ndarray]:
+        """Values of ``variables``, one call per ps: whole (shards concatenated along axis 0)
+        where ``rows[i]`` is None, else ``var[rows[i]]`` for sorted distinct global rows. With
+        ``after``, once synchronous step ``after`` is applied to each shard."""
+        rows = list(rows) if rows is not None else [None] * len(variables)
+        whole: dict[int, list[str]] = defaultdict(list)
+        sliced: dict[int, list[str]] = defaultdict(list)
         local: dict[int, list[np.ndarray]] = defaultdict(list)
         nbytes: dict[int, int] = defaultdict(int)
-        c_wait = 0.8 * self.timeout  # the ps gives up before the call deadline
         plan = []
         for var, wanted in zip(variables, rows, strict=True):
             pieces = []
             for ps, key, start, count in var["shards"]:
-                mask = (wanted >= start) & (wanted < start + count)
-                if mask.any():
-                    keys[ps].append(key)
-                    local[ps].append((wanted[mask] - start).astype(np.int64))
-                    nbytes[ps] += int(mask.sum()) * _row_bytes(var)
-                    pieces.append((ps, len(keys[ps]) - 1, mask))
+                if wanted is None:
+                    whole[ps].append(key)
+                    nbytes[ps] += _row_bytes(var) * max(count, 1)
+                    pieces.append((ps, False, len(whole[ps]) - 1, None))
+                    continue
+                mask = None if len(var["shards"]) == 1 else (wanted >= start) & (wanted < start + count)
+                if mask is not None and not mask.any():
+                    continue
+                chosen = wanted if mask is None else wanted[mask]
+                sliced[ps].append(key)
+                local[ps].append((chosen - start).astype(np.int64))
+                nbytes[ps] += chosen.size * _row_bytes(var)
+                pieces.append((ps, True, len(sliced[ps]) - 1, mask))
             plan.append((var, wanted, pieces))
-        def pull_from(ps: int) -> Callable[[rpc.RpcClient], list[np.ndarray]]:
-            big = nbytes[ps] > rpc.CHUNK_BYTES
-            meta = {"names": keys[ps], "after": after, "wait_s": c_wait}
-            return lambda c: c.call("pull_rows", meta, local[ps], stream=big).tensors
 
-        got = self.each({ps: pull_from(ps) for ps in keys})
+        def pull_from(ps: int) -> Callable[[rpc.RpcClient], list[np.ndarray]]:
+            meta = {"names": whole[ps], "row_names": sliced[ps], "after": after,
+                    "wait_s": 0.8 * self.timeout}  # the ps gives up before the call deadline
+            big = nbytes[ps] > rpc.CHUNK_BYTES
+            return lambda c: c.call("pull", meta, local[ps], stream=big).tensors
+
+        got = self.each({ps: pull_from(ps) for ps in set(whole) | set(sliced)})
         values = []
         for var, wanted, pieces in plan:
-            out = np.empty((wanted.size,) + tuple(var["shape"][1:]), np.dtype(var["dtype"]))
-            for ps, index, mask in pieces:
-                out[mask] = got[ps][index]
-            values.append(out)
+            parts = [got[ps][len(whole[ps]) + i if is_rows else i] for ps, is_rows, i, _ in pieces]
+            if wanted is None:
+                values.append(parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0))
+            elif len(pieces) == 1 and pieces[0][3] is None:
+                values.append(parts[0])
+            else:
+                out = np.empty((wanted.size,) + tuple(var["shape"][1:]), np.dtype(var["dtype"]))
+                for (_, _, _, mask), part in zip(pieces, parts):
+                    out[mask] = part
+                values.append(out)
         return values
 
     def push(self, step: str, pushes: Sequence[Push], sync: int = 1, worker: int = 0) -> None:

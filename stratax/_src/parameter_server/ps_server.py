@@ -53,7 +53,7 @@ class ParameterServer:
         self.shutdown_requested = threading.Event()
         self._methods = {
             "ping": self._ping, "create": self._create, "set_optimizer": self._set_optimizer,
-            "pull": self._pull, "pull_rows": self._pull_rows, "push": self._push,
+            "pull": self._pull, "push": self._push,
             "assign": self._assign, "stats": self._stats, "shutdown": self._shutdown,
         }
 
@@ -111,13 +111,21 @@ class ParameterServer:
         return rpc.response()
 
     def _pull(self, frame: wire.Frame) -> bytes:
-        shards = [self._shard(n) for n in _names(frame.meta)]
+        """Whole shards named in ``names``, then the rows (one index tensor each) of the shards
+        in ``row_names``; with ``after``, once that synchronous step is applied."""
+        names = _names(frame.meta)
+        row_names = _names(frame.meta, "row_names") if "row_names" in frame.meta else []
+        if len(row_names) != len(frame.tensors):
+            raise wire.WireError("pull needs one row-index tensor per name in 'row_names'.")
+        wanted = [(n, self._shard(n), None) for n in names]
+        wanted += [(n, self._shard(n), self._rows(n, self._shard(n), r))
+                   for n, r in zip(row_names, frame.tensors)]
         after, deadline = self._after(frame.meta)
         values = []
-        for name, shard in zip(_names(frame.meta), shards):
+        for name, shard, rows in wanted:
             with shard.lock:
                 self._wait_applied(name, shard, after, deadline)
-                values.append(shard.value.copy())
+                values.append(shard.value.copy() if rows is None else shard.value[rows])
         return rpc.response({}, values)
 
     @staticmethod
@@ -141,20 +149,6 @@ class ParameterServer:
                     f"Synchronous step {step} of {name!r} is still waiting for gradients: heard "
                     f"from worker(s) {heard} only; a worker may have died."
                 )
-
-    def _pull_rows(self, frame: wire.Frame) -> bytes:
-        names = _names(frame.meta)
-        if len(names) != len(frame.tensors):
-            raise wire.WireError("pull_rows needs one row-index tensor per name.")
-        pairs = [(self._shard(n), self._rows(n, self._shard(n), r))
-                 for n, r in zip(names, frame.tensors)]
-        after, deadline = self._after(frame.meta)
-        values = []
-        for name, (shard, rows) in zip(names, pairs):
-            with shard.lock:
-                self._wait_applied(name, shard, after, deadline)
-                values.append(shard.value[rows])
-        return rpc.response({}, values)
 
     @staticmethod
     def _rows(name: str, shard: _Shard, rows: np.ndarray) -> np.ndarray:

@@ -3,9 +3,10 @@
 A closure from the coordinator names an iterator (built here, by name, from ``dataset_fn``),
 how many batches to take, and the runs: each run is an exported program and which batch
 leaves it takes. For each run the worker (1) runs the id program if the step reads embedding
-rows and pulls only the distinct rows, (2) pulls the dense variables it reads, (3) runs the
-step, (4) pushes gradients with the step id ``"<closure>:<run>"`` (the parameter servers apply
-each step id once), and returns the outputs. No user Python runs to execute a step.
+rows, (2) pulls, in one call per ps, the variables it reads and only the distinct rows of the
+tables, (3) runs the step, (4) pushes gradients with the step id ``"<closure>:<run>"`` (the
+parameter servers apply each step id once), and returns the outputs. No user Python runs to
+execute a step.
 """
 
 from __future__ import annotations
@@ -145,7 +146,7 @@ class WorkerService:
                  timing: dict[str, float], sync: int, after: str | None) -> list[np.ndarray]:
         meta = program.meta
         t0 = time.perf_counter()
-        rows, positions, uniques = [], [], []
+        positions, uniques = [], []
         if program.ids is not None:
             ids_list = [np.asarray(x) for x in program.ids(leaves)]
             for name, ids in zip(meta["sparse"], ids_list):
@@ -158,14 +159,14 @@ class WorkerService:
                 unique, inverse = np.unique(flat, return_inverse=True)
                 uniques.append(unique)
                 positions.append(inverse.reshape(ids.shape).astype(np.int32))
-            pulled = self._ps.pull_rows([program.variables[n] for n in meta["sparse"]], uniques,
-                                        after)
-            for name, unique, values in zip(meta["sparse"], uniques, pulled):
-                padded = np.zeros((max(int(np.prod(positions[len(rows)].shape)), 1),)
-                                  + values.shape[1:], values.dtype)
-                padded[:unique.size] = values
-                rows.append(padded)
-        dense = self._ps.pull([program.variables[n] for n in meta["dense"]], after)
+        variables = [program.variables[n] for n in [*meta["dense"], *meta["sparse"]]]
+        pulled = self._ps.pull(variables, [None] * len(meta["dense"]) + uniques, after)
+        dense = pulled[:len(meta["dense"])]
+        rows = []
+        for unique, position, values in zip(uniques, positions, pulled[len(meta["dense"]):]):
+            padded = np.zeros((max(position.size, 1),) + values.shape[1:], values.dtype)
+            padded[:unique.size] = values
+            rows.append(padded)
         t1 = time.perf_counter()
         grads, outputs = program.step(dense, rows, positions, leaves)
         grads = [np.asarray(g) for g in grads]
