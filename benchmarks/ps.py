@@ -94,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
             tf = TF_STEPS_PER_S.get((workload, spe)) if (args.workers, args.ps) == (2, 1) else None
             rows.append((workload, spe, median, min(rates), max(rates), tf, middle["ms_per_step"]))
     name = f"ps_w{args.workers}_p{args.ps}"
+    if args.workloads != ",".join(WORKLOADS) or args.spe != "1,10":
+        name += "_subset"  # a partial run never overwrites the full table
     title = (f"# ParameterServerStrategy: chief + {args.workers} workers + {args.ps} ps "
              f"(127.0.0.1, batch 256 per worker, median of {args.reps})")
     header = ("| workload | steps/call | steps/s median (min-max) | TF PSS steps/s | ratio | "
