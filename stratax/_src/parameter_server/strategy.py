@@ -96,12 +96,16 @@ class ParameterServerStrategy:
             self._serve_and_exit(spec, cluster_resolver.task_type, cluster_resolver.task_id)
         self._ps_addresses = list(spec.job_tasks("ps"))
         self._ps = PSClients(self._ps_addresses, timeout_seconds)
-        for client in self._ps.clients:
-            client.wait_ready(timeout_seconds)
         self._worker_clients = [RpcClient(f"worker {i}", a, timeout_seconds)
                                 for i, a in enumerate(spec.job_tasks("worker"))]
-        for client in self._worker_clients:
-            client.wait_ready(timeout_seconds)
+        try:
+            for client in [*self._ps.clients, *self._worker_clients]:
+                client.wait_ready(timeout_seconds)
+        except BaseException:
+            for client in self._worker_clients:
+                client.close()
+            self._ps.close()
+            raise
         self._variables: list[PSVariable] = []
         self._names: set[str] = set()
         self._load = [0] * len(self._ps_addresses)
