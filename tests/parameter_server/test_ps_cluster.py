@@ -4,12 +4,12 @@ import re
 import time
 
 import pytest
-from conftest import wait_all
+from ps_cluster_helpers import cluster, free_port, wait_all  # noqa: F401 - `cluster` is a fixture
 
 pytestmark = pytest.mark.timeout(240)
 
 
-def test_custom_loop_sparse_exact_and_errors(cluster):
+def test_custom_loop_sparse_exact_and_errors(cluster):  # noqa: F811 - fixture
     # ps 0 and worker 0 are generic `stratax server` tasks (worker 0 loads dataset_fn from the
     # script by name); ps 1 and worker 1 run the same program as the chief.
     cluster.start("ps_program.py", {"chief": 1, "worker": 2, "ps": 2}, generic=("ps0", "worker0"))
@@ -45,8 +45,6 @@ def test_custom_loop_sparse_exact_and_errors(cluster):
 
 
 def test_missing_parameter_server_is_named_within_the_timeout():
-    from conftest import free_port
-
     import stratax as sx
 
     ps, worker = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"  # nobody listens
@@ -62,10 +60,10 @@ def test_missing_parameter_server_is_named_within_the_timeout():
 def test_sync_and_unknown_modes_and_roles_are_checked():
     import stratax as sx
 
-    cluster = {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"], "ps": ["127.0.0.1:3"]}
+    spec = {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"], "ps": ["127.0.0.1:3"]}
     with pytest.raises(ValueError, match="'async', 'sync'"):
-        sx.ParameterServerStrategy(sx.cluster_resolver.SimpleClusterResolver(cluster), mode="x")
-    evaluator = sx.cluster_resolver.SimpleClusterResolver(cluster, task_type="evaluator", task_id=0)
+        sx.ParameterServerStrategy(sx.cluster_resolver.SimpleClusterResolver(spec), mode="x")
+    evaluator = sx.cluster_resolver.SimpleClusterResolver(spec, task_type="evaluator", task_id=0)
     with pytest.raises(ValueError, match="evaluator"):
         sx.ParameterServerStrategy(evaluator)
     with pytest.raises(ValueError, match="'worker' and 'ps' jobs"):
@@ -73,7 +71,7 @@ def test_sync_and_unknown_modes_and_roles_are_checked():
             {"worker": ["127.0.0.1:2"]}))
 
 
-def test_killed_worker_reruns_elsewhere_applies_once_and_rejoins(cluster):
+def test_killed_worker_reruns_elsewhere_applies_once_and_rejoins(cluster):  # noqa: F811 - fixture
     cluster.start("ps_kill.py", {"chief": 1, "worker": 2, "ps": 1})
     deadline = time.monotonic() + 120
     while "STARTED" not in cluster.output("chief0"):
@@ -91,7 +89,7 @@ def test_killed_worker_reruns_elsewhere_applies_once_and_rejoins(cluster):
     assert result["rejoined"] == 1 and result["worker1_steps_after_rejoin"] > 0, result
 
 
-def test_sync_mode_equals_one_process_on_the_global_batches(cluster):
+def test_sync_mode_equals_one_process_on_the_global_batches(cluster):  # noqa: F811 - fixture
     cluster.start("ps_sync.py", {"chief": 1, "worker": 2, "ps": 1})
     code, out = cluster.wait("chief0", timeout=180)
     assert code == 0, out[-4000:]

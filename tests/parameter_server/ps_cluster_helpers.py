@@ -1,4 +1,8 @@
-"""Real parameter-server clusters on 127.0.0.1: one process per task, killed by process group."""
+"""Real parameter-server clusters on 127.0.0.1: one process per task, killed by process group.
+
+A helper module, not a conftest: test files import ``cluster`` (the fixture) from here, so no
+second ``conftest`` module competes with ``tests/multiprocess``' ``from conftest import ...``.
+"""
 
 import json
 import os
