@@ -36,6 +36,12 @@ __version__ = "0.1.0"
 
 # Public name -> the module that defines it (a module itself when the name is a submodule).
 _EXPORTS = {
+    "partitioners": "stratax.partitioners",
+    "coordinator": "stratax.coordinator",
+    "ShardedVariable": "stratax._src.parameter_server.variables",
+    "PSVariable": "stratax._src.parameter_server.variables",
+    "Server": "stratax._src.parameter_server.server",
+    "ParameterServerStrategy": "stratax._src.parameter_server.strategy",
     "AutoShardPolicy": "stratax._src.data.input_context",
     "BackupAndRestore": "stratax._src.keras.backup",
     "CollectiveTimeoutError": "stratax._src.core.errors",

@@ -13,9 +13,9 @@ import threading
 os.environ.setdefault("STRATAX_CPU_DEVICES", "8")
 os.environ["KERAS_BACKEND"] = "jax"
 
-import pytest  # noqa: E402
+import pytest
 
-import stratax  # noqa: E402,F401  (applies STRATAX_CPU_DEVICES before JAX starts)
+import stratax  # noqa: F401  (applies STRATAX_CPU_DEVICES before JAX starts)
 
 NUM_TEST_DEVICES = int(os.environ["STRATAX_CPU_DEVICES"])
 

@@ -13,6 +13,8 @@ over the local devices (no network needed)::
 
 ``stratax dashboard RUN_DIR`` serves the web dashboard of a run (``--dashboard`` on ``launch``
 and ``train`` serves it live).
+``stratax server`` runs a generic parameter-server or worker task (from TF_CONFIG) for a
+``ParameterServerStrategy`` chief.
 
 The parser is built, and the arguments checked, before anything queries JAX's devices, so
 ``--devices`` can still split the CPU. This module itself imports neither JAX nor Keras; the
@@ -62,7 +64,28 @@ def build_parser(strategy_names: Sequence[str] | None = None) -> argparse.Argume
     add_launch_arguments(launch)
     launch.set_defaults(handler=run_launch)
     add_dashboard_command(commands)
+    server = commands.add_parser(
+        "server", help="run this task's parameter server or worker (reads TF_CONFIG)",
+        description="Serve the 'ps' or 'worker' task named by TF_CONFIG (or --job/--index) for a "
+                    "ParameterServerStrategy chief; exits when the chief is done.",
+    )
+    server.add_argument("--job", choices=("ps", "worker"), default=None,
+                        help="task type (default: TF_CONFIG's task.type)")
+    server.add_argument("--index", type=int, default=None,
+                        help="task index (default: TF_CONFIG's task.index)")
+    server.set_defaults(handler=_run_server)
     return parser
+
+
+def _run_server(args: argparse.Namespace) -> int:
+    # Imported here: only `server` needs gRPC.
+    from stratax._src.cluster.tfconfig import TFConfigClusterResolver
+    from stratax._src.parameter_server.server import Server
+
+    resolver = TFConfigClusterResolver()
+    Server(resolver, job_name=args.job or resolver.task_type,
+           task_index=args.index if args.index is not None else resolver.task_id).join()
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

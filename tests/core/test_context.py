@@ -35,9 +35,8 @@ def test_scope_makes_strategy_current_and_restores_it():
 
 def test_scope_is_restored_after_an_exception():
     strategy = sx.OneDeviceStrategy("cpu:0")
-    with pytest.raises(KeyError):
-        with strategy.scope():
-            raise KeyError("boom")
+    with pytest.raises(KeyError), strategy.scope():
+        raise KeyError("boom")
     assert not sx.has_strategy()
 
 
@@ -45,9 +44,8 @@ def test_mixing_two_strategies_scopes_is_an_error():
     first = sx.MirroredStrategy(["cpu:0", "cpu:1"])
     second = sx.OneDeviceStrategy("cpu:0")
     with first.scope():
-        with pytest.raises(sx.MixedStrategyError, match="cannot be mixed"):
-            with second.scope():
-                pass
+        with pytest.raises(sx.MixedStrategyError, match="cannot be mixed"), second.scope():
+            pass
         assert sx.get_strategy() is first
 
 

@@ -17,7 +17,6 @@ strategy = sx.MultiWorkerMirroredStrategy(
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
-
 from data import GLOBAL_BATCH, make_data  # noqa: E402
 
 out_dir, backup_dir, mode, step = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])

@@ -33,7 +33,6 @@ if mode == "raise_after_strategy" and strategy.worker_index == 1:
     raise RuntimeError("worker one failed right after creating the strategy")
 
 import keras  # noqa: E402
-
 from data import GLOBAL_BATCH, make_data, make_model  # noqa: E402
 
 

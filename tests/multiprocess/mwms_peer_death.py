@@ -14,7 +14,6 @@ strategy = sx.MultiWorkerMirroredStrategy(
     communication_options=sx.CommunicationOptions(timeout_seconds=float(sys.argv[1])))
 
 import keras  # noqa: E402
-
 from data import GLOBAL_BATCH, make_data, make_model  # noqa: E402
 
 

@@ -18,13 +18,12 @@ strategy = sx.MultiWorkerMirroredStrategy(
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
-
 from data import GLOBAL_BATCH, make_data, make_model  # noqa: E402
 
 out_dir = sys.argv[1]
 epochs = int(sys.argv[2]) if len(sys.argv) > 2 else 2
 if len(sys.argv) > 4:
-    GLOBAL_BATCH = int(sys.argv[4])  # noqa: F811
+    GLOBAL_BATCH = int(sys.argv[4])
 ALL = ["arrays", "batches", "off", "from_function"]
 variants = ALL if len(sys.argv) > 3 and sys.argv[3] == "all" else ["arrays"]
 x, y = make_data()

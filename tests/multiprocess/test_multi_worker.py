@@ -10,12 +10,11 @@ import jax.numpy as jnp
 import keras
 import numpy as np
 import pytest
+from conftest import HERE, assert_same_weights, free_port, load_weights, worker_env
+from data import GLOBAL_BATCH, make_data, make_model
 
 import stratax as sx
 from stratax._src.launch import launch
-
-from conftest import HERE, assert_same_weights, free_port, load_weights, worker_env
-from data import GLOBAL_BATCH, make_data, make_model
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -14,10 +14,9 @@ import sys
 import time
 
 import pytest
+from conftest import HERE, worker_env
 
 from stratax._src.launch import launch
-
-from conftest import HERE, worker_env
 
 pytestmark = pytest.mark.timeout(180)
 REPO = HERE.parent.parent

@@ -84,3 +84,9 @@ MEGASCALE_SLICE_ID = "MEGASCALE_SLICE_ID"
 COLAB_TPU_ADDR = "COLAB_TPU_ADDR"
 # Opt-in TPU emulation: N CPU devices act as the TPU cores of TPUStrategy (testing only).
 STRATAX_TPU_EMULATION = "STRATAX_TPU_EMULATION"
+# Shared secret every parameter-server / worker call must carry (required off loopback).
+STRATAX_PS_TOKEN = "STRATAX_PS_TOKEN"
+# Path of a file holding that secret (read when STRATAX_PS_TOKEN is unset).
+STRATAX_PS_TOKEN_FILE = "STRATAX_PS_TOKEN_FILE"
+# "W,P" set by `stratax launch --workers W --ps P`: children get chief/worker/ps TF_CONFIG.
+STRATAX_PS_ROLES = "STRATAX_PS_ROLES"

@@ -11,6 +11,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from stratax._src.core import env as env_names
 from stratax._src.launch.config import LaunchError
 from stratax._src.launch.launcher import launch
 from stratax._src.observe.arguments import add_dashboard_arguments, dashboard_from_args
@@ -47,6 +48,11 @@ def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-dir", default=None, metavar="DIR",
                         help="also append each worker's output to DIR/worker_<rank>.log")
     add_dashboard_arguments(parser)
+    parser.add_argument("--workers", type=int, default=None, metavar="W",
+                        help="ParameterServerStrategy cluster: W worker tasks (with --ps; starts "
+                             "1 chief + W workers + P ps, each with its chief/worker/ps TF_CONFIG)")
+    parser.add_argument("--ps", type=int, default=None, metavar="P",
+                        help="ParameterServerStrategy cluster: P parameter-server tasks")
     parser.add_argument("-m", "--module", action="store_true",
                         help="run program as a module: python -m program (like python -m)")
     parser.add_argument("program", help="the script (or, with -m, module) every worker runs")
@@ -103,9 +109,11 @@ def run_launch(args: argparse.Namespace) -> int:
 def _run_launch(args: argparse.Namespace, run_dir: str | None) -> int:
     try:
         cmd = command_from_args(args)
+        nproc_per_node, extra_env = parameter_server_layout(args)
         result = launch(
             cmd,
-            nproc_per_node=args.nproc_per_node,
+            nproc_per_node=nproc_per_node,
+            env=extra_env,
             nnodes=args.nnodes,
             node_rank=args.node_rank,
             coordinator=args.coordinator,
@@ -126,6 +134,25 @@ def _run_launch(args: argparse.Namespace, run_dir: str | None) -> int:
     if not result.ok:
         print(result.summary, file=sys.stderr, flush=True)
     return result.exit_code
+
+
+def parameter_server_layout(args: argparse.Namespace) -> tuple[int, dict[str, str]]:
+    """``(processes on this node, extra environment)`` for ``--workers W --ps P``.
+
+    Raises:
+        ValueError: only one of the two flags, a count below 1, or combined with
+            ``--nproc-per-node``/``--nnodes``.
+    """
+    workers, ps = getattr(args, "workers", None), getattr(args, "ps", None)
+    if workers is None and ps is None:
+        return args.nproc_per_node, {}
+    if workers is None or ps is None or workers < 1 or ps < 1:
+        raise ValueError(f"--workers and --ps go together, each at least 1 (got --workers "
+                         f"{workers} --ps {ps}); e.g. `stratax launch --workers 2 --ps 1 train.py`.")
+    if args.nproc_per_node != 1 or args.nnodes != 1:
+        raise ValueError("--workers/--ps start a one-node cluster of 1 + W + P processes; drop "
+                         "--nproc-per-node and --nnodes.")
+    return 1 + workers + ps, {env_names.STRATAX_PS_ROLES: f"{workers},{ps}"}
 
 
 def build_parser(prog: str | None = None) -> argparse.ArgumentParser:

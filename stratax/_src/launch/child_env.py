@@ -87,7 +87,45 @@ def build_worker_specs(
         )
         if tf_workers is not None:
             child_env[env_names.TF_CONFIG] = tf_config_json(tf_workers, global_rank)
+            assign_parameter_server_roles(child_env)
         else:
             child_env.pop(env_names.TF_CONFIG, None)
         specs.append(WorkerSpec(local_rank, global_rank, child_env))
     return specs
+
+
+def parameter_server_tf_config(addresses: Sequence[str], rank: int, workers: int, ps: int) -> str:
+    """``TF_CONFIG`` of process ``rank`` in a ParameterServerStrategy cluster on ``addresses``.
+
+    Rank 0 is the ``chief``, ranks ``1..workers`` the ``worker`` tasks and the next ``ps`` ranks
+    the ``ps`` tasks (``stratax launch --workers W --ps P`` starts ``1 + W + P`` processes).
+
+    Raises:
+        ValueError: when the counts do not match the number of addresses.
+    """
+    if workers < 1 or ps < 1 or len(addresses) != 1 + workers + ps:
+        raise ValueError(
+            f"A parameter-server launch needs 1 + workers + ps = {1 + workers + ps} processes "
+            f"(workers={workers}, ps={ps}), got {len(addresses)} addresses."
+        )
+    cluster = {"chief": [addresses[0]], "worker": list(addresses[1:1 + workers]),
+               "ps": list(addresses[1 + workers:])}
+    if rank == 0:
+        task = {"type": "chief", "index": 0}
+    elif rank <= workers:
+        task = {"type": "worker", "index": rank - 1}
+    else:
+        task = {"type": "ps", "index": rank - 1 - workers}
+    return json.dumps({"cluster": cluster, "task": task})
+
+
+def assign_parameter_server_roles(child_env: dict[str, str]) -> None:
+    """Rewrites a single-node worker ``TF_CONFIG`` into chief/worker/ps roles when
+    ``STRATAX_PS_ROLES`` (``"W,P"``, set by ``stratax launch --workers W --ps P``) is present."""
+    roles = child_env.get(env_names.STRATAX_PS_ROLES)
+    if not roles:
+        return
+    workers, ps = (int(n) for n in roles.split(","))
+    config = json.loads(child_env[env_names.TF_CONFIG])
+    child_env[env_names.TF_CONFIG] = parameter_server_tf_config(
+        config["cluster"]["worker"], config["task"]["index"], workers, ps)

@@ -1,0 +1,1 @@
+"""ParameterServerStrategy: servers, wire protocol, variables and partitioners, coordinator."""

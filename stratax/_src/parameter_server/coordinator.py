@@ -1,0 +1,490 @@
+"""``ClusterCoordinator``: schedules step functions on workers, TensorFlow's way.
+
+``schedule(fn, args)`` runs ``fn`` once on the coordinator in *recording* mode: inside it,
+``next(per_worker_iterator)`` gives placeholders for the worker's next batch and
+``strategy.run(replica_fn, args=(batch,))`` records an exported step (traced once per
+function and shapes, then cached). ``fn`` may call ``next`` and ``strategy.run`` any number of
+times (e.g. a loop of 10 steps, TF's ``steps_per_execution``), ``strategy.reduce`` (identity: one
+replica per worker), and return any structure of ``run`` results. Anything else it computes runs
+on the coordinator at schedule time, not per step. The recorded closure goes to a free worker;
+its ``RemoteValue`` receives the returned structure as numpy arrays.
+
+Failures: an error in a step (raised by ``dataset_fn``, bad ids, ...) fails its ``RemoteValue``
+and is raised by the next ``join()``, naming the worker and its address. A worker that stops
+answering (deadline ``timeout_seconds``) is marked dead and its in-flight closure re-queued on
+the others (the parameter servers apply each step id at most once per shard, so a re-run
+closure does not apply twice what the dead worker already pushed); a task restarted at its
+address is taken back.
+"""
+
+from __future__ import annotations
+
+import collections
+import enum
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from stratax._src.core.errors import StrataxError, WorkerUnavailableError
+from stratax._src.core.reduce_op import ReduceOp
+from stratax._src.parameter_server import functions, rpc, structure
+from stratax._src.parameter_server.program import Program
+
+logger = logging.getLogger(__name__)
+
+
+class RemoteValueStatus(enum.Enum):
+    """State of a scheduled closure's result.
+
+    Transitions: ``PENDING`` -> ``SUCCEEDED`` (the worker returned outputs) or ``FAILED``
+    (the step raised, or no worker is left); ``PENDING`` stays ``PENDING`` when a dead worker's
+    closure is re-queued.
+    """
+
+    PENDING = "pending"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+
+class RemoteValue:
+    """The result of ``ClusterCoordinator.schedule``: ``fetch()`` waits and returns numpy
+    values."""
+
+    def __init__(self) -> None:
+        self._done = threading.Event()
+        self._value: Any = None
+        self._error: BaseException | None = None
+        self.status = RemoteValueStatus.PENDING
+
+    def _set(self, value: Any = None, error: BaseException | None = None) -> None:
+        self._value, self._error = value, error
+        self.status = RemoteValueStatus.FAILED if error else RemoteValueStatus.SUCCEEDED
+        self._done.set()
+
+    def fetch(self, timeout: float | None = None) -> Any:
+        """Waits for the closure (at most ``timeout`` s) and returns its outputs.
+
+        Raises:
+          TimeoutError: Not done within ``timeout``.
+          StrataxError: The closure failed (the message names the worker).
+        """
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"Scheduled function not done after {timeout} s.")
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+    def get(self, timeout: float | None = None) -> Any:
+        """Same as ``fetch`` (TensorFlow's ``RemoteValue.get``)."""
+        return self.fetch(timeout)
+
+
+class PerWorkerValues:
+    """One value per worker (TensorFlow's ``PerWorkerValues``)."""
+
+    def __init__(self, values: Sequence[Any]) -> None:
+        self._values = tuple(values)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+
+class StepError(StrataxError):
+    """A scheduled step failed on a worker; the message names it and quotes its error."""
+
+
+class _LeafRef:
+    """Placeholder for one leaf of a batch inside a closure being recorded."""
+
+    def __init__(self, batch: int, leaf: int, spec: jax.ShapeDtypeStruct) -> None:
+        self.batch, self.leaf, self.spec = batch, leaf, spec
+
+    def __repr__(self) -> str:
+        return f"<batch {self.batch} leaf {self.leaf} {self.spec.shape} {self.spec.dtype}>"
+
+
+class _Output:
+    """Placeholder for one output leaf of one recorded run, with the ``strategy.reduce`` to
+    apply over the workers' values (synchronous mode) and along ``axis``."""
+
+    def __init__(self, run: int, leaf: int, op: ReduceOp | None = None,
+                 axis: int | None = None) -> None:
+        self.run, self.leaf, self.op, self.axis = run, leaf, op, axis
+
+    def resolve(self, per_worker: list[list[list[np.ndarray]]]) -> Any:
+        """The value from each worker's outputs (``per_worker[w][run][leaf]``)."""
+        values = [np.array(outputs[self.run][self.leaf]) for outputs in per_worker]
+        if self.op is None:
+            return values[0] if len(values) == 1 else PerWorkerValues(values)
+        if self.axis is not None:
+            count = sum(v.shape[self.axis] for v in values)
+            combine = {ReduceOp.SUM: np.sum, ReduceOp.MEAN: np.sum, ReduceOp.MAX: np.max,
+                       ReduceOp.MIN: np.min}[self.op]
+            values = [combine(v, axis=self.axis) for v in values]
+            if self.op is ReduceOp.MEAN:
+                return np.sum(values, axis=0) / count
+        stacked = np.stack(values)
+        return {ReduceOp.SUM: np.sum, ReduceOp.MEAN: np.mean, ReduceOp.MAX: np.max,
+                ReduceOp.MIN: np.min}[self.op](stacked, axis=0)
+
+
+def reduce_outputs(op: Any, value: Any, axis: int | None) -> Any:
+    """``strategy.reduce`` inside a scheduled function: marks ``run`` outputs to be reduced
+    over the workers (synchronous mode) and along ``axis``."""
+    reduce_op = ReduceOp.from_string(op)
+    return jax.tree_util.tree_map(
+        lambda x: _Output(x.run, x.leaf, reduce_op, axis) if isinstance(x, _Output) else x,
+        value, is_leaf=lambda x: isinstance(x, _Output))
+
+
+class _Recording(threading.local):
+    def __init__(self) -> None:
+        self.closure: _Closure | None = None
+
+
+_recording = _Recording()
+
+
+def recording() -> _Closure:
+    """The closure being recorded; raises if not inside ``schedule``."""
+    if _recording.closure is None:
+        raise RuntimeError(
+            "ParameterServerStrategy.run is called inside a function given to "
+            "`coordinator.schedule(fn, args=...)`; call it there."
+        )
+    return _recording.closure
+
+
+class _Closure:
+    def __init__(self, ident: int) -> None:
+        self.ident = ident
+        self.iterator: PerWorkerIterator | None = None
+        self.batches = 0
+        self.runs: list[dict[str, Any]] = []
+        self.programs: list[Program] = []
+        self.result_tree: Any = None
+        self.remote = RemoteValue()
+        self.parts: dict[int, list[list[np.ndarray]]] = {}  # worker index -> outputs per run
+        self.pinned = False  # synchronous mode: one part per worker, each on its own worker
+        self.after: str | None = None  # synchronous mode: the previous closure's last step
+
+    def resolve(self, num_parts: int) -> None:
+        """Sets the RemoteValue once every part's outputs arrived."""
+        if len(self.parts) < num_parts:
+            return
+        per_worker = [self.parts[w] for w in sorted(self.parts)]
+        self.remote._set(jax.tree_util.tree_map(
+            lambda x: x.resolve(per_worker) if isinstance(x, _Output) else x,
+            self.result_tree, is_leaf=lambda x: isinstance(x, _Output)))
+
+    def add_run(self, program: Program, refs: Sequence[_LeafRef]) -> Any:
+        index = len(self.runs)
+        self.runs.append({"program": program.key, "args": [[r.batch, r.leaf] for r in refs]})
+        self.programs.append(program)
+        return jax.tree_util.tree_unflatten(
+            program.out_treedef, [_Output(index, i) for i in range(program.out_treedef.num_leaves)])
+
+
+class PerWorkerIterator:
+    """An iterator per worker over its own ``dataset_fn`` batches (built on the workers)."""
+
+    def __init__(self, name: str, tree: Any, specs: list[jax.ShapeDtypeStruct]) -> None:
+        self.name, self._tree, self._specs = name, tree, specs
+
+    def __iter__(self) -> PerWorkerIterator:
+        return self
+
+    def __next__(self) -> Any:
+        closure = recording()
+        if closure.iterator is not None and closure.iterator is not self:
+            raise ValueError("A scheduled function may read one per-worker iterator.")
+        closure.iterator = self
+        batch = closure.batches
+        closure.batches += 1
+        return structure.build(self._tree, [_LeafRef(batch, i, s) for i, s in enumerate(self._specs)])
+
+
+class PerWorkerDataset:
+    """What ``create_per_worker_dataset`` returns; ``iter()`` builds an iterator on every worker."""
+
+    def __init__(self, coordinator: ClusterCoordinator, fn_ref: dict[str, Any]) -> None:
+        self._coordinator, self._fn_ref = coordinator, fn_ref
+
+    def __iter__(self) -> PerWorkerIterator:
+        return self._coordinator._make_iterator(self._fn_ref)
+
+
+class _Worker:
+    def __init__(self, index: int, client: rpc.RpcClient) -> None:
+        self.index, self.client = index, client
+        self.alive = True
+        self.programs: set[str] = set()
+        self.iterators: set[str] = set()
+        self.stats = collections.Counter()
+
+
+class ClusterCoordinator:
+    """Schedules functions on the workers of a ``ParameterServerStrategy``.
+
+    Example:
+      >>> coordinator = sx.coordinator.ClusterCoordinator(strategy)       # doctest: +SKIP
+      >>> it = iter(coordinator.create_per_worker_dataset(dataset_fn))    # doctest: +SKIP
+      >>> loss = coordinator.schedule(step_fn, args=(it,))                # doctest: +SKIP
+      >>> coordinator.join(); loss.fetch()                                # doctest: +SKIP
+    """
+
+    def __init__(self, strategy: Any) -> None:
+        if getattr(strategy, "_coordinator", None) is not None:
+            raise ValueError("This strategy already has a ClusterCoordinator; reuse it.")
+        self.strategy = strategy
+        strategy._coordinator = self
+        self._workers = [_Worker(i, c) for i, c in enumerate(strategy._worker_clients)]
+        self._sync = getattr(strategy, "mode", "async") == "sync"
+        self._queue: collections.deque[_Closure] = collections.deque()
+        # Synchronous mode: each closure is queued once per worker, for that worker.
+        self._pinned: dict[int, collections.deque[_Closure]] = {
+            w.index: collections.deque() for w in self._workers}
+        self._last_step: str | None = None
+        self._iterator_refs: dict[str, dict[str, Any]] = {}  # name -> dataset_fn reference
+        self._inflight = 0
+        self._error: BaseException | None = None
+        self._cond = threading.Condition()
+        self._ids = itertools.count()
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._serve, args=(w,), daemon=True,
+                                          name=f"stratax-worker-{w.index}")
+                         for w in self._workers]
+        for thread in self._threads:
+            thread.start()
+
+    # ----- user API -------------------------------------------------------------------------
+    def schedule(self, fn: Callable[..., Any], args: Sequence[Any] = (),
+                 kwargs: dict[str, Any] | None = None) -> RemoteValue:
+        """Records ``fn(*args, **kwargs)`` as a closure, queues it and returns its result.
+
+        Raises:
+          StrataxError: A previous closure failed and ``join()`` has not reported it yet.
+        """
+        with self._cond:
+            if self._error is not None:
+                raise self._error
+        self._live_workers()  # raises WorkerUnavailableError, naming them, when none is left
+        closure = _Closure(next(self._ids))
+        _recording.closure = closure
+        try:
+            result = fn(*args, **(kwargs or {}))
+        finally:
+            _recording.closure = None
+        closure.result_tree = result
+        with self._cond:
+            if self._sync:
+                closure.pinned = True
+                closure.after = self._last_step
+                if closure.runs:
+                    self._last_step = f"c{closure.ident}:{len(closure.runs) - 1}"
+                for queue in self._pinned.values():
+                    queue.append(closure)
+            else:
+                self._queue.append(closure)
+            self._cond.notify_all()
+        return closure.remote
+
+    def join(self) -> None:
+        """Waits until every scheduled closure is done; raises the first error of a step."""
+        with self._cond:
+            while self._pending() and self._error is None:
+                self._cond.wait(1.0)
+            error, self._error = self._error, None
+            if error is not None:
+                self._cancel_queued(StepError(f"Cancelled after an earlier error: {error}"))
+        if error is not None:
+            raise error
+
+    def done(self) -> bool:
+        """True when nothing is queued or running (raises a pending error like ``join``)."""
+        with self._cond:
+            if self._error is not None:
+                error, self._error = self._error, None
+                raise error
+            return not self._pending()
+
+    def fetch(self, values: Any) -> Any:
+        """``fetch()`` of every ``RemoteValue`` in a structure (also ``PerWorkerValues``)."""
+        if isinstance(values, RemoteValue):
+            return values.fetch()
+        if isinstance(values, PerWorkerValues):
+            return tuple(self.fetch(v) for v in values)
+        return jax.tree_util.tree_map(self.fetch, values,
+                                      is_leaf=lambda x: isinstance(x, (RemoteValue, PerWorkerValues)))
+
+    def create_per_worker_dataset(self, dataset_fn: Callable[..., Any]) -> PerWorkerDataset:
+        """A dataset built on each worker by ``dataset_fn(input_context)``, sent by name (see
+        ``stratax._src.parameter_server.functions``)."""
+        return PerWorkerDataset(self, functions.reference(dataset_fn))
+
+    def stats(self) -> dict[str, dict[str, float]]:
+        """Per worker: closures and steps done, seconds spent waiting for its calls (``wall``)
+        and, inside them, in data, pull, compute and push, and ``steps_per_s`` (steps / wall:
+        a straggler shows a lower rate)."""
+        out = {}
+        for w in self._workers:
+            stats = dict(w.stats)
+            if stats.get("wall"):
+                stats["steps_per_s"] = stats.get("steps", 0) / stats["wall"]
+            out[f"worker {w.index}"] = stats
+        return out
+
+    def shutdown(self) -> None:
+        """Stops the dispatch threads (the strategy calls it on exit)."""
+        self._stop.set()
+        with self._cond:
+            self._cond.notify_all()
+        for thread in self._threads:
+            thread.join(timeout=5)
+
+    # ----- internals ------------------------------------------------------------------------
+    def _make_iterator(self, fn_ref: dict[str, Any]) -> PerWorkerIterator:
+        name = f"it{next(self._ids)}"
+        replies = {}
+        for worker in self._live_workers():
+            replies[worker.index] = worker.client.call("iterator", {"iterator": name, "fn": fn_ref})
+            worker.iterators.add(name)
+        self._iterator_refs[name] = fn_ref
+        first = next(iter(replies.values())).meta
+        for index, reply in replies.items():
+            if reply.meta["specs"] != first["specs"] or reply.meta["structure"] != first["structure"]:
+                raise ValueError(f"Worker {index}'s dataset yields {reply.meta['specs']}, worker "
+                                 f"0's {first['specs']}; every worker's batches need one shape.")
+        specs = [jax.ShapeDtypeStruct(tuple(shape), np.dtype(dtype)) for dtype, shape in first["specs"]]
+        return PerWorkerIterator(name, first["structure"], specs)
+
+    def _pending(self) -> bool:
+        return bool(self._queue or self._inflight or any(self._pinned.values()))
+
+    def _cancel_queued(self, error: BaseException) -> None:
+        """Fails every closure not yet started (lock held)."""
+        queued = [*self._queue, *(c for q in self._pinned.values() for c in q)]
+        for closure in {id(c): c for c in queued}.values():
+            if closure.remote.status is RemoteValueStatus.PENDING:
+                closure.remote._set(error=error)
+        self._queue.clear()
+        for queue in self._pinned.values():
+            queue.clear()
+
+    def _live_workers(self) -> list[_Worker]:
+        live = [w for w in self._workers if w.alive]
+        if not live:
+            raise WorkerUnavailableError("No worker is left: " + ", ".join(
+                f"worker {w.index} at {w.client.address}" for w in self._workers) + " died.")
+        return live
+
+    def _serve(self, worker: _Worker) -> None:
+        while not self._stop.is_set():
+            pinned = self._pinned[worker.index]
+            with self._cond:
+                while not self._queue and not pinned and not self._stop.is_set():
+                    self._cond.wait(0.5)
+                if self._stop.is_set():
+                    return
+                closure = pinned.popleft() if pinned else self._queue.popleft()
+                self._inflight += 1
+            try:
+                self._run(worker, closure)
+            except WorkerUnavailableError as err:
+                logger.warning("%s; re-queueing closure %d on the other workers", err, closure.ident)
+                worker.alive = False
+                with self._cond:
+                    self._inflight -= 1
+                    if closure.pinned:
+                        # A synchronous step needs every worker; it cannot move elsewhere.
+                        self._fail(closure, err)
+                        self._cancel_queued(StepError(f"Cancelled: {err}"))
+                    elif any(w.alive for w in self._workers):
+                        self._queue.appendleft(closure)
+                    else:
+                        error = WorkerUnavailableError(f"No worker is left; the last failure: {err}")
+                        self._fail(closure, error)
+                        self._cancel_queued(error)
+                    self._cond.notify_all()
+                if not self._revive(worker):
+                    return
+                continue
+            except Exception as err:
+                error = err if isinstance(err, StrataxError) else StepError(
+                    f"worker {worker.index} at {worker.client.address}: {type(err).__name__}: {err}")
+                with self._cond:
+                    self._inflight -= 1
+                    self._fail(closure, error)
+                    if closure.pinned:  # later synchronous steps would wait for this worker
+                        self._cancel_queued(StepError(f"Cancelled after: {error}"))
+                    self._cond.notify_all()
+                continue
+            with self._cond:
+                self._inflight -= 1
+                self._cond.notify_all()
+
+    def _revive(self, worker: _Worker) -> bool:
+        """Waits for a dead worker to answer again (a restarted task at the same address),
+        rebuilds its iterators from the start of their ``dataset_fn`` and takes it back;
+        returns False when the coordinator stops first."""
+        while not self._stop.wait(1.0):
+            try:
+                worker.client.call("ping", timeout=2.0)
+                for name, fn_ref in list(self._iterator_refs.items()):
+                    worker.client.call("iterator", {"iterator": name, "fn": fn_ref})
+            except StrataxError:
+                continue
+            worker.programs = set()
+            worker.iterators = set(self._iterator_refs)
+            worker.stats["rejoined"] += 1
+            worker.alive = True
+            logger.warning("worker %d at %s answers again; it gets work again", worker.index,
+                           worker.client.address)
+            return True
+        return False
+
+    def _fail(self, closure: _Closure, error: BaseException) -> None:
+        if closure.remote.status is RemoteValueStatus.PENDING:
+            closure.remote._set(error=error)
+        if self._error is None:
+            self._error = error
+
+    def _run(self, worker: _Worker, closure: _Closure) -> None:
+        for program in closure.programs:
+            if program.key not in worker.programs:
+                tensors = [np.frombuffer(program.step, np.uint8)]
+                if program.ids is not None:
+                    tensors.append(np.frombuffer(program.ids, np.uint8))
+                worker.client.call("register", {"program": program.meta}, tensors, stream=True)
+                worker.programs.add(program.key)
+        iterator = closure.iterator
+        if iterator is not None and iterator.name not in worker.iterators:
+            raise StepError(f"Iterator {iterator.name} does not exist on worker {worker.index}; "
+                            "create iterators after all workers joined.")
+        start = time.perf_counter()
+        sync = len(self._workers) if closure.pinned else 1
+        reply = worker.client.call("run", {
+            "closure": f"c{closure.ident}", "iterator": iterator.name if iterator else None,
+            "batches": closure.batches, "runs": closure.runs, "sync": sync, "after": closure.after,
+        }, timeout=self.strategy._step_timeout)
+        outputs, position = [], 0
+        for count in reply.meta["counts"]:
+            outputs.append(reply.tensors[position:position + count])
+            position += count
+        worker.stats["closures"] += 1
+        worker.stats["steps"] += len(closure.runs)
+        worker.stats["wall"] += time.perf_counter() - start
+        for key, seconds in reply.meta.get("timing", {}).items():
+            worker.stats[key] += float(seconds)
+        with self._cond:
+            closure.parts[worker.index] = outputs
+            closure.resolve(sync)

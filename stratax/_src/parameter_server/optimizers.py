@@ -1,0 +1,140 @@
+"""Optimizer updates applied on a parameter server, with numpy, from a Keras optimizer config.
+
+The coordinator sends the optimizer as data (``{"class_name": "Adam", "config": {...}}``, what
+``keras.optimizers.serialize`` gives), never as code. Supported: ``SGD`` (with ``momentum`` and
+``nesterov``) and ``Adam``; the formulas are Keras 3's, so a dense update here equals Keras'.
+
+Row-sparse gradients (an embedding's touched rows): SGD is exact either way. For Adam and
+momentum two semantics exist, chosen by ``sparse_updates``:
+
+- ``"lazy"`` (default, like ``torch.optim.SparseAdam`` / TF Addons ``LazyAdam``): only the touched
+  rows' slots and values change; cost proportional to the rows touched.
+- ``"dense"``: the gradient is scattered into zeros and the whole shard gets a dense update,
+  exactly what Keras does with a dense gradient (every row's moments decay each step).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+SPARSE_MODES = ("lazy", "dense")
+# Keras optimizer options the parameter server does not apply; set, they are an error rather
+# than silently ignored.
+_UNSUPPORTED = ("weight_decay", "clipnorm", "global_clipnorm", "clipvalue", "use_ema",
+                "loss_scale_factor", "gradient_accumulation_steps", "amsgrad")
+
+
+def _number(config: Mapping[str, Any], key: str, default: float) -> float:
+    value = config.get(key, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(
+            f"Optimizer field {key!r} is {value!r}; the parameter server needs a number "
+            "(learning-rate schedules are not supported there yet: pass a float)."
+        )
+    return float(value)
+
+
+class ShardOptimizer:
+    """Holds one shard's optimizer slots and applies dense or row-sparse updates to it in place."""
+
+    def __init__(self, spec: Mapping[str, Any], value: np.ndarray, sparse_updates: str = "lazy"):
+        if not isinstance(spec, Mapping) or "class_name" not in spec:
+            raise TypeError(f"Optimizer spec must be {{'class_name': ..., 'config': ...}}, got {spec!r}.")
+        name = str(spec["class_name"]).split(">")[-1]
+        config = spec.get("config") or {}
+        if name not in ("SGD", "Adam"):
+            raise ValueError(
+                f"The parameter server applies SGD or Adam, got optimizer {name!r}; use "
+                "keras.optimizers.SGD or keras.optimizers.Adam with ParameterServerStrategy."
+            )
+        unsupported = [k for k in _UNSUPPORTED if config.get(k) not in (None, False)]
+        if unsupported:
+            raise ValueError(
+                f"Optimizer options {unsupported} are not applied on the parameter server yet; "
+                "leave them unset (clip gradients inside the step instead)."
+            )
+        if sparse_updates not in SPARSE_MODES:
+            raise ValueError(f"sparse_updates must be one of {SPARSE_MODES}, got {sparse_updates!r}.")
+        self.name = name
+        self.sparse_updates = sparse_updates
+        self.lr = _number(config, "learning_rate", 0.01 if name == "SGD" else 0.001)
+        self.iterations = 0
+        dtype = value.dtype
+        if name == "SGD":
+            self.momentum = _number(config, "momentum", 0.0)
+            self.nesterov = bool(config.get("nesterov", False))
+            self.slots = {"m": np.zeros_like(value)} if self.momentum else {}
+        else:
+            self.beta_1 = _number(config, "beta_1", 0.9)
+            self.beta_2 = _number(config, "beta_2", 0.999)
+            self.epsilon = _number(config, "epsilon", 1e-7)
+            self.slots = {"m": np.zeros_like(value), "v": np.zeros_like(value)}
+        self._dtype = dtype
+
+    def apply_dense(self, value: np.ndarray, grad: np.ndarray) -> None:
+        """One update of the whole shard with a dense gradient (Keras' formulas)."""
+        grad = grad.astype(self._dtype, copy=False)
+        if self.name == "SGD":
+            self._sgd(value, grad, None)
+        else:
+            self._adam(value, grad, None)
+        self.iterations += 1
+
+    def apply_rows(self, value: np.ndarray, rows: np.ndarray, grad: np.ndarray) -> None:
+        """One update from gradients of distinct ``rows`` (local row indices of this shard)."""
+        grad = grad.astype(self._dtype, copy=False)
+        if self.sparse_updates == "dense" and (self.name == "Adam" or self.slots):
+            dense = np.zeros_like(value)
+            dense[rows] = grad
+            self.apply_dense(value, dense)
+            return
+        if self.name == "SGD":
+            self._sgd(value, grad, rows)
+        else:
+            self._adam(value, grad, rows)
+        self.iterations += 1
+
+    def _sgd(self, value: np.ndarray, grad: np.ndarray, rows: np.ndarray | None) -> None:
+        index = slice(None) if rows is None else rows
+        if not self.slots:
+            value[index] -= self.lr * grad
+            return
+        m = self.slots["m"]
+        m_new = self.momentum * m[index] - self.lr * grad
+        m[index] = m_new
+        if self.nesterov:
+            value[index] += self.momentum * m_new - self.lr * grad
+        else:
+            value[index] += m_new
+
+    def _adam(self, value: np.ndarray, grad: np.ndarray, rows: np.ndarray | None) -> None:
+        index = slice(None) if rows is None else rows
+        t = self.iterations + 1
+        lr = self.lr * math.sqrt(1 - self.beta_2 ** t) / (1 - self.beta_1 ** t)
+        m, v = self.slots["m"], self.slots["v"]
+        if rows is None:
+            # In place, one temporary: a dense update of a large table is memory-bound.
+            m *= self.beta_1
+            m += (1 - self.beta_1) * grad
+            v *= self.beta_2
+            v += (1 - self.beta_2) * np.square(grad)
+            step = np.sqrt(v)
+            step += self.epsilon
+            np.divide(m, step, out=step)
+            step *= lr
+            value -= step
+            return
+        m_rows = m[index]
+        v_rows = v[index]
+        m_rows += (grad - m_rows) * (1 - self.beta_1)
+        v_rows += (np.square(grad) - v_rows) * (1 - self.beta_2)
+        if rows is not None:
+            m[rows] = m_rows
+            v[rows] = v_rows
+        value[index] -= (lr * m_rows / (np.sqrt(v_rows) + self.epsilon)).astype(self._dtype)

@@ -1,0 +1,150 @@
+"""Variable partitioners with TensorFlow's signatures and results.
+
+A partitioner is called as ``partitioner(shape, dtype, axis=0)`` and returns the number of
+shards per axis (only axis 0 is split, as in TensorFlow's ParameterServerStrategy). Shards are
+contiguous blocks along axis 0; the first ``rows % n`` shards get one extra row, so 13 rows over
+5 shards are 3, 3, 3, 2, 2 (``shard_sizes``).
+"""
+
+from __future__ import annotations
+
+import abc
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+
+def _shape(shape: Any) -> list[int]:
+    dims = list(shape.as_list() if hasattr(shape, "as_list") else shape)
+    if not dims or any(d is None or int(d) < 0 for d in dims):
+        raise ValueError(
+            f"A partitioner needs a fully defined shape of rank >= 1, got {shape!r}; give the "
+            "variable a known shape."
+        )
+    return [int(d) for d in dims]
+
+
+def _itemsize(dtype: Any, bytes_per_string: int) -> int:
+    name = getattr(dtype, "name", dtype)
+    if name in ("string", "str", object):
+        return bytes_per_string
+    if hasattr(dtype, "itemsize") and not isinstance(dtype, type):
+        return int(dtype.itemsize)
+    return int(np.dtype(name).itemsize)
+
+
+def _check_axis(axis: int, rank: int) -> None:
+    if axis != 0:
+        raise ValueError(f"Only axis 0 can be partitioned (TensorFlow's rule), got axis={axis}.")
+    del rank
+
+
+class Partitioner(abc.ABC):
+    """Base class: ``__call__(shape, dtype, axis=0)`` returns the shard count of each axis."""
+
+    @abc.abstractmethod
+    def __call__(self, shape: Any, dtype: Any, axis: int = 0) -> list[int]:
+        """Returns the number of shards along each axis of a variable of ``shape``."""
+
+
+class FixedShardsPartitioner(Partitioner):
+    """A fixed number of shards (at most one per row).
+
+    Example:
+      >>> FixedShardsPartitioner(num_shards=2)([10, 3], "float32")
+      [2, 1]
+    """
+
+    def __init__(self, num_shards: int) -> None:
+        if not isinstance(num_shards, int) or num_shards < 1:
+            raise ValueError(f"Argument `num_shards` must be a positive int, got {num_shards!r}.")
+        self._num_shards = num_shards
+
+    def __call__(self, shape: Any, dtype: Any, axis: int = 0) -> list[int]:
+        dims = _shape(shape)
+        _check_axis(axis, len(dims))
+        result = [1] * len(dims)
+        result[axis] = max(1, min(self._num_shards, dims[axis]))
+        return result
+
+
+class MinSizePartitioner(Partitioner):
+    """As many shards as possible, each at least ``min_shard_bytes``, at most ``max_shards``.
+
+    Example:
+      >>> MinSizePartitioner(min_shard_bytes=4, max_shards=2)([6, 1], "float32")
+      [2, 1]
+    """
+
+    def __init__(self, min_shard_bytes: int = 256 << 10, max_shards: int = 1,
+                 bytes_per_string: int = 16) -> None:
+        if min_shard_bytes < 1:
+            raise ValueError(f"Argument `min_shard_bytes` must be positive. Received: {min_shard_bytes}")
+        if max_shards < 1:
+            raise ValueError(f"Argument `max_shards` must be positive. Received: {max_shards}")
+        if bytes_per_string < 1:
+            raise ValueError(f"Argument `bytes_per_string` must be positive. Received: {bytes_per_string}")
+        self._min_shard_bytes = min_shard_bytes
+        self._max_shards = max_shards
+        self._bytes_per_string = bytes_per_string
+
+    def __call__(self, shape: Any, dtype: Any, axis: int = 0) -> list[int]:
+        dims = _shape(shape)
+        _check_axis(axis, len(dims))
+        total = math.prod(dims) * _itemsize(dtype, self._bytes_per_string)
+        result = [1] * len(dims)
+        result[axis] = max(1, min(dims[axis], self._max_shards,
+                                  math.ceil(total / self._min_shard_bytes)))
+        return result
+
+
+class MaxSizePartitioner(Partitioner):
+    """As few shards as possible, each at most ``max_shard_bytes`` (``max_shards`` wins).
+
+    Example:
+      >>> MaxSizePartitioner(max_shard_bytes=4)([6, 1], "float32")
+      [6, 1]
+    """
+
+    def __init__(self, max_shard_bytes: int, max_shards: int | None = None,
+                 bytes_per_string: int = 16) -> None:
+        if max_shard_bytes < 1:
+            raise ValueError(f"Argument `max_shard_bytes` must be positive. Received {max_shard_bytes}")
+        if max_shards is not None and max_shards < 1:
+            raise ValueError(f"Argument `max_shards` must be positive. Received {max_shards}")
+        if bytes_per_string < 1:
+            raise ValueError(f"Argument `bytes_per_string` must be positive. Received: {bytes_per_string}")
+        self._max_shard_bytes = max_shard_bytes
+        self._max_shards = max_shards
+        self._bytes_per_string = bytes_per_string
+
+    def __call__(self, shape: Any, dtype: Any, axis: int = 0) -> list[int]:
+        dims = _shape(shape)
+        _check_axis(axis, len(dims))
+        bytes_per_slice = math.prod(dims) / max(dims[axis], 1) * _itemsize(dtype, self._bytes_per_string)
+        slices_per_shard = max(1, math.floor(self._max_shard_bytes / max(bytes_per_slice, 1e-12)))
+        shards = math.ceil(dims[axis] / slices_per_shard)
+        if self._max_shards:
+            shards = min(self._max_shards, shards)
+        result = [1] * len(dims)
+        result[axis] = max(1, shards)
+        return result
+
+
+def shard_sizes(rows: int, num_shards: int) -> list[int]:
+    """Rows of each contiguous axis-0 shard, TensorFlow's way: 13 over 5 -> [3, 3, 3, 2, 2]."""
+    if num_shards < 1 or num_shards > max(rows, 1):
+        raise ValueError(f"Cannot split {rows} rows into {num_shards} shards.")
+    base, extra = divmod(rows, num_shards)
+    return [base + 1 if i < extra else base for i in range(num_shards)]
+
+
+def shard_offsets(sizes: Sequence[int]) -> list[int]:
+    """Start row of each shard."""
+    offsets, start = [], 0
+    for size in sizes:
+        offsets.append(start)
+        start += size
+    return offsets

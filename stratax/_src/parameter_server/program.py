@@ -1,0 +1,241 @@
+"""Turning a replica function into programs a generic worker runs: ``jax.export``, no user code.
+
+Inside ``strategy.run(fn, args)`` (itself inside a function given to
+``ClusterCoordinator.schedule``), ``fn`` reads parameter-server variables and hands back
+gradients through three calls, which this module records while tracing ``fn`` on the
+coordinator with abstract shapes:
+
+- ``strategy.read(variables)`` -> their current values (any pytree of variables);
+- ``strategy.read_rows(table, ids)`` -> ``(rows, positions)`` with ``table[ids] == rows[positions]``:
+  only the distinct looked-up rows are pulled (row-sparse path for embeddings);
+- ``strategy.apply_gradients(grads_and_vars, optimizer)`` -> the parameter servers apply
+  ``optimizer`` (a Keras optimizer or its config) to those gradients; a gradient for a table
+  read with ``read_rows`` is the gradient of ``rows`` and is pushed row-sparse.
+
+Three traces per distinct (function, argument shapes): one discovers what ``fn`` reads and
+pushes, one exports the step ``(dense values, rows, positions, batch) -> (gradients, outputs)``,
+and, when ``read_rows`` is used, one exports the id program ``batch -> ids`` the worker runs
+first to know which rows to pull. Rows are padded to ``ids.size`` so one program serves every
+batch of a shape.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import export as jax_export
+
+from stratax._src.parameter_server.variables import PSVariable
+
+
+class _Trace(threading.local):
+    def __init__(self) -> None:
+        self.recorder: _Recorder | None = None
+
+
+_trace = _Trace()
+
+
+@dataclasses.dataclass
+class _Recorder:
+    mode: str  # "discover", "step" or "ids"
+    dense: list[PSVariable] = dataclasses.field(default_factory=list)
+    sparse: list[tuple[PSVariable, jax.ShapeDtypeStruct]] = dataclasses.field(default_factory=list)
+    pushes: list[tuple[PSVariable, dict[str, Any]]] = dataclasses.field(default_factory=list)
+    grads: list[Any] = dataclasses.field(default_factory=list)
+    dense_inputs: Sequence[Any] = ()
+    row_inputs: Sequence[Any] = ()
+    position_inputs: Sequence[Any] = ()
+    ids_out: list[Any] = dataclasses.field(default_factory=list)
+    sparse_calls: int = 0
+
+
+def _recorder(what: str) -> _Recorder:
+    recorder = _trace.recorder
+    if recorder is None:
+        raise RuntimeError(
+            f"`strategy.{what}` is only valid inside `strategy.run(fn, ...)` called from a "
+            "function given to `ClusterCoordinator.schedule`."
+        )
+    return recorder
+
+
+def read(variables: Any) -> Any:
+    """Values of a pytree of ``PSVariable`` for this step (see the module docstring)."""
+    recorder = _recorder("read")
+    leaves, treedef = jax.tree_util.tree_flatten(variables)
+    values = []
+    for var in leaves:
+        if not isinstance(var, PSVariable):
+            raise TypeError(f"strategy.read expects variables created under the strategy, got "
+                            f"{type(var).__name__}.")
+        if any(var is v for v, _ in recorder.sparse):
+            raise ValueError(f"{var.name!r} is read with read_rows; read it one way per step.")
+        if recorder.mode == "step":
+            values.append(recorder.dense_inputs[_index(recorder.dense, var)])
+            continue
+        if not any(var is v for v in recorder.dense):
+            recorder.dense.append(var)
+        values.append(jnp.zeros(var.shape, var.dtype))
+    return jax.tree_util.tree_unflatten(treedef, values)
+
+
+def read_rows(table: PSVariable, ids: Any) -> tuple[Any, Any]:
+    """``(rows, positions)`` for the rows of ``table`` named by integer ``ids``."""
+    recorder = _recorder("read_rows")
+    if not isinstance(table, PSVariable) or len(table.shape) < 1:
+        raise TypeError(f"read_rows needs a variable of rank >= 1, got {table!r}.")
+    if any(table is v for v in recorder.dense) or any(table is v for v, _ in recorder.sparse
+                                                       if recorder.mode == "discover"):
+        raise ValueError(f"{table.name!r} is read more than once in one step; read it once.")
+    ids = jnp.asarray(ids)
+    if not jnp.issubdtype(ids.dtype, jnp.integer):
+        raise TypeError(f"read_rows ids must be integers, got {ids.dtype}.")
+    k = recorder.sparse_calls
+    recorder.sparse_calls += 1
+    bucket = max(int(np.prod(ids.shape)), 1)
+    if recorder.mode == "discover":
+        recorder.sparse.append((table, jax.ShapeDtypeStruct(ids.shape, ids.dtype)))
+    if recorder.mode == "step":
+        return recorder.row_inputs[k], recorder.position_inputs[k]
+    if recorder.mode == "ids":
+        recorder.ids_out.append(ids)
+    return jnp.zeros((bucket,) + table.shape[1:], table.dtype), jnp.zeros(ids.shape, jnp.int32)
+
+
+def apply_gradients(grads_and_vars: Any, optimizer: Any, sparse_updates: str = "lazy") -> None:
+    """Records gradients to push; the parameter servers apply ``optimizer`` to them.
+
+    ``sparse_updates`` ("lazy" or "dense") chooses how Adam/momentum treat row-sparse gradients
+    (see ``optimizers``); SGD is exact either way.
+    """
+    recorder = _recorder("apply_gradients")
+    if sparse_updates not in ("lazy", "dense"):
+        raise ValueError(f"sparse_updates must be 'lazy' or 'dense', got {sparse_updates!r}.")
+    spec = {**optimizer_spec(optimizer), "sparse_updates": sparse_updates}
+    for grad, var in list(grads_and_vars):
+        if not isinstance(var, PSVariable):
+            raise TypeError(f"apply_gradients expects (gradient, variable) pairs with variables "
+                            f"created under the strategy, got {type(var).__name__}.")
+        if any(var is v for v, _ in recorder.pushes):
+            raise ValueError(f"Two gradients for {var.name!r} in one step; sum them first.")
+        recorder.pushes.append((var, spec))
+        recorder.grads.append(grad)
+
+
+def optimizer_spec(optimizer: Any) -> dict[str, Any]:
+    """``{"class_name", "config"}`` of a Keras optimizer (duck-typed) or such a dict."""
+    if isinstance(optimizer, dict):
+        spec = optimizer
+    elif hasattr(optimizer, "get_config"):
+        spec = {"class_name": type(optimizer).__name__, "config": optimizer.get_config()}
+    else:
+        raise TypeError(f"optimizer must be a Keras optimizer or its config dict, got "
+                        f"{optimizer!r}.")
+    return json.loads(json.dumps(spec, default=_json_number))
+
+
+def _json_number(value: Any) -> Any:
+    if isinstance(value, (np.generic, jax.Array)) and np.ndim(value) == 0:
+        return np.asarray(value).item()
+    raise TypeError(f"Optimizer setting {value!r} is not a number or string; the parameter "
+                    "server needs plain values.")
+
+
+def _index(items: Sequence[Any], item: Any) -> int:
+    for i, candidate in enumerate(items):
+        if candidate is item:
+            return i
+    raise ValueError(f"{getattr(item, 'name', item)!r} was not read while tracing; the replica "
+                     "function must read the same variables on every trace.")
+
+
+@dataclasses.dataclass
+class Program:
+    """An exported step and what the worker needs to run it (all data, no code)."""
+
+    key: str
+    step: bytes
+    ids: bytes | None
+    meta: dict[str, Any]
+    out_treedef: Any
+    variables: list[PSVariable]
+    optimizers: dict[str, tuple[dict[str, Any], list[PSVariable]]]
+
+
+def build_program(key: str, fn: Callable[..., Any], arg_specs: Sequence[jax.ShapeDtypeStruct],
+                  args_treedef: Any) -> Program:
+    """Traces ``fn`` (three times at most) and exports its programs."""
+
+    def call(leaves: Sequence[Any]) -> Any:
+        return fn(*jax.tree_util.tree_unflatten(args_treedef, list(leaves)))
+
+    discover = _Recorder("discover")
+    out_shape = _with(discover, lambda: jax.eval_shape(lambda *a: call(a), *arg_specs))
+    out_treedef = jax.tree_util.tree_structure(out_shape)
+    sparse_vars = [v for v, _ in discover.sparse]
+    dense_specs = [jax.ShapeDtypeStruct(v.shape, v.dtype) for v in discover.dense]
+    row_specs = [jax.ShapeDtypeStruct((max(int(np.prod(s.shape)), 1),) + v.shape[1:], v.dtype)
+                 for v, s in discover.sparse]
+    pos_specs = [jax.ShapeDtypeStruct(s.shape, jnp.int32) for _, s in discover.sparse]
+
+    def step(dense_values, rows, positions, leaves):
+        recorder = _Recorder("step", dense=discover.dense, sparse=discover.sparse,
+                             dense_inputs=dense_values, row_inputs=rows,
+                             position_inputs=positions)
+        outputs = _with(recorder, lambda: call(leaves))
+        if [id(v) for v, _ in recorder.pushes] != [id(v) for v, _ in discover.pushes]:
+            raise ValueError("The replica function pushed different variables on two traces; "
+                             "it must not branch on Python state.")
+        return list(recorder.grads), jax.tree_util.tree_leaves(outputs)
+
+    step_exp = jax_export.export(jax.jit(step))(dense_specs, row_specs, pos_specs, list(arg_specs))
+    ids_bytes = None
+    if sparse_vars:
+        def ids_fn(leaves):
+            recorder = _Recorder("ids")
+            _with(recorder, lambda: call(leaves))
+            return recorder.ids_out
+
+        ids_bytes = bytes(jax_export.export(jax.jit(ids_fn))(list(arg_specs)).serialize())
+
+    pushes = []
+    for (var, spec), grad_shape in zip(discover.pushes, step_exp.out_avals[:len(discover.pushes)]):
+        sparse = any(var is v for v in sparse_vars)
+        expected = row_specs[_index(sparse_vars, var)].shape if sparse else var.shape
+        if tuple(grad_shape.shape) != tuple(expected):
+            raise ValueError(f"Gradient for {var.name!r} has shape {tuple(grad_shape.shape)}, "
+                             f"expected {tuple(expected)}.")
+        pushes.append({"var": var.name, "sparse": _index(sparse_vars, var) if sparse else -1})
+    variables = list({id(v): v for v in [*discover.dense, *sparse_vars,
+                                         *(v for v, _ in discover.pushes)]}.values())
+    optimizers: dict[str, tuple[dict[str, Any], list[PSVariable]]] = {}
+    for var, spec in discover.pushes:
+        text = json.dumps(spec, sort_keys=True)
+        optimizers.setdefault(text, (spec, []))[1].append(var)
+    meta = {
+        "key": key,
+        "variables": [v.describe() for v in variables],
+        "dense": [v.name for v in discover.dense],
+        "sparse": [v.name for v in sparse_vars],
+        "pushes": pushes,
+        "num_outputs": out_treedef.num_leaves,
+    }
+    return Program(key, bytes(step_exp.serialize()), ids_bytes, meta, out_treedef, variables,
+                   optimizers)
+
+
+def _with(recorder: _Recorder, body: Callable[[], Any]) -> Any:
+    previous = _trace.recorder
+    _trace.recorder = recorder
+    try:
+        return body()
+    finally:
+        _trace.recorder = previous

@@ -1,0 +1,129 @@
+"""Client side of the parameter servers: pull, pull rows, push, grouped per ps and in parallel.
+
+Variables are given as their JSON descriptions (``PSVariable.describe()``): name, shape, dtype
+and shards ``[ps, key, start, rows]``. One call per ps per operation; calls to different ps run
+concurrently.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from concurrent import futures
+from typing import Any
+
+import numpy as np
+
+from stratax._src.parameter_server import rpc
+
+VarDesc = dict[str, Any]
+# A push: (variable, distinct global rows or None for dense, gradient).
+Push = tuple[VarDesc, "np.ndarray | None", np.ndarray]
+
+
+class PSClients:
+    """One ``RpcClient`` per parameter server, plus the grouped operations workers need."""
+
+    def __init__(self, addresses: Sequence[str], timeout: float = 60.0) -> None:
+        self.addresses = list(addresses)
+        self.timeout = timeout
+        self.clients = [rpc.RpcClient(f"ps {i}", a, timeout) for i, a in enumerate(addresses)]
+        self._pool = futures.ThreadPoolExecutor(max_workers=max(len(addresses), 1),
+                                                thread_name_prefix="stratax-ps")
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+        for client in self.clients:
+            client.close()
+
+    def each(self, calls: dict[int, Callable[[rpc.RpcClient], Any]]) -> dict[int, Any]:
+        """Runs ``calls[ps](client)`` for each ps concurrently; returns results by ps."""
+        if len(calls) <= 1:
+            return {ps: call(self.clients[ps]) for ps, call in calls.items()}
+        pending = {ps: self._pool.submit(call, self.clients[ps]) for ps, call in calls.items()}
+        return {ps: future.result() for ps, future in pending.items()}
+
+    def pull(self, variables: Sequence[VarDesc], rows: Sequence[np.ndarray | None] | None = None,
+             after: str | None = None) -> list[np.ndarray]:
+        """Values of ``variables``, one call per ps: whole (shards concatenated along axis 0)
+        where ``rows[i]`` is None, else ``var[rows[i]]`` for sorted distinct global rows. With
+        ``after``, once synchronous step ``after`` is applied to each shard."""
+        rows = list(rows) if rows is not None else [None] * len(variables)
+        whole: dict[int, list[str]] = defaultdict(list)
+        sliced: dict[int, list[str]] = defaultdict(list)
+        local: dict[int, list[np.ndarray]] = defaultdict(list)
+        nbytes: dict[int, int] = defaultdict(int)
+        plan = []
+        for var, wanted in zip(variables, rows, strict=True):
+            pieces = []
+            for ps, key, start, count in var["shards"]:
+                if wanted is None:
+                    whole[ps].append(key)
+                    nbytes[ps] += _row_bytes(var) * max(count, 1)
+                    pieces.append((ps, False, len(whole[ps]) - 1, None))
+                    continue
+                mask = None if len(var["shards"]) == 1 else (wanted >= start) & (wanted < start + count)
+                if mask is not None and not mask.any():
+                    continue
+                chosen = wanted if mask is None else wanted[mask]
+                sliced[ps].append(key)
+                local[ps].append((chosen - start).astype(np.int64))
+                nbytes[ps] += chosen.size * _row_bytes(var)
+                pieces.append((ps, True, len(sliced[ps]) - 1, mask))
+            plan.append((var, wanted, pieces))
+
+        def pull_from(ps: int) -> Callable[[rpc.RpcClient], list[np.ndarray]]:
+            meta = {"names": whole[ps], "row_names": sliced[ps], "after": after,
+                    "wait_s": 0.8 * self.timeout}  # the ps gives up before the call deadline
+            big = nbytes[ps] > rpc.CHUNK_BYTES
+            return lambda c: c.call("pull", meta, local[ps], stream=big).tensors
+
+        got = self.each({ps: pull_from(ps) for ps in set(whole) | set(sliced)})
+        values = []
+        for var, wanted, pieces in plan:
+            parts = [got[ps][len(whole[ps]) + i if is_rows else i] for ps, is_rows, i, _ in pieces]
+            if wanted is None:
+                values.append(parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0))
+            elif len(pieces) == 1 and pieces[0][3] is None:
+                values.append(parts[0])
+            else:
+                out = np.empty((wanted.size,) + tuple(var["shape"][1:]), np.dtype(var["dtype"]))
+                for (_, _, _, mask), part in zip(pieces, parts):
+                    out[mask] = part
+                values.append(out)
+        return values
+
+    def push(self, step: str, pushes: Sequence[Push], sync: int = 1, worker: int = 0) -> None:
+        """Sends gradients; each ps applies step ``step`` to each of its shards at most once.
+
+        With ``sync`` > 1 the ps sums the gradients of ``sync`` distinct workers for the step
+        and applies them as one update when the last arrives."""
+        dense: dict[int, list[str]] = defaultdict(list)
+        dense_t: dict[int, list[np.ndarray]] = defaultdict(list)
+        sparse: dict[int, list[str]] = defaultdict(list)
+        sparse_t: dict[int, list[np.ndarray]] = defaultdict(list)
+        for var, rows, grad in pushes:
+            for ps, key, start, count in var["shards"]:
+                if rows is None:
+                    dense[ps].append(key)
+                    dense_t[ps].append(grad[start:start + count] if len(var["shards"]) > 1 else grad)
+                    continue
+                mask = (rows >= start) & (rows < start + count)
+                if mask.any():
+                    sparse[ps].append(key)
+                    sparse_t[ps].extend([(rows[mask] - start).astype(np.int64), grad[mask]])
+        targets = set(dense) | set(sparse)
+
+        def push_to(ps: int) -> Callable[[rpc.RpcClient], Any]:
+            meta = {"step": step, "dense": dense[ps], "sparse": sparse[ps], "sync": sync,
+                    "worker": worker}
+            return lambda c: c.call("push", meta, dense_t[ps] + sparse_t[ps])
+
+        self.each({ps: push_to(ps) for ps in targets})
+
+
+def _row_bytes(var: VarDesc) -> int:
+    shape = var["shape"]
+    return int(np.prod(shape[1:], dtype=np.int64)) * np.dtype(var["dtype"]).itemsize if shape \
+        else np.dtype(var["dtype"]).itemsize
+

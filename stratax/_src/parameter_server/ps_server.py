@@ -1,0 +1,259 @@
+"""The parameter-server task: holds variable shards (numpy) and applies optimizer updates.
+
+No user code runs here: variables arrive as tensors, the optimizer as a Keras config (JSON),
+gradients as tensors. Each push carries a step id; a per-shard ledger of applied step ids makes
+a re-sent push (a re-run closure, a retried call) a no-op, so every step is applied at most once
+per shard, and ``iterations`` counts exactly the updates applied.
+
+Every request is validated completely before any state changes, so a malformed or inconsistent
+request leaves the server as it was.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+import time
+from typing import Any
+
+import numpy as np
+
+from stratax._src.parameter_server import rpc, wire
+from stratax._src.parameter_server.optimizers import ShardOptimizer
+
+
+@dataclasses.dataclass
+class _Shard:
+    value: np.ndarray
+    lock: threading.Condition = dataclasses.field(default_factory=threading.Condition)
+    optimizer: ShardOptimizer | None = None
+    optimizer_key: str = ""
+    ledger: set[str] = dataclasses.field(default_factory=set)
+    duplicates: int = 0
+    apply_seconds: float = 0.0
+    # Synchronous mode: step id -> (workers heard from, gradients received so far).
+    pending: dict[str, tuple[set[int], list[tuple[Any, np.ndarray]]]] = dataclasses.field(
+        default_factory=dict)
+
+
+def _names(meta: dict[str, Any], key: str = "names") -> list[str]:
+    names = wire.require(meta, key, list)
+    if not all(isinstance(n, str) for n in names):
+        raise wire.WireError(f"Field {key!r} must be a list of strings, got {names!r}.")
+    return names
+
+
+class ParameterServer:
+    """The state and request handler of one ``ps`` task (serve it with ``rpc.RpcServer``)."""
+
+    def __init__(self) -> None:
+        self._shards: dict[str, _Shard] = {}
+        self._lock = threading.Lock()
+        self.shutdown_requested = threading.Event()
+        self._methods = {
+            "ping": self._ping, "create": self._create, "set_optimizer": self._set_optimizer,
+            "pull": self._pull, "push": self._push,
+            "assign": self._assign, "stats": self._stats, "shutdown": self._shutdown,
+        }
+
+    def handle(self, frame: wire.Frame) -> bytes:
+        method = wire.require(frame.meta, "method", str)
+        if method not in self._methods:
+            raise wire.WireError(f"Unknown method {method!r}; expected one of {sorted(self._methods)}.")
+        return self._methods[method](frame)
+
+    def _shard(self, name: str) -> _Shard:
+        shard = self._shards.get(name)
+        if shard is None:
+            raise KeyError(f"No variable shard named {name!r} on this parameter server.")
+        return shard
+
+    def _ping(self, frame: wire.Frame) -> bytes:
+        return rpc.response({"shards": len(self._shards)})
+
+    def _shutdown(self, frame: wire.Frame) -> bytes:
+        self.shutdown_requested.set()
+        return rpc.response()
+
+    def _create(self, frame: wire.Frame) -> bytes:
+        names = _names(frame.meta)
+        if len(names) != len(frame.tensors):
+            raise wire.WireError(f"create got {len(names)} names and {len(frame.tensors)} tensors.")
+        with self._lock:
+            for name, value in zip(names, frame.tensors):
+                existing = self._shards.get(name)
+                if existing is not None and (existing.value.shape != value.shape
+                                             or existing.value.dtype != value.dtype):
+                    raise ValueError(
+                        f"Variable shard {name!r} exists with shape {existing.value.shape} "
+                        f"{existing.value.dtype}, cannot re-create it as {value.shape} {value.dtype}."
+                    )
+            for name, value in zip(names, frame.tensors):
+                if name not in self._shards:
+                    self._shards[name] = _Shard(np.array(value))
+        return rpc.response()
+
+    def _set_optimizer(self, frame: wire.Frame) -> bytes:
+        names = _names(frame.meta)
+        spec = wire.require(frame.meta, "spec", dict)
+        sparse = wire.require(frame.meta, "sparse_updates", str)
+        key = json.dumps({"spec": spec, "sparse": sparse}, sort_keys=True)
+        shards = [self._shard(n) for n in names]
+        for name, shard in zip(names, shards):
+            if shard.optimizer is not None and shard.optimizer_key != key:
+                raise ValueError(f"Variable shard {name!r} already has a different optimizer.")
+        for shard in shards:
+            with shard.lock:
+                if shard.optimizer is None:
+                    shard.optimizer = ShardOptimizer(spec, shard.value, sparse)
+                    shard.optimizer_key = key
+        return rpc.response()
+
+    def _pull(self, frame: wire.Frame) -> bytes:
+        """Whole shards named in ``names``, then the rows (one index tensor each) of the shards
+        in ``row_names``; with ``after``, once that synchronous step is applied."""
+        names = _names(frame.meta)
+        row_names = _names(frame.meta, "row_names") if "row_names" in frame.meta else []
+        if len(row_names) != len(frame.tensors):
+            raise wire.WireError("pull needs one row-index tensor per name in 'row_names'.")
+        wanted = [(n, self._shard(n), None) for n in names]
+        wanted += [(n, self._shard(n), self._rows(n, self._shard(n), r))
+                   for n, r in zip(row_names, frame.tensors)]
+        after, deadline = self._after(frame.meta)
+        values = []
+        for name, shard, rows in wanted:
+            with shard.lock:
+                self._wait_applied(name, shard, after, deadline)
+                values.append(shard.value.copy() if rows is None else shard.value[rows])
+        return rpc.response({}, values)
+
+    @staticmethod
+    def _after(meta: dict[str, Any]) -> tuple[str | None, float]:
+        after = meta.get("after")
+        if after is not None and not isinstance(after, str):
+            raise wire.WireError(f"Field 'after' must be a step id string, got {after!r}.")
+        wait = meta.get("wait_s", 60.0)
+        if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not 0 <= wait <= 3600:
+            raise wire.WireError(f"Field 'wait_s' must be 0..3600 seconds, got {wait!r}.")
+        return after, time.monotonic() + float(wait)
+
+    @staticmethod
+    def _wait_applied(name: str, shard: _Shard, step: str | None, deadline: float) -> None:
+        """Synchronous mode: waits (lock held) until step ``step`` is applied to the shard."""
+        while step is not None and step in shard.pending:
+            left = deadline - time.monotonic()
+            heard = sorted(shard.pending[step][0])
+            if left <= 0 or not shard.lock.wait(left):
+                raise TimeoutError(
+                    f"Synchronous step {step} of {name!r} is still waiting for gradients: heard "
+                    f"from worker(s) {heard} only; a worker may have died."
+                )
+
+    @staticmethod
+    def _rows(name: str, shard: _Shard, rows: np.ndarray) -> np.ndarray:
+        if rows.ndim != 1 or rows.dtype.kind not in "iu":
+            raise wire.WireError(f"Row indices for {name!r} must be a 1-D integer tensor.")
+        if rows.size and (rows.min() < 0 or rows.max() >= shard.value.shape[0]):
+            raise wire.WireError(
+                f"Row indices for {name!r} fall outside 0..{shard.value.shape[0] - 1}.")
+        return rows.astype(np.int64)
+
+    def _push(self, frame: wire.Frame) -> bytes:
+        step = wire.require(frame.meta, "step", str)
+        sync = frame.meta.get("sync", 1)
+        worker = frame.meta.get("worker", 0)
+        for key, value in (("sync", sync), ("worker", worker)):
+            if type(value) is not int or not 0 <= value <= 1 << 16:
+                raise wire.WireError(f"Field {key!r} must be a small non-negative int, got {value!r}.")
+        dense = _names(frame.meta, "dense")
+        sparse = _names(frame.meta, "sparse")
+        if len(frame.tensors) != len(dense) + 2 * len(sparse):
+            raise wire.WireError("push needs one gradient per dense name and (rows, grads) per "
+                                 "sparse name.")
+        updates = []
+        for name, grad in zip(dense, frame.tensors):
+            shard = self._shard(name)
+            if grad.shape != shard.value.shape:
+                raise wire.WireError(f"Gradient for {name!r} has shape {grad.shape}, the variable "
+                                     f"{shard.value.shape}.")
+            updates.append((name, shard, None, grad))
+        tail = frame.tensors[len(dense):]
+        for i, name in enumerate(sparse):
+            shard = self._shard(name)
+            rows, grad = self._rows(name, shard, tail[2 * i]), tail[2 * i + 1]
+            if grad.shape != (rows.shape[0],) + shard.value.shape[1:]:
+                raise wire.WireError(f"Row gradient for {name!r} has shape {grad.shape}, "
+                                     f"expected {(rows.shape[0],) + shard.value.shape[1:]}.")
+            if np.unique(rows).size != rows.size:
+                raise wire.WireError(f"Row indices for {name!r} must be distinct.")
+            updates.append((name, shard, rows, grad))
+        for name, shard, _, _ in updates:
+            if shard.optimizer is None:
+                raise RuntimeError(f"Variable shard {name!r} has no optimizer; call set_optimizer.")
+        applied = 0
+        for _, shard, rows, grad in updates:
+            with shard.lock:
+                if step in shard.ledger:
+                    shard.duplicates += 1
+                    continue
+                if sync > 1:
+                    heard, grads = shard.pending.setdefault(step, (set(), []))
+                    if worker in heard:
+                        shard.duplicates += 1
+                        continue
+                    heard.add(worker)
+                    grads.append((rows, np.array(grad)))
+                    if len(heard) < sync:
+                        continue
+                    del shard.pending[step]
+                    rows, grad = _summed(grads)
+                start = time.perf_counter()
+                if rows is None:
+                    shard.optimizer.apply_dense(shard.value, grad)
+                else:
+                    shard.optimizer.apply_rows(shard.value, rows, grad)
+                shard.apply_seconds += time.perf_counter() - start
+                shard.ledger.add(step)
+                shard.lock.notify_all()
+                applied += 1
+        return rpc.response({"applied": applied, "skipped": len(updates) - applied})
+
+    def _assign(self, frame: wire.Frame) -> bytes:
+        names = _names(frame.meta)
+        if len(names) != len(frame.tensors):
+            raise wire.WireError("assign needs one tensor per name.")
+        pairs = [(self._shard(n), v) for n, v in zip(names, frame.tensors)]
+        for name, (shard, value) in zip(names, pairs):
+            if value.shape != shard.value.shape:
+                raise wire.WireError(f"assign: {name!r} has shape {shard.value.shape}, got "
+                                     f"{value.shape}.")
+        for shard, value in pairs:
+            with shard.lock:
+                shard.value[...] = value
+        return rpc.response()
+
+    def _stats(self, frame: wire.Frame) -> bytes:
+        names = _names(frame.meta)
+        out = {}
+        for name in names:
+            shard = self._shard(name)
+            with shard.lock:
+                out[name] = {
+                    "iterations": shard.optimizer.iterations if shard.optimizer else 0,
+                    "applied_steps": len(shard.ledger), "duplicates": shard.duplicates,
+                    "bytes": int(shard.value.nbytes), "apply_seconds": shard.apply_seconds,
+                }
+        return rpc.response({"stats": out})
+
+
+def _summed(grads: list[tuple[Any, np.ndarray]]) -> tuple[Any, np.ndarray]:
+    """The sum of every worker's gradient for one synchronous step (dense, or row-sparse with
+    the union of the rows)."""
+    if grads[0][0] is None:
+        return None, np.sum([g for _, g in grads], axis=0)
+    rows = np.concatenate([r for r, _ in grads])
+    unique, inverse = np.unique(rows, return_inverse=True)
+    total = np.zeros((unique.size,) + grads[0][1].shape[1:], grads[0][1].dtype)
+    np.add.at(total, inverse, np.concatenate([g for _, g in grads]))
+    return unique, total

@@ -1,0 +1,110 @@
+"""``sx.Server``: a generic ``ps`` or ``worker`` task (TensorFlow's ``tf.distribute.Server``).
+
+Workers and parameter servers need no user code::
+
+    sx.Server(resolver.cluster_spec(), job_name="ps", task_index=0).join()
+
+or ``stratax server`` (reads TF_CONFIG). The server listens on the address the cluster spec
+gives its task (127.0.0.1 stays loopback; any other address needs ``STRATAX_PS_TOKEN``) and
+returns from ``join()`` when the coordinator has finished and asked it to stop.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from stratax._src.cluster.cluster_spec import ClusterSpec, parse_address
+from stratax._src.cluster.resolver import ClusterResolver
+from stratax._src.parameter_server import rpc
+
+logger = logging.getLogger(__name__)
+
+SERVED_JOBS = ("ps", "worker")
+
+
+class Server:
+    """Serves one ``ps`` or ``worker`` task of a cluster until the coordinator stops it.
+
+    Args:
+      server_or_cluster_def: A ``ClusterSpec``, a ``{job: [addresses]}`` dict or a cluster
+        resolver (whose task type and index are then the defaults).
+      job_name: ``"ps"`` or ``"worker"``.
+      task_index: Index of this task in its job.
+      protocol: ``"grpc"`` (the only transport; accepted for TensorFlow compatibility).
+      start: Start serving immediately.
+      timeout_seconds: Deadline of a worker's calls to the parameter servers.
+
+    Example:
+      >>> server = sx.Server({"ps": ["127.0.0.1:2222"], "worker": ["127.0.0.1:2223"]},
+      ...                    job_name="ps", task_index=0)      # doctest: +SKIP
+      >>> server.join()                                        # doctest: +SKIP
+    """
+
+    def __init__(self, server_or_cluster_def: Any, job_name: str | None = None,
+                 task_index: int | None = None, protocol: str | None = None,
+                 config: Any = None, start: bool = True, timeout_seconds: float = 60.0) -> None:
+        del config  # TensorFlow's session config has no meaning here
+        if isinstance(server_or_cluster_def, ClusterResolver):
+            job_name = job_name or server_or_cluster_def.task_type
+            task_index = server_or_cluster_def.task_id if task_index is None else task_index
+            server_or_cluster_def = server_or_cluster_def.cluster_spec()
+        spec = ClusterSpec(server_or_cluster_def)
+        if protocol not in (None, "grpc"):
+            raise ValueError(f"protocol={protocol!r} is not supported; use 'grpc'.")
+        if job_name not in SERVED_JOBS:
+            raise ValueError(f"A Server runs a 'ps' or 'worker' task, got job_name={job_name!r}.")
+        if task_index is None:
+            raise ValueError("task_index is required (which task of the job this server is).")
+        self.cluster_spec = spec
+        self.job_name = job_name
+        self.task_index = int(task_index)
+        self.address = spec.task_address(job_name, self.task_index)
+        self._timeout = timeout_seconds
+        self._thread: threading.Thread | None = None
+        self._service: Any = None
+        self._rpc: rpc.RpcServer | None = None
+        if start:
+            self.start()
+
+    @property
+    def target(self) -> str:
+        """``grpc://host:port`` of this task."""
+        return f"grpc://{self.address}"
+
+    def start(self) -> None:
+        """Starts listening (idempotent)."""
+        if self._rpc is not None:
+            return
+        host, port = parse_address(self.address, f"{self.job_name}[{self.task_index}]")
+        name = f"{self.job_name} {self.task_index}"
+        if self.job_name == "ps":
+            from stratax._src.parameter_server.ps_server import ParameterServer
+
+            self._service = ParameterServer()
+        else:
+            from stratax._src.parameter_server.worker_server import WorkerService
+
+            self._service = WorkerService(self.task_index, self.cluster_spec.num_tasks("worker"),
+                                          self.cluster_spec.job_tasks("ps"), self._timeout)
+        self._rpc = rpc.RpcServer(name, host, port, self._service.handle)
+        self._rpc.start()
+        logger.info("%s serving at %s", name, self.address)
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Blocks until the coordinator asks this task to stop (or ``timeout`` seconds pass);
+        returns True if it stopped."""
+        if self._rpc is None:
+            raise RuntimeError("Server.join() before start(); call start() first.")
+        stopped = self._service.shutdown_requested.wait(timeout)
+        if stopped:
+            self.stop()
+        return stopped
+
+    def stop(self) -> None:
+        """Stops serving and releases the port."""
+        if self._rpc is not None:
+            self._rpc.stop(1.0)
+            if hasattr(self._service, "close"):
+                self._service.close()

@@ -1,0 +1,328 @@
+"""``ParameterServerStrategy``: variables on parameter servers, steps on workers.
+
+Not a mesh strategy: the coordinator (chief) holds variable handles, the ``ps`` tasks hold the
+values and apply the optimizer, the ``worker`` tasks run exported steps (see ``coordinator``
+and ``program``). The same program may be started on every task: on a ``ps`` or ``worker``
+task, constructing the strategy serves that task and exits the process when the chief is done.
+"""
+
+from __future__ import annotations
+
+import atexit
+import inspect
+import logging
+import sys
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from typing import Any
+
+import jax
+import numpy as np
+
+from stratax._src.cluster.resolver import ClusterResolver
+from stratax._src.core.context import strategy_scope
+from stratax._src.parameter_server import coordinator as coord
+from stratax._src.parameter_server import functions, program
+from stratax._src.parameter_server.partitioners import shard_offsets, shard_sizes
+from stratax._src.parameter_server.ps_client import PSClients
+from stratax._src.parameter_server.rpc import RpcClient
+from stratax._src.parameter_server.server import SERVED_JOBS, Server
+from stratax._src.parameter_server.variables import (
+    Placement,
+    PSVariable,
+    ShardedVariable,
+    describe_table,
+)
+
+logger = logging.getLogger(__name__)
+MODES = ("async", "sync")
+
+
+class ParameterServerStrategy:
+    """TensorFlow's ``ParameterServerStrategy`` on JAX: a chief, workers and parameter servers.
+
+    Args:
+      cluster_resolver: Gives the cluster (``chief``, ``worker``, ``ps`` jobs) and this task;
+        default ``TFConfigClusterResolver()``.
+      variable_partitioner: Splits large variables along axis 0, e.g.
+        ``sx.partitioners.MinSizePartitioner(min_shard_bytes=256 << 10, max_shards=2)``.
+      mode: ``"async"`` (each worker's step updates the parameters when it arrives) or
+        ``"sync"`` (every scheduled step runs on every worker, each on its own batch, and the
+        parameter servers apply the sum of their gradients as one update: scale the loss by
+        the global batch, e.g. ``sx.compute_average_loss(..., global_batch_size=...)``).
+      timeout_seconds: How long to wait for a task to answer (start-up, each call) before an
+        error naming it.
+
+    Example:
+      >>> strategy = sx.ParameterServerStrategy(sx.cluster_resolver.TFConfigClusterResolver())
+      ... # doctest: +SKIP
+      >>> with strategy.scope():                                                  # doctest: +SKIP
+      ...     w = strategy.create_variable(np.zeros((784, 10), "float32"), name="w")
+    """
+
+    def __init__(self, cluster_resolver: ClusterResolver | None = None,
+                 variable_partitioner: Callable[..., Sequence[int]] | None = None,
+                 mode: str = "async", timeout_seconds: float = 60.0,
+                 step_timeout_seconds: float = 600.0) -> None:
+        if mode not in MODES:
+            raise ValueError(f"mode={mode!r} is not a ParameterServerStrategy mode; use one of "
+                             f"{MODES}.")
+        if cluster_resolver is None:
+            from stratax._src.cluster.tfconfig import TFConfigClusterResolver
+
+            cluster_resolver = TFConfigClusterResolver()
+        if functions.loading_definitions():
+            raise functions.DefinitionsLoaded()
+        self.cluster_resolver = cluster_resolver
+        spec = cluster_resolver.cluster_spec()
+        if not {"ps", "worker"} <= set(spec.jobs):
+            raise ValueError(
+                f"ParameterServerStrategy needs 'worker' and 'ps' jobs in the cluster, got "
+                f"{spec.as_dict()}; describe them in TF_CONFIG or launch with "
+                "`stratax launch --workers 2 --ps 1 train.py`."
+            )
+        if cluster_resolver.task_type not in (None, "chief", *SERVED_JOBS):
+            raise ValueError(
+                f"ParameterServerStrategy runs on 'chief', 'worker' and 'ps' tasks; this task is "
+                f"{cluster_resolver.task_type!r} (TensorFlow's side-car evaluator is not "
+                "supported: evaluate on the chief instead)."
+            )
+        self.mode = mode
+        self._partitioner = variable_partitioner
+        self._timeout = timeout_seconds
+        self._step_timeout = step_timeout_seconds
+        if cluster_resolver.task_type in SERVED_JOBS:
+            self._serve_and_exit(spec, cluster_resolver.task_type, cluster_resolver.task_id)
+        self._ps_addresses = list(spec.job_tasks("ps"))
+        self._ps = PSClients(self._ps_addresses, timeout_seconds)
+        self._worker_clients = [RpcClient(f"worker {i}", a, timeout_seconds)
+                                for i, a in enumerate(spec.job_tasks("worker"))]
+        try:
+            for client in [*self._ps.clients, *self._worker_clients]:
+                client.wait_ready(timeout_seconds)
+        except BaseException:
+            for client in self._worker_clients:
+                client.close()
+            self._ps.close()
+            raise
+        self._variables: list[PSVariable] = []
+        self._names: set[str] = set()
+        self._load = [0] * len(self._ps_addresses)
+        self._programs: dict[Any, program.Program] = {}
+        # id(Keras variable) -> (that variable, its PSVariable); the variable is kept alive.
+        self._keras: dict[int, tuple[Any, PSVariable]] = {}
+        self._optimizers_set: set[tuple[str, str]] = set()
+        self._coordinator: coord.ClusterCoordinator | None = None
+        self._closed = False
+        atexit.register(self.shutdown)
+
+    def _serve_and_exit(self, spec: Any, task_type: str, task_id: int | None) -> None:
+        server = Server(spec, job_name=task_type, task_index=task_id,
+                        timeout_seconds=self._timeout)
+        server.join()
+        logger.info("%s %s: the coordinator is done; exiting", task_type, task_id)
+        sys.exit(0)
+
+    # ----- TF API ---------------------------------------------------------------------------
+    def scope(self) -> AbstractContextManager[Any]:
+        """Makes this strategy current (``sx.get_strategy()``)."""
+        return strategy_scope(self)
+
+    @property
+    def num_replicas_in_sync(self) -> int:
+        """1 in asynchronous mode (each worker's step stands alone); the number of workers in
+        synchronous mode (one update sums one gradient from each)."""
+        return len(self._worker_clients) if self.mode == "sync" else 1
+
+    @property
+    def variables(self) -> list[PSVariable]:
+        """Every variable created on the parameter servers, in creation order."""
+        return list(self._variables)
+
+    def run(self, fn: Callable[..., Any], args: Sequence[Any] = (),
+            kwargs: dict[str, Any] | None = None) -> Any:
+        """Inside a scheduled function: records ``fn(*args, **kwargs)`` as a step on a worker.
+
+        ``fn`` is traced once per argument shapes and exported (see ``program``); it reads
+        variables with ``strategy.read``/``read_rows`` and pushes gradients with
+        ``strategy.apply_gradients``. Returns placeholders that become numpy values in the
+        ``RemoteValue`` of ``schedule``.
+        """
+        closure = coord.recording()
+        call_args = (tuple(args), dict(kwargs or {}))
+        leaves, treedef = jax.tree_util.tree_flatten(call_args)
+        for leaf in leaves:
+            if not isinstance(leaf, coord._LeafRef):
+                raise TypeError(
+                    f"strategy.run arguments must come from next(per_worker_iterator), got "
+                    f"{type(leaf).__name__}; close over constants in the function instead."
+                )
+        specs = [leaf.spec for leaf in leaves]
+        key = (_function_key(fn), treedef, tuple((s.shape, s.dtype.name) for s in specs))
+        built = self._programs.get(key)
+        if built is None:
+            def positional(packed: Any) -> Any:
+                a, kw = packed
+                return fn(*a, **kw)
+
+            built = program.build_program(f"p{len(self._programs)}", positional, specs,
+                                          jax.tree_util.tree_structure((call_args,)))
+            self._set_optimizers(built)
+            self._programs[key] = built
+        return closure.add_run(built, leaves)
+
+    def reduce(self, reduce_op: Any, value: Any, axis: int | None = None) -> Any:
+        """Inside a scheduled function: combines ``run`` results over the workers of a
+        synchronous step (one worker's value in asynchronous mode) and along ``axis``; the
+        ``RemoteValue`` then holds the reduced numpy value."""
+        coord.recording()
+        return coord.reduce_outputs(reduce_op, value, axis)
+
+    def read(self, variables: Any) -> Any:
+        """Inside ``run``: this step's values of a pytree of variables (``PSVariable`` or Keras
+        variables, placed on the parameter servers the first time a step uses them)."""
+        return program.read(self._on_ps(variables))
+
+    def read_rows(self, table: Any, ids: Any) -> tuple[Any, Any]:
+        """Inside ``run``: ``(rows, positions)`` with ``table[ids] == rows[positions]``; only
+        the distinct rows are pulled, and the gradient of ``rows`` is pushed row-sparse."""
+        return program.read_rows(self._on_ps(table), ids)
+
+    def apply_gradients(self, grads_and_vars: Any, optimizer: Any,
+                        sparse_updates: str = "lazy") -> None:
+        """Inside ``run``: the parameter servers apply ``optimizer`` (a Keras SGD/Adam or its
+        config) to these gradients. ``sparse_updates``: "lazy" (only touched rows' slots
+        change, the default) or "dense" (Keras' dense semantics) for row-sparse gradients."""
+        pairs = [(g, self._on_ps(v)) for g, v in grads_and_vars]
+        program.apply_gradients(pairs, optimizer, sparse_updates)
+
+    def refresh_keras_variables(self) -> None:
+        """Copies the parameter servers' values into the Keras variables they came from, so
+        ``model.get_weights()``, ``model.save()`` and local evaluation see the trained values."""
+        for keras_var, ps_var in self._keras.values():
+            keras_var.assign(ps_var.numpy())
+
+    def _on_ps(self, variables: Any) -> Any:
+        """Maps Keras variables in a pytree to their parameter-server variables (creating them
+        from the Keras values on first use); ``PSVariable`` leaves pass through."""
+        def convert(leaf: Any) -> Any:
+            if isinstance(leaf, PSVariable) or not (hasattr(leaf, "path") and hasattr(leaf, "assign")):
+                return leaf
+            entry = self._keras.get(id(leaf))
+            if entry is None:
+                ps_var = self.create_variable(np.asarray(leaf.numpy()), name=leaf.path,
+                                              trainable=bool(getattr(leaf, "trainable", True)))
+                entry = self._keras[id(leaf)] = (leaf, ps_var)
+            return entry[1]
+
+        return jax.tree_util.tree_map(convert, variables)
+
+    # ----- variables ------------------------------------------------------------------------
+    def create_variable(self, initial_value: Any, name: str | None = None, trainable: bool = True,
+                        dtype: Any = None) -> PSVariable:
+        """Creates a variable on the parameter servers (partitioned if the partitioner says so).
+
+        Unpartitioned variables go to the least-loaded ps (round-robin by size).
+        """
+        if callable(initial_value):
+            initial_value = initial_value()
+        value = np.array(initial_value, dtype=dtype)
+        if value.dtype == np.float64 and dtype is None:
+            value = value.astype(np.float32)
+        name = self._unique_name(name or "Variable")
+        shards = [value.shape[0]] if value.ndim else [1]
+        if self._partitioner is not None and value.ndim >= 1 and value.shape[0] > 1:
+            count = int(self._partitioner(value.shape, value.dtype)[0])
+            shards = shard_sizes(value.shape[0], count)
+        placements = []
+        for i, (start, rows) in enumerate(zip(shard_offsets(shards), shards)):
+            ps = min(range(len(self._load)), key=lambda p: (self._load[p], p))
+            part = value[start:start + rows] if value.ndim else value
+            self._load[ps] += part.nbytes
+            placements.append(Placement(ps, f"{name}/part_{i}" if len(shards) > 1 else name,
+                                        start, rows))
+        kind = ShardedVariable if len(placements) > 1 else PSVariable
+        var = kind(name, value.shape, value.dtype, trainable, placements, self._pull, self._assign)
+        self._write("create", placements, value)
+        self._variables.append(var)
+        return var
+
+    def describe_variables(self) -> str:
+        """A table: each variable's shards, the ps holding them (with address) and bytes."""
+        return describe_table(self._variables, self._ps_addresses)
+
+    def optimizer_iterations(self, variable: PSVariable) -> list[int]:
+        """Updates applied to each shard of ``variable`` (exact; one per applied step id)."""
+        out = []
+        for p in variable.placements:
+            reply = self._ps.clients[p.ps].call("stats", {"names": [p.key]})
+            out.append(int(reply.meta["stats"][p.key]["iterations"]))
+        return out
+
+    def _unique_name(self, name: str) -> str:
+        candidate, n = name, 0
+        while candidate in self._names:
+            n += 1
+            candidate = f"{name}_{n}"
+        self._names.add(candidate)
+        return candidate
+
+    def _pull(self, var: PSVariable) -> np.ndarray:
+        return self._ps.pull([var.describe()])[0]
+
+    def _assign(self, var: PSVariable, value: np.ndarray) -> None:
+        self._write("assign", var.placements, value)
+
+    def _write(self, method: str, placements: Sequence[Placement], value: np.ndarray) -> None:
+        """Sends each shard of ``value`` to its ps (``create`` or ``assign``), one call per ps."""
+        names: dict[int, list[str]] = defaultdict(list)
+        parts: dict[int, list[np.ndarray]] = defaultdict(list)
+        for p in placements:
+            names[p.ps].append(p.key)
+            parts[p.ps].append(value[p.start:p.start + p.rows] if value.ndim else value)
+
+        def call(ps: int) -> Callable[[RpcClient], Any]:
+            return lambda c: c.call(method, {"names": names[ps]}, parts[ps], stream=True)
+
+        self._ps.each({ps: call(ps) for ps in names})
+
+    def _set_optimizers(self, built: program.Program) -> None:
+        for text, (spec, variables) in built.optimizers.items():
+            by_ps: dict[int, list[str]] = defaultdict(list)
+            for var in variables:
+                for p in var.placements:
+                    if (p.key, text) not in self._optimizers_set:
+                        by_ps[p.ps].append(p.key)
+                        self._optimizers_set.add((p.key, text))
+            sparse = spec.get("sparse_updates", "lazy")
+            clean = {k: v for k, v in spec.items() if k != "sparse_updates"}
+            for ps, names in by_ps.items():
+                self._ps.clients[ps].call("set_optimizer", {"names": names, "spec": clean,
+                                                            "sparse_updates": sparse})
+
+    def shutdown(self) -> None:
+        """Stops the coordinator and asks every worker and ps to exit (runs at exit too)."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._coordinator is not None:
+            self._coordinator.shutdown()
+        for client in [*self._worker_clients, *self._ps.clients]:
+            try:
+                client.call("shutdown", timeout=5)
+            except Exception as err:
+                logger.info("%s did not take the shutdown request: %s", client.name, err)
+            client.close()
+        self._ps.close()
+
+
+def _function_key(fn: Callable[..., Any]) -> Any:
+    """Identity of a replica function for the program cache: its code and what it closes over
+    (a nested function re-created per call maps to the same programs)."""
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return id(fn)
+    cells = tuple(id(c.cell_contents) for c in (fn.__closure__ or ()))
+    defaults = tuple(id(d) for d in (fn.__defaults__ or ()))
+    return (code, cells, defaults, inspect.ismethod(fn) and id(fn.__self__))

@@ -1,0 +1,189 @@
+"""The worker task: runs exported steps on its own batches, pulling and pushing parameters.
+
+A closure from the coordinator names an iterator (built here, by name, from ``dataset_fn``),
+how many batches to take, and the runs: each run is an exported program and which batch
+leaves it takes. For each run the worker (1) runs the id program if the step reads embedding
+rows, (2) pulls, in one call per ps, the variables it reads and only the distinct rows of the
+tables, (3) runs the step, (4) pushes gradients with the step id ``"<closure>:<run>"`` (the
+parameter servers apply each step id once), and returns the outputs. No user Python runs to
+execute a step.
+"""
+
+from __future__ import annotations
+
+import inspect
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from jax import export as jax_export
+
+from stratax._src.data.input_context import InputContext
+from stratax._src.parameter_server import functions, rpc, structure, wire
+from stratax._src.parameter_server.ps_client import PSClients
+
+
+class _Iterator:
+    """A worker-side iterator over ``dataset_fn``'s batches, with its first element peeked."""
+
+    def __init__(self, dataset: Any) -> None:
+        self._it = iter(dataset)
+        self._peeked: list[Any] = [next(self._it)]
+        self.lock = threading.Lock()
+
+    def spec(self) -> tuple[Any, list[np.ndarray]]:
+        return structure.describe(self._peeked[0])
+
+    def next(self) -> list[np.ndarray]:
+        element = self._peeked.pop() if self._peeked else next(self._it)
+        return [np.asarray(leaf) for leaf in structure.describe(element)[1]]
+
+
+class _Program:
+    def __init__(self, meta: dict[str, Any], step: bytes, ids: bytes | None) -> None:
+        self.meta = meta
+        self.step = jax.jit(jax_export.deserialize(bytearray(step)).call)
+        self.ids = jax.jit(jax_export.deserialize(bytearray(ids)).call) if ids else None
+        self.variables = {v["name"]: v for v in meta["variables"]}
+
+
+class WorkerService:
+    """State and request handler of one ``worker`` task."""
+
+    def __init__(self, task_index: int, num_workers: int, ps_addresses: Sequence[str],
+                 timeout: float = 60.0) -> None:
+        self.task_index = task_index
+        self.num_workers = num_workers
+        self._ps = PSClients(ps_addresses, timeout)
+        self._programs: dict[str, _Program] = {}
+        self._iterators: dict[str, _Iterator] = {}
+        self.shutdown_requested = threading.Event()
+        self._methods = {"ping": self._ping, "register": self._register,
+                         "iterator": self._iterator, "run": self._run,
+                         "shutdown": self._shutdown}
+
+    def handle(self, frame: wire.Frame) -> bytes:
+        method = wire.require(frame.meta, "method", str)
+        if method not in self._methods:
+            raise wire.WireError(f"Unknown method {method!r}; expected one of {sorted(self._methods)}.")
+        return self._methods[method](frame)
+
+    def close(self) -> None:
+        self._ps.close()
+
+    def _ping(self, frame: wire.Frame) -> bytes:
+        return rpc.response({"task": self.task_index})
+
+    def _shutdown(self, frame: wire.Frame) -> bytes:
+        self.shutdown_requested.set()
+        return rpc.response()
+
+    def _register(self, frame: wire.Frame) -> bytes:
+        meta = wire.require(frame.meta, "program", dict)
+        key = wire.require(meta, "key", str)
+        if len(frame.tensors) not in (1, 2) or any(t.dtype != np.uint8 for t in frame.tensors):
+            raise wire.WireError("register needs 1 or 2 uint8 tensors (step, ids programs).")
+        step = frame.tensors[0].tobytes()
+        ids = frame.tensors[1].tobytes() if len(frame.tensors) == 2 else None
+        if key not in self._programs:
+            self._programs[key] = _Program(meta, step, ids)
+        return rpc.response()
+
+    def _iterator(self, frame: wire.Frame) -> bytes:
+        name = wire.require(frame.meta, "iterator", str)
+        fn = functions.resolve(wire.require(frame.meta, "fn", dict))
+        context = InputContext(num_input_pipelines=self.num_workers,
+                               input_pipeline_id=self.task_index, num_replicas_in_sync=1)
+        try:
+            takes_context = bool(inspect.signature(fn).parameters)
+        except (TypeError, ValueError):
+            takes_context = True
+        dataset = fn(context) if takes_context else fn()
+        iterator = _Iterator(dataset)
+        self._iterators[name] = iterator
+        tree, leaves = iterator.spec()
+        specs = [[np.asarray(x).dtype.name, list(np.shape(x))] for x in leaves]
+        return rpc.response({"structure": tree, "specs": specs})
+
+    def _run(self, frame: wire.Frame) -> bytes:
+        closure = wire.require(frame.meta, "closure", str)
+        runs = wire.require(frame.meta, "runs", list)
+        timing = {"pull": 0.0, "compute": 0.0, "push": 0.0, "data": 0.0}
+        batches: list[list[np.ndarray]] = []
+        name = frame.meta.get("iterator")
+        count = wire.require(frame.meta, "batches", int)
+        start = time.perf_counter()
+        if count:
+            iterator = self._iterators.get(name) if isinstance(name, str) else None
+            if iterator is None:
+                raise KeyError(f"No iterator {name!r} on worker {self.task_index}.")
+            with iterator.lock:
+                batches = [iterator.next() for _ in range(count)]
+        timing["data"] += time.perf_counter() - start
+        sync = wire.require(frame.meta, "sync", int)
+        previous = frame.meta.get("after")
+        if previous is not None and not isinstance(previous, str):
+            raise wire.WireError(f"Field 'after' must be a step id, got {previous!r}.")
+        outputs: list[np.ndarray] = []
+        counts = []
+        for index, run in enumerate(runs):
+            program = self._programs.get(run.get("program")) if isinstance(run, dict) else None
+            if program is None:
+                raise KeyError(f"Program {run!r} is not registered on worker {self.task_index}.")
+            leaves = [batches[b][leaf] for b, leaf in run["args"]]
+            # Synchronous mode: read what the previous step of this closure wrote, once every
+            # worker's gradient for it is applied.
+            after = (f"{closure}:{index - 1}" if index else previous) if sync > 1 else None
+            result = self._run_one(program, leaves, f"{closure}:{index}", timing, sync, after)
+            counts.append(len(result))
+            outputs.extend(result)
+        return rpc.response({"counts": counts, "timing": timing}, outputs)
+
+    def _run_one(self, program: _Program, leaves: list[np.ndarray], step_id: str,
+                 timing: dict[str, float], sync: int, after: str | None) -> list[np.ndarray]:
+        meta = program.meta
+        t0 = time.perf_counter()
+        positions, uniques = [], []
+        if program.ids is not None:
+            ids_list = [np.asarray(x) for x in program.ids(leaves)]
+            for name, ids in zip(meta["sparse"], ids_list):
+                var = program.variables[name]
+                flat = ids.reshape(-1).astype(np.int64)
+                if flat.size and (flat.min() < 0 or flat.max() >= var["shape"][0]):
+                    bad = flat[(flat < 0) | (flat >= var["shape"][0])][0]
+                    raise IndexError(f"Embedding id {bad} is outside 0..{var['shape'][0] - 1} "
+                                     f"of {name!r}.")
+                unique, inverse = np.unique(flat, return_inverse=True)
+                uniques.append(unique)
+                positions.append(inverse.reshape(ids.shape).astype(np.int32))
+        variables = [program.variables[n] for n in [*meta["dense"], *meta["sparse"]]]
+        pulled = self._ps.pull(variables, [None] * len(meta["dense"]) + uniques, after)
+        dense = pulled[:len(meta["dense"])]
+        rows = []
+        for unique, position, values in zip(uniques, positions, pulled[len(meta["dense"]):]):
+            padded = np.zeros((max(position.size, 1),) + values.shape[1:], values.dtype)
+            padded[:unique.size] = values
+            rows.append(padded)
+        t1 = time.perf_counter()
+        grads, outputs = program.step(dense, rows, positions, leaves)
+        grads = [np.asarray(g) for g in grads]
+        outputs = [np.asarray(o) for o in outputs]
+        t2 = time.perf_counter()
+        pushes = []
+        for push, grad in zip(meta["pushes"], grads):
+            var = program.variables[push["var"]]
+            if push["sparse"] >= 0:
+                unique = uniques[push["sparse"]]
+                pushes.append((var, unique, grad[:unique.size]))
+            else:
+                pushes.append((var, None, grad))
+        self._ps.push(step_id, pushes, sync, self.task_index)
+        t3 = time.perf_counter()
+        timing["pull"] += t1 - t0
+        timing["compute"] += t2 - t1
+        timing["push"] += t3 - t2
+        return outputs
+

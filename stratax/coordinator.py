@@ -1,0 +1,21 @@
+"""``ClusterCoordinator`` and its values (TensorFlow's ``tf.distribute.coordinator``)."""
+
+from stratax._src.parameter_server.coordinator import (
+    ClusterCoordinator,
+    PerWorkerDataset,
+    PerWorkerIterator,
+    PerWorkerValues,
+    RemoteValue,
+    RemoteValueStatus,
+    StepError,
+)
+
+__all__ = [
+    "ClusterCoordinator",
+    "PerWorkerDataset",
+    "PerWorkerIterator",
+    "PerWorkerValues",
+    "RemoteValue",
+    "RemoteValueStatus",
+    "StepError",
+]

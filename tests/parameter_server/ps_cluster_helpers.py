@@ -1,0 +1,106 @@
+"""Real parameter-server clusters on 127.0.0.1: one process per task, killed by process group.
+
+A helper module, not a conftest: test files import ``cluster`` (the fixture) from here, so no
+second ``conftest`` module competes with ``tests/multiprocess``' ``from conftest import ...``.
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Cluster:
+    """Starts ``program`` once per task with its TF_CONFIG; logs go to ``log_dir``."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self.procs: dict[str, subprocess.Popen] = {}
+        self._commands: dict[str, tuple[list[str], dict[str, str]]] = {}
+        self._logs = []
+
+    def start(self, program: str, jobs: dict[str, int], args=(), skip=(), generic=()):
+        """Starts every task but those in ``skip``; tasks named in ``generic`` (e.g.
+        ``"ps0"``) run ``stratax server`` instead of the program."""
+        spec = {job: [f"127.0.0.1:{free_port()}" for _ in range(n)] for job, n in jobs.items()}
+        base = {k: v for k, v in os.environ.items()
+                if not k.startswith("STRATAX_") and k not in ("TF_CONFIG", "PYTEST_CURRENT_TEST")}
+        for job, addresses in spec.items():
+            for index in range(len(addresses)):
+                name = f"{job}{index}"
+                if name in skip:
+                    continue
+                env = dict(base, PYTHONUNBUFFERED="1", TF_CONFIG=json.dumps(
+                    {"cluster": spec, "task": {"type": job, "index": index}}))
+                command = ([sys.executable, "-m", "stratax._src.cli", "server"] if name in generic
+                           else [sys.executable, str(HERE / program), *args])
+                self._commands[name] = (command, env)
+                self._launch(name)
+        return spec
+
+    def _launch(self, name: str) -> None:
+        command, env = self._commands[name]
+        log = open(self.log_dir / f"{name}.log", "a")  # noqa: SIM115 - closed in kill_all
+        self._logs.append(log)
+        self.procs[name] = subprocess.Popen(command, cwd=HERE, env=env, stdout=log,
+                                            stderr=subprocess.STDOUT, start_new_session=True)
+
+    def kill(self, name: str) -> None:
+        """SIGKILLs task ``name``'s process group and reaps it."""
+        os.killpg(self.procs[name].pid, signal.SIGKILL)
+        self.procs[name].wait(timeout=10)
+
+    def restart(self, name: str) -> None:
+        """Starts task ``name`` again with the same command and TF_CONFIG."""
+        self._launch(name)
+
+    def wait(self, name: str, timeout: float) -> tuple[int, str]:
+        """Waits for task ``name`` (e.g. ``"chief0"``); returns its exit code and output."""
+        code = self.procs[name].wait(timeout=timeout)
+        return code, self.output(name)
+
+    def output(self, name: str) -> str:
+        return (self.log_dir / f"{name}.log").read_text()
+
+    def result(self, name: str = "chief0") -> dict:
+        lines = [l for l in self.output(name).splitlines() if l.startswith("RESULT ")]
+        assert lines, self.output(name)[-3000:]
+        return json.loads(lines[-1][len("RESULT "):])
+
+    def kill_all(self):
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            proc.wait(timeout=10)
+        for log in self._logs:
+            log.close()
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    group = Cluster(tmp_path)
+    yield group
+    group.kill_all()
+
+
+def wait_all(cluster: Cluster, timeout: float) -> dict[str, int]:
+    deadline = time.monotonic() + timeout
+    return {name: proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
+            for name, proc in cluster.procs.items()}

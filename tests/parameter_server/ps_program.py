@@ -1,0 +1,167 @@
+"""One program for every role of a parameter-server test cluster (chief, worker, ps).
+
+Run by ``test_ps_cluster.py`` with a TF_CONFIG per task; the chief runs the scenario named in
+argv[1] and prints one JSON line ``RESULT {...}``.
+"""
+
+import json
+
+import numpy as np
+
+import stratax as sx
+
+ROWS, DIM, BATCH = 50, 4, 16
+TRUE_W = np.arange(8, dtype=np.float32).reshape(8, 1) / 8.0
+
+
+def regression_dataset(ctx):
+    rng = np.random.default_rng(ctx.input_pipeline_id)
+    while True:
+        x = rng.normal(size=(BATCH, 8)).astype(np.float32)
+        yield x, x @ TRUE_W
+
+
+def embedding_batches(seed, steps):
+    rng = np.random.default_rng(seed)
+    return [(rng.integers(0, ROWS, size=(BATCH, 3)).astype(np.int32),
+             rng.normal(size=(BATCH, 1)).astype(np.float32)) for _ in range(steps)]
+
+
+def embedding_dataset(ctx):
+    yield from embedding_batches(0, 1000)
+
+
+def failing_dataset(ctx):
+    rng = np.random.default_rng(0)
+    for step in range(1000):
+        if step == 3:
+            raise ValueError(f"dataset of pipeline {ctx.input_pipeline_id} broke at step 3")
+        yield rng.normal(size=(BATCH, 8)).astype(np.float32), np.zeros((BATCH, 1), np.float32)
+
+
+def embedding_loss(table_rows, positions, w, y):
+    import jax.numpy as jnp
+
+    emb = jnp.take(table_rows, positions, axis=0).mean(axis=1)
+    pred = emb @ w
+    return jnp.mean((pred - y) ** 2)
+
+
+def converge(strategy, coordinator):
+    """Keras model + stateless_call + jax.grad, 5 steps per scheduled call, on both workers."""
+    import jax
+    import jax.numpy as jnp
+    import keras
+
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
+    optimizer = keras.optimizers.Adam(0.05)
+    variables = model.trainable_variables  # placed on the ps when a step first uses them
+
+    def replica_fn(x, y):
+        def loss_fn(trainable):
+            pred, _ = model.stateless_call(trainable, [], x)
+            return jnp.mean((pred - y) ** 2)
+        loss, grads = jax.value_and_grad(loss_fn)(strategy.read(variables))
+        strategy.apply_gradients(zip(grads, variables), optimizer)
+        return loss
+
+    def step_fn(iterator):
+        losses = [strategy.run(replica_fn, args=next(iterator)) for _ in range(5)]
+        return strategy.reduce(sx.ReduceOp.SUM, losses[-1], axis=None)
+
+    iterator = iter(coordinator.create_per_worker_dataset(regression_dataset))
+    values = [coordinator.schedule(step_fn, args=(iterator,)) for _ in range(40)]
+    coordinator.join()
+    kernel = strategy.variables[-2]  # the Keras kernel's PSVariable (created by the first step)
+    before = model.get_weights()[0].copy()
+    strategy.refresh_keras_variables()
+    return {"first": float(values[0].fetch()), "last": float(values[-1].fetch()),
+            "iterations": strategy.optimizer_iterations(kernel),
+            "kernel_name": kernel.name,
+            "keras_refreshed": bool(np.array_equal(model.get_weights()[0], kernel.numpy())),
+            "keras_was_stale": bool(not np.array_equal(before, kernel.numpy())),
+            "stats": coordinator.stats()}
+
+
+def sparse(strategy, coordinator):
+    """Row-sparse SGD on a table sharded over both ps equals dense SGD in one process.
+
+    One step at a time (join after each), so the order is deterministic; each step returns the
+    batch it used, and the reference replays those batches.
+    """
+    import jax
+    import jax.numpy as jnp
+
+    rng = np.random.default_rng(1)
+    table0 = rng.normal(size=(ROWS, DIM)).astype(np.float32)
+    w0 = rng.normal(size=(DIM, 1)).astype(np.float32)
+    table = strategy.create_variable(table0, name="table")
+    w = strategy.create_variable(w0, name="w")
+    optimizer = {"class_name": "SGD", "config": {"learning_rate": 0.5}}
+
+    def replica_fn(ids, y):
+        rows, positions = strategy.read_rows(table, ids)
+        loss, (g_rows, g_w) = jax.value_and_grad(embedding_loss, argnums=(0, 2))(
+            rows, positions, strategy.read(w), y)
+        strategy.apply_gradients([(g_rows, table), (g_w, w)], optimizer)
+        return loss, ids, y
+
+    def step_fn(iterator):
+        return strategy.run(replica_fn, args=next(iterator))
+
+    iterator = iter(coordinator.create_per_worker_dataset(embedding_dataset))
+    used = []
+    for _ in range(12):
+        value = coordinator.schedule(step_fn, args=(iterator,))
+        coordinator.join()
+        used.append(value.fetch()[1:])
+    ref_table, ref_w = jnp.asarray(table0), jnp.asarray(w0)
+    full = jax.jit(jax.grad(lambda t, w, ids, y: embedding_loss(t, ids, w, y), argnums=(0, 1)))
+    for ids, y in used:
+        g_t, g_w = full(ref_table, ref_w, ids, y)
+        ref_table, ref_w = ref_table - 0.5 * g_t, ref_w - 0.5 * g_w
+    return {
+        "shards": [v.shape[0] for v in table.variables],
+        "ps": [p.ps for p in table.placements],
+        "table_err": float(np.abs(table.numpy() - np.asarray(ref_table)).max()),
+        "w_err": float(np.abs(w.numpy() - np.asarray(ref_w)).max()),
+        "moved": float(np.abs(table.numpy() - table0).max()),
+        "iterations": strategy.optimizer_iterations(w),
+        "table": strategy.describe_variables(),
+    }
+
+
+def fail(strategy, coordinator):
+    """A step that raises on a worker (its 4th batch) reaches join(), naming the worker."""
+    import jax
+    import jax.numpy as jnp
+
+    w = strategy.create_variable(np.zeros((8, 1), np.float32), name="w_fail")
+
+    def replica_fn(x, y):
+        loss, g = jax.value_and_grad(lambda w: jnp.mean((x @ w - y) ** 2))(strategy.read(w))
+        strategy.apply_gradients([(g, w)], {"class_name": "SGD", "config": {}})
+        return loss
+
+    iterator = iter(coordinator.create_per_worker_dataset(failing_dataset))
+    for _ in range(20):
+        coordinator.schedule(lambda it: strategy.run(replica_fn, args=next(it)), args=(iterator,))
+    try:
+        coordinator.join()
+    except sx.StrataxError as err:
+        return {"raised": str(err)}
+    return {"raised": None}
+
+
+def main():
+    strategy = sx.ParameterServerStrategy(
+        variable_partitioner=sx.partitioners.FixedShardsPartitioner(3), timeout_seconds=30)
+    coordinator = sx.coordinator.ClusterCoordinator(strategy)
+    result = {name: fn(strategy, coordinator) for name, fn in
+              [("sparse", sparse), ("converge", converge), ("fail", fail)]}
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()

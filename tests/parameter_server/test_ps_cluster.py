@@ -1,0 +1,102 @@
+"""ParameterServerStrategy with real processes: chief + 2 workers + 2 ps on 127.0.0.1."""
+
+import re
+import time
+
+import pytest
+from ps_cluster_helpers import cluster, free_port, wait_all  # noqa: F401 - `cluster` is a fixture
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def test_custom_loop_sparse_exact_and_errors(cluster):  # noqa: F811 - fixture
+    # ps 0 and worker 0 are generic `stratax server` tasks (worker 0 loads dataset_fn from the
+    # script by name); ps 1 and worker 1 run the same program as the chief.
+    cluster.start("ps_program.py", {"chief": 1, "worker": 2, "ps": 2}, generic=("ps0", "worker0"))
+    code, out = cluster.wait("chief0", timeout=180)
+    assert code == 0, out[-4000:]
+    result = cluster.result()
+
+    sparse = result["sparse"]
+    assert sparse["shards"] == [17, 17, 16]          # FixedShardsPartitioner(3), TF's blocks
+    assert sorted(set(sparse["ps"])) == [0, 1]       # shards spread over both ps
+    assert sparse["moved"] > 0.05
+    assert sparse["table_err"] < 1e-5 and sparse["w_err"] < 1e-5
+    assert sparse["iterations"] == [12, 12, 12]        # w (4 x 1) is partitioned too, as in TF
+    assert "2: rows 34-49" in sparse["table"] and "127.0.0.1" in sparse["table"]
+
+    converge = result["converge"]
+    assert converge["last"] < 0.01 * converge["first"]
+    assert converge["iterations"] == [200] * 3       # 40 calls x 5 steps on each shard, none lost
+    assert converge["kernel_name"] == "sequential/dense/kernel"
+    assert converge["keras_was_stale"] and converge["keras_refreshed"]
+    stats = converge["stats"]
+    assert stats["worker 0"]["steps"] + stats["worker 1"]["steps"] == 12 + 200  # sparse + converge
+    assert stats["worker 0"]["steps"] > 0 and stats["worker 1"]["steps"] > 0
+
+    raised = result["fail"]["raised"]
+    assert raised, result["fail"]
+    worker = re.search(r"worker (\d) at 127\.0\.0\.1:\d+", raised)
+    assert worker and f"dataset of pipeline {worker.group(1)} broke" in raised, raised
+
+    # Every worker and ps exits by itself once the chief is done.
+    codes = wait_all(cluster, timeout=30)
+    assert codes == {name: 0 for name in codes}
+
+
+def test_missing_parameter_server_is_named_within_the_timeout():
+    import stratax as sx
+
+    ps, worker = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"  # nobody listens
+    resolver = sx.cluster_resolver.SimpleClusterResolver(
+        {"chief": [f"127.0.0.1:{free_port()}"], "worker": [worker], "ps": [ps]},
+        task_type="chief", task_id=0)
+    start = time.monotonic()
+    with pytest.raises(sx.WorkerUnavailableError, match=f"ps 0 at {ps} did not answer within 2 s"):
+        sx.ParameterServerStrategy(resolver, timeout_seconds=2)
+    assert time.monotonic() - start < 6
+
+
+def test_sync_and_unknown_modes_and_roles_are_checked():
+    import stratax as sx
+
+    spec = {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"], "ps": ["127.0.0.1:3"]}
+    with pytest.raises(ValueError, match="'async', 'sync'"):
+        sx.ParameterServerStrategy(sx.cluster_resolver.SimpleClusterResolver(spec), mode="x")
+    evaluator = sx.cluster_resolver.SimpleClusterResolver(spec, task_type="evaluator", task_id=0)
+    with pytest.raises(ValueError, match="evaluator"):
+        sx.ParameterServerStrategy(evaluator)
+    with pytest.raises(ValueError, match="'worker' and 'ps' jobs"):
+        sx.ParameterServerStrategy(sx.cluster_resolver.SimpleClusterResolver(
+            {"worker": ["127.0.0.1:2"]}))
+
+
+def test_killed_worker_reruns_elsewhere_applies_once_and_rejoins(cluster):  # noqa: F811 - fixture
+    cluster.start("ps_kill.py", {"chief": 1, "worker": 2, "ps": 1})
+    deadline = time.monotonic() + 120
+    while "STARTED" not in cluster.output("chief0"):
+        assert time.monotonic() < deadline and cluster.procs["chief0"].poll() is None, \
+            cluster.output("chief0")[-3000:]
+        time.sleep(0.05)
+    cluster.kill("worker1")
+    cluster.restart("worker1")                  # same address: it must rejoin and get work
+    code, out = cluster.wait("chief0", timeout=150)
+    assert code == 0, out[-4000:]
+    result = cluster.result()
+    # Every scheduled step applied exactly once: none lost with the dead worker, none twice.
+    assert result["iterations"] == [result["scheduled"]]
+    assert "worker 1" in out and "re-queueing" in out
+    assert result["rejoined"] == 1 and result["worker1_steps_after_rejoin"] > 0, result
+
+
+def test_sync_mode_equals_one_process_on_the_global_batches(cluster):  # noqa: F811 - fixture
+    cluster.start("ps_sync.py", {"chief": 1, "worker": 2, "ps": 1})
+    code, out = cluster.wait("chief0", timeout=180)
+    assert code == 0, out[-4000:]
+    result = cluster.result()
+    assert result["replicas"] == 2
+    assert result["iterations"] == [12]                   # one update per global step
+    assert result["w_err"] < 1e-5 and result["b_err"] < 1e-5, result
+    assert result["loss_rel_err"] < 1e-5, result         # float32 rounding of losses ~10-40
+    assert result["loss_first_last"][1] < result["loss_first_last"][0]
+    assert result["stats"]["worker 0"]["steps"] == result["stats"]["worker 1"]["steps"] == 12

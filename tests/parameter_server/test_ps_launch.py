@@ -1,0 +1,53 @@
+"""`stratax launch --workers W --ps P`: chief/worker/ps TF_CONFIG, and a whole run."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from stratax._src.launch.child_env import parameter_server_tf_config
+
+HERE = Path(__file__).parent
+EXAMPLE = HERE.parents[1] / "examples" / "parameter_server_custom_loop.py"
+
+
+def test_roles_by_rank():
+    addresses = [f"127.0.0.1:{port}" for port in range(1000, 1005)]
+    configs = [json.loads(parameter_server_tf_config(addresses, r, 2, 2)) for r in range(5)]
+    assert configs[0]["cluster"] == {"chief": addresses[:1], "worker": addresses[1:3],
+                                     "ps": addresses[3:]}
+    assert [c["task"] for c in configs] == [
+        {"type": "chief", "index": 0}, {"type": "worker", "index": 0},
+        {"type": "worker", "index": 1}, {"type": "ps", "index": 0}, {"type": "ps", "index": 1}]
+    with pytest.raises(ValueError, match="1 \\+ workers \\+ ps"):
+        parameter_server_tf_config(addresses, 0, 2, 1)
+
+
+@pytest.mark.timeout(150)
+def test_launch_runs_the_parameter_server_example():
+    """The ported guide program on chief + 2 workers + 2 ps through `stratax launch`."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("STRATAX_") and k not in ("TF_CONFIG", "PYTEST_CURRENT_TEST")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "stratax._src.cli", "launch", "--workers", "2", "--ps", "2",
+         "--timeout", "120", str(EXAMPLE), "--steps", "150"],
+        check=False, env=env, capture_output=True, text=True, timeout=140)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = proc.stdout
+    assert re.search(r"embedding .* 0: rows 0-4999 +ps \d", out), out[-3000:]
+    assert re.search(r"embedding .* 1: rows 5000-9999 +ps \d", out), out[-3000:]
+    first, last = map(float, re.search(r"loss ([\d.]+) -> ([\d.]+)", out).groups())
+    assert last < first
+    steps = re.search(r"steps per worker: \{'worker 0': (\d+), 'worker 1': (\d+)\}", out)
+    assert steps and int(steps[1]) + int(steps[2]) == 150
+
+
+def test_flags_go_together(capsys):
+    from stratax._src.cli import main
+
+    assert main(["launch", "--workers", "2", str(EXAMPLE)]) == 2
+    assert "--workers and --ps go together" in capsys.readouterr().err

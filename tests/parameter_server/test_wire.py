@@ -1,0 +1,126 @@
+"""The wire parser: round trips, and malformed frames rejected with no state change."""
+
+import json
+import struct
+
+import numpy as np
+import pytest
+
+from stratax._src.parameter_server import rpc, wire
+from stratax._src.parameter_server.ps_server import ParameterServer
+
+
+def test_round_trip_keeps_dtype_shape_and_bytes():
+    tensors = [np.arange(12, dtype=np.float32).reshape(3, 4), np.array(7, np.int64),
+               np.zeros((0, 5), np.float16), np.array([True, False])]
+    frame = wire.decode(wire.encode({"method": "x", "n": 1}, tensors))
+    assert frame.meta == {"method": "x", "n": 1}
+    for got, want in zip(frame.tensors, tensors, strict=True):
+        assert got.dtype == want.dtype and got.shape == want.shape
+        np.testing.assert_array_equal(got, want)
+
+
+def test_encode_refuses_objects():
+    with pytest.raises(wire.WireError, match="object"):
+        wire.encode({}, [np.array([object()])])
+
+
+def _frame(header, payload=b"", version=wire.VERSION, magic=wire.MAGIC):
+    text = json.dumps(header).encode()
+    return struct.pack("<4sHI", magic, version, len(text)) + text + payload
+
+
+@pytest.mark.parametrize("data, match", [
+    (b"", "shorter"),
+    (b"XXXX" + bytes(6), "starts with"),
+    (_frame({"meta": {}, "tensors": []}, version=2), "version"),
+    (struct.pack("<4sHI", wire.MAGIC, 1, 1 << 30) + b"{}", "header length"),
+    (struct.pack("<4sHI", wire.MAGIC, 1, 3) + b"\xff\xfe{", "JSON"),
+    (_frame([1, 2]), "exactly"),
+    (_frame({"meta": [], "tensors": []}), "meta"),
+    (_frame({"meta": {}, "tensors": {}}), "tensors"),
+    (_frame({"meta": {}, "tensors": [{"dtype": "object", "shape": [1]}]}, bytes(8)), "dtype"),
+    (_frame({"meta": {}, "tensors": [{"dtype": "float32", "shape": [-1]}]}), "dimension"),
+    (_frame({"meta": {}, "tensors": [{"dtype": "float32", "shape": [True]}]}), "dimension"),
+    (_frame({"meta": {}, "tensors": [{"dtype": "float32", "shape": [1.5]}]}), "dimension"),
+    (_frame({"meta": {}, "tensors": [{"dtype": "float32", "shape": [1] * 9}]}), "at most"),
+    (_frame({"meta": {}, "tensors": [{"dtype": "float32", "shape": [4]}]}, bytes(15)), "needs 16"),
+    (_frame({"meta": {}, "tensors": [{"dtype": "float32", "shape": [4]}]}, bytes(17)), "trailing"),
+    (_frame({"meta": {}, "tensors": [{"dtype": "float32", "shape": [1 << 20, 1 << 20]}]}), "larger"),
+    (_frame({"meta": {}, "tensors": [{"dtype": "float32"}]}), "'dtype' and 'shape'"),
+])
+def test_malformed_frames_are_rejected(data, match):
+    with pytest.raises(wire.WireError, match=match):
+        wire.decode(data)
+
+
+def _server_with_state():
+    server = ParameterServer()
+    value = np.arange(6, dtype=np.float32).reshape(3, 2)
+    server.handle(wire.decode(wire.encode({"method": "create", "names": ["v"]}, [value])))
+    server.handle(wire.decode(wire.encode(
+        {"method": "set_optimizer", "names": ["v"], "sparse_updates": "lazy",
+         "spec": {"class_name": "SGD", "config": {"learning_rate": 1.0}}})))
+    return server, value
+
+
+def _value(server):
+    return wire.decode(server.handle(wire.decode(
+        wire.encode({"method": "pull", "names": ["v"]})))).tensors[0].copy()
+
+
+@pytest.mark.parametrize("meta, tensors", [
+    ({"method": "push", "step": "s", "dense": ["v"], "sparse": []}, [np.ones((2, 2), np.float32)]),
+    ({"method": "push", "step": "s", "dense": ["v", "w"], "sparse": []},
+     [np.ones((3, 2), np.float32), np.ones((3, 2), np.float32)]),
+    ({"method": "push", "step": 1, "dense": ["v"], "sparse": []}, [np.ones((3, 2), np.float32)]),
+    ({"method": "push", "step": "s", "dense": [], "sparse": ["v"]},
+     [np.array([0, 0]), np.ones((2, 2), np.float32)]),
+    ({"method": "push", "step": "s", "dense": [], "sparse": ["v"]},
+     [np.array([5]), np.ones((1, 2), np.float32)]),
+    ({"method": "push", "step": "s", "dense": [], "sparse": ["v"]},
+     [np.array([0.5]), np.ones((1, 2), np.float32)]),
+    ({"method": "assign", "names": ["v"]}, [np.ones((3, 3), np.float32)]),
+    ({"method": "nope"}, []),
+])
+def test_bad_requests_leave_the_server_unchanged(meta, tensors):
+    server, value = _server_with_state()
+    reply = wire.decode(rpc.RpcServer._dispatch(_Dispatcher(server), wire.encode(meta, tensors)))
+    assert reply.meta["ok"] is False and reply.meta["error"]
+    np.testing.assert_array_equal(_value(server), value)
+
+
+class _Dispatcher:
+    """Just what ``RpcServer._dispatch`` uses, to test it without a socket."""
+
+    def __init__(self, server):
+        self._handler = server.handle
+        self.name = "ps 0"
+
+
+def test_fuzzed_frames_never_change_state():
+    server, value = _server_with_state()
+    good = wire.encode({"method": "push", "step": "fuzz", "dense": ["v"], "sparse": []},
+                       [np.full((3, 2), np.nan, np.float32)])
+    rng = np.random.default_rng(0)
+    dispatcher = _Dispatcher(server)
+    for case in range(3000):
+        data = bytearray(good)
+        kind = case % 3
+        if kind == 0:
+            data = data[: rng.integers(0, len(data))]
+        elif kind == 1:
+            for _ in range(rng.integers(1, 4)):
+                data[rng.integers(0, 60)] = rng.integers(0, 256)
+        else:
+            data = bytearray(rng.bytes(int(rng.integers(0, 200))))
+        if bytes(data) == good:
+            continue
+        reply = wire.decode(rpc.RpcServer._dispatch(dispatcher, bytes(data)))
+        if reply.meta["ok"]:
+            # A mutation that kept the frame valid (e.g. in the step id) may apply NaNs; any
+            # applied update must then be that of a well-formed request.
+            server, value = _server_with_state()
+            dispatcher = _Dispatcher(server)
+            continue
+        np.testing.assert_array_equal(_value(server), value)
