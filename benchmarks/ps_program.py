@@ -55,7 +55,7 @@ def main():
                 logits, _ = model.stateless_call(trainable, [], x, training=True)
                 return loss_obj(y, logits)
             loss, grads = jax.value_and_grad(loss_fn)(strategy.read(variables))
-            strategy.apply_gradients(zip(grads, variables), optimizer)
+            strategy.apply_gradients(zip(grads, variables, strict=False), optimizer)
             return loss
 
         dataset_fn = mlp_data
@@ -82,7 +82,7 @@ def main():
             rows, positions = strategy.read_rows(table, ids)
             loss, (g_rows, g_dense) = jax.value_and_grad(loss_fn, argnums=(0, 1))(
                 rows, strategy.read(dense), positions, y)
-            strategy.apply_gradients([(g_rows, table), *zip(g_dense, dense)], optimizer,
+            strategy.apply_gradients([(g_rows, table), *zip(g_dense, dense, strict=False)], optimizer,
                                      sparse_updates=sparse)
             return loss
 

@@ -194,14 +194,14 @@ def test_model_created_in_scope_trains_distributed_outside_it():
     with strategy.scope():
         model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(3)])
     model.compile(optimizer="sgd", loss="mse")  # compiled outside the scope, as TF allows
-    x, y = _data(16)
+    x, _y = _data(16)
     model.fit(x, np.ones((16, 3), np.float32), batch_size=8, verbose=0)
     assert model.layers[0].kernel.value.sharding.is_fully_replicated
     assert len(model.optimizer.variables[0].value.sharding.device_set) == 4
 
 
 def test_plain_keras_without_strategy_is_untouched():
-    x, y = _data(16)
+    x, _y = _data(16)
     keras.utils.set_random_seed(3)
     model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(3)])
     model.compile(optimizer="sgd", loss="mse")

@@ -1,5 +1,6 @@
 """Helpers for tests with real worker processes on 127.0.0.1 (one CPU device per worker unless set)."""
 
+import contextlib
 import os
 import signal
 import socket
@@ -68,10 +69,8 @@ class Workers:
     def kill_all(self):
         for proc in self.procs:
             if proc.poll() is None:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
             proc.wait(timeout=10)
             if proc.stdout:
                 proc.stdout.close()

@@ -4,6 +4,7 @@ A helper module, not a conftest: test files import ``cluster`` (the fixture) fro
 second ``conftest`` module competes with ``tests/multiprocess``' ``from conftest import ...``.
 """
 
+import contextlib
 import json
 import os
 import signal
@@ -84,10 +85,8 @@ class Cluster:
     def kill_all(self):
         for proc in self.procs.values():
             if proc.poll() is None:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
             proc.wait(timeout=10)
         for log in self._logs:
             log.close()

@@ -36,7 +36,7 @@ def main():
 
     def replica_fn(x, y):
         loss, grads = jax.value_and_grad(loss_fn)(strategy.read([w, b]), x, y)
-        strategy.apply_gradients(zip(grads, [w, b]), optimizer)
+        strategy.apply_gradients(zip(grads, [w, b], strict=False), optimizer)
         return loss, x, y
 
     def step_fn(iterator):
@@ -56,7 +56,7 @@ def main():
             x = np.concatenate(list(xs))
             y = np.concatenate(list(ys))
             ref_loss, grads = jax.value_and_grad(loss_fn)([kw.value, kb.value], x, y)
-            reference.apply_gradients(zip(grads, [kw, kb]))
+            reference.apply_gradients(zip(grads, [kw, kb], strict=False))
             losses.append(float(loss))
             ref_losses.append(float(ref_loss))
     print("RESULT " + json.dumps({

@@ -71,7 +71,7 @@ def load_digits(
     train_idx, test_idx = [], []
     for digit in range(NUM_CLASSES):
         members = rng.permutation(np.flatnonzero(labels == digit))
-        n_test = max(1, int(round(len(members) * float(test_fraction))))
+        n_test = max(1, round(len(members) * float(test_fraction)))
         test_idx.append(members[:n_test])
         train_idx.append(members[n_test:])
     train = rng.permutation(np.concatenate(train_idx))

@@ -260,7 +260,7 @@ class _Launcher:
                 return Address(LOOPBACK, ports[0]), ports
             ensure_port_free(fixed)
             others = [p for p in reserve_free_ports(config.nproc_per_node) if p != fixed.port]
-            return fixed, [fixed.port] + others[: config.nproc_per_node - 1]
+            return fixed, [fixed.port, *others[:config.nproc_per_node - 1]]
         if fixed is None:  # pragma: no cover - LaunchConfig requires it for nnodes > 1
             raise ValueError("nnodes > 1 requires a coordinator address.")
         if config.node_rank == 0:

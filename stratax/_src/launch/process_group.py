@@ -10,6 +10,7 @@ because a peer did.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -195,10 +196,8 @@ class WorkerGroup:
     def signal_all(self, signum: int) -> None:
         """Sends ``signum`` to every worker's process group (gone groups are skipped)."""
         for worker in self.workers:
-            try:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(worker.pid, signum)
-            except (ProcessLookupError, PermissionError):
-                pass
 
     def teardown(self, grace_period: float, force: threading.Event | None = None) -> None:
         """Stops every worker and its descendants; idempotent.

@@ -107,7 +107,7 @@ def read_rows(table: PSVariable, ids: Any) -> tuple[Any, Any]:
         return recorder.row_inputs[k], recorder.position_inputs[k]
     if recorder.mode == "ids":
         recorder.ids_out.append(ids)
-    return jnp.zeros((bucket,) + table.shape[1:], table.dtype), jnp.zeros(ids.shape, jnp.int32)
+    return jnp.zeros((bucket, *table.shape[1:]), table.dtype), jnp.zeros(ids.shape, jnp.int32)
 
 
 def apply_gradients(grads_and_vars: Any, optimizer: Any, sparse_updates: str = "lazy") -> None:
@@ -182,7 +182,7 @@ def build_program(key: str, fn: Callable[..., Any], arg_specs: Sequence[jax.Shap
     out_treedef = jax.tree_util.tree_structure(out_shape)
     sparse_vars = [v for v, _ in discover.sparse]
     dense_specs = [jax.ShapeDtypeStruct(v.shape, v.dtype) for v in discover.dense]
-    row_specs = [jax.ShapeDtypeStruct((max(int(np.prod(s.shape)), 1),) + v.shape[1:], v.dtype)
+    row_specs = [jax.ShapeDtypeStruct((max(int(np.prod(s.shape)), 1), *v.shape[1:]), v.dtype)
                  for v, s in discover.sparse]
     pos_specs = [jax.ShapeDtypeStruct(s.shape, jnp.int32) for _, s in discover.sparse]
 
@@ -207,7 +207,7 @@ def build_program(key: str, fn: Callable[..., Any], arg_specs: Sequence[jax.Shap
         ids_bytes = bytes(jax_export.export(jax.jit(ids_fn))(list(arg_specs)).serialize())
 
     pushes = []
-    for (var, spec), grad_shape in zip(discover.pushes, step_exp.out_avals[:len(discover.pushes)]):
+    for (var, spec), grad_shape in zip(discover.pushes, step_exp.out_avals[:len(discover.pushes)], strict=False):
         sparse = any(var is v for v in sparse_vars)
         expected = row_specs[_index(sparse_vars, var)].shape if sparse else var.shape
         if tuple(grad_shape.shape) != tuple(expected):

@@ -87,8 +87,8 @@ class PSClients:
             elif len(pieces) == 1 and pieces[0][3] is None:
                 values.append(parts[0])
             else:
-                out = np.empty((wanted.size,) + tuple(var["shape"][1:]), np.dtype(var["dtype"]))
-                for (_, _, _, mask), part in zip(pieces, parts):
+                out = np.empty((wanted.size, *tuple(var["shape"][1:])), np.dtype(var["dtype"]))
+                for (_, _, _, mask), part in zip(pieces, parts, strict=False):
                     out[mask] = part
                 values.append(out)
         return values

@@ -81,7 +81,7 @@ class ParameterServer:
         if len(names) != len(frame.tensors):
             raise wire.WireError(f"create got {len(names)} names and {len(frame.tensors)} tensors.")
         with self._lock:
-            for name, value in zip(names, frame.tensors):
+            for name, value in zip(names, frame.tensors, strict=False):
                 existing = self._shards.get(name)
                 if existing is not None and (existing.value.shape != value.shape
                                              or existing.value.dtype != value.dtype):
@@ -89,7 +89,7 @@ class ParameterServer:
                         f"Variable shard {name!r} exists with shape {existing.value.shape} "
                         f"{existing.value.dtype}, cannot re-create it as {value.shape} {value.dtype}."
                     )
-            for name, value in zip(names, frame.tensors):
+            for name, value in zip(names, frame.tensors, strict=False):
                 if name not in self._shards:
                     self._shards[name] = _Shard(np.array(value))
         return rpc.response()
@@ -100,7 +100,7 @@ class ParameterServer:
         sparse = wire.require(frame.meta, "sparse_updates", str)
         key = json.dumps({"spec": spec, "sparse": sparse}, sort_keys=True)
         shards = [self._shard(n) for n in names]
-        for name, shard in zip(names, shards):
+        for name, shard in zip(names, shards, strict=False):
             if shard.optimizer is not None and shard.optimizer_key != key:
                 raise ValueError(f"Variable shard {name!r} already has a different optimizer.")
         for shard in shards:
@@ -119,7 +119,7 @@ class ParameterServer:
             raise wire.WireError("pull needs one row-index tensor per name in 'row_names'.")
         wanted = [(n, self._shard(n), None) for n in names]
         wanted += [(n, self._shard(n), self._rows(n, self._shard(n), r))
-                   for n, r in zip(row_names, frame.tensors)]
+                   for n, r in zip(row_names, frame.tensors, strict=False)]
         after, deadline = self._after(frame.meta)
         values = []
         for name, shard, rows in wanted:
@@ -172,7 +172,7 @@ class ParameterServer:
             raise wire.WireError("push needs one gradient per dense name and (rows, grads) per "
                                  "sparse name.")
         updates = []
-        for name, grad in zip(dense, frame.tensors):
+        for name, grad in zip(dense, frame.tensors, strict=False):
             shard = self._shard(name)
             if grad.shape != shard.value.shape:
                 raise wire.WireError(f"Gradient for {name!r} has shape {grad.shape}, the variable "
@@ -182,9 +182,9 @@ class ParameterServer:
         for i, name in enumerate(sparse):
             shard = self._shard(name)
             rows, grad = self._rows(name, shard, tail[2 * i]), tail[2 * i + 1]
-            if grad.shape != (rows.shape[0],) + shard.value.shape[1:]:
+            if grad.shape != (rows.shape[0], *shard.value.shape[1:]):
                 raise wire.WireError(f"Row gradient for {name!r} has shape {grad.shape}, "
-                                     f"expected {(rows.shape[0],) + shard.value.shape[1:]}.")
+                                     f"expected {(rows.shape[0], *shard.value.shape[1:])}.")
             if np.unique(rows).size != rows.size:
                 raise wire.WireError(f"Row indices for {name!r} must be distinct.")
             updates.append((name, shard, rows, grad))
@@ -223,8 +223,8 @@ class ParameterServer:
         names = _names(frame.meta)
         if len(names) != len(frame.tensors):
             raise wire.WireError("assign needs one tensor per name.")
-        pairs = [(self._shard(n), v) for n, v in zip(names, frame.tensors)]
-        for name, (shard, value) in zip(names, pairs):
+        pairs = [(self._shard(n), v) for n, v in zip(names, frame.tensors, strict=False)]
+        for name, (shard, value) in zip(names, pairs, strict=False):
             if value.shape != shard.value.shape:
                 raise wire.WireError(f"assign: {name!r} has shape {shard.value.shape}, got "
                                      f"{value.shape}.")
@@ -254,6 +254,6 @@ def _summed(grads: list[tuple[Any, np.ndarray]]) -> tuple[Any, np.ndarray]:
         return None, np.sum([g for _, g in grads], axis=0)
     rows = np.concatenate([r for r, _ in grads])
     unique, inverse = np.unique(rows, return_inverse=True)
-    total = np.zeros((unique.size,) + grads[0][1].shape[1:], grads[0][1].dtype)
+    total = np.zeros((unique.size, *grads[0][1].shape[1:]), grads[0][1].dtype)
     np.add.at(total, inverse, np.concatenate([g for _, g in grads]))
     return unique, total

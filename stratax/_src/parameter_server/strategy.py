@@ -236,7 +236,7 @@ class ParameterServerStrategy:
             count = int(self._partitioner(value.shape, value.dtype)[0])
             shards = shard_sizes(value.shape[0], count)
         placements = []
-        for i, (start, rows) in enumerate(zip(shard_offsets(shards), shards)):
+        for i, (start, rows) in enumerate(zip(shard_offsets(shards), shards, strict=False)):
             ps = min(range(len(self._load)), key=lambda p: (self._load[p], p))
             part = value[start:start + rows] if value.ndim else value
             self._load[ps] += part.nbytes

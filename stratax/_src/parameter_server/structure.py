@@ -58,7 +58,7 @@ def build(structure: Any, leaves: Sequence[Any]) -> Any:
         if kind == "list":
             return children
         if kind == "dict" and isinstance(node.get("k"), list) and len(node["k"]) == len(children):
-            return dict(zip(node["k"], children))
+            return dict(zip(node["k"], children, strict=False))
         raise ValueError(f"Malformed structure node {node!r}.")
 
     tree = walk(structure, 0)

@@ -94,7 +94,7 @@ class ShardedVariable(PSVariable):
                  assign: Callable[[PSVariable, np.ndarray], None]) -> None:
         super().__init__(name, shape, dtype, trainable, placements, pull, assign)
         self.variables = [
-            PSVariable(f"{name}/part_{i}", (p.rows,) + tuple(shape[1:]), dtype, trainable, [p],
+            PSVariable(f"{name}/part_{i}", (p.rows, *tuple(shape[1:])), dtype, trainable, [p],
                        pull, assign)
             for i, p in enumerate(placements)
         ]

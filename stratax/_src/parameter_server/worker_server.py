@@ -149,7 +149,7 @@ class WorkerService:
         positions, uniques = [], []
         if program.ids is not None:
             ids_list = [np.asarray(x) for x in program.ids(leaves)]
-            for name, ids in zip(meta["sparse"], ids_list):
+            for name, ids in zip(meta["sparse"], ids_list, strict=False):
                 var = program.variables[name]
                 flat = ids.reshape(-1).astype(np.int64)
                 if flat.size and (flat.min() < 0 or flat.max() >= var["shape"][0]):
@@ -163,8 +163,8 @@ class WorkerService:
         pulled = self._ps.pull(variables, [None] * len(meta["dense"]) + uniques, after)
         dense = pulled[:len(meta["dense"])]
         rows = []
-        for unique, position, values in zip(uniques, positions, pulled[len(meta["dense"]):]):
-            padded = np.zeros((max(position.size, 1),) + values.shape[1:], values.dtype)
+        for unique, position, values in zip(uniques, positions, pulled[len(meta["dense"]):], strict=False):
+            padded = np.zeros((max(position.size, 1), *values.shape[1:]), values.dtype)
             padded[:unique.size] = values
             rows.append(padded)
         t1 = time.perf_counter()
@@ -173,7 +173,7 @@ class WorkerService:
         outputs = [np.asarray(o) for o in outputs]
         t2 = time.perf_counter()
         pushes = []
-        for push, grad in zip(meta["pushes"], grads):
+        for push, grad in zip(meta["pushes"], grads, strict=False):
             var = program.variables[push["var"]]
             if push["sparse"] >= 0:
                 unique = uniques[push["sparse"]]
