@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 
-from stratax._src.data import global_batch
 
 # Model names of ``--model``; ``stratax._src.train.models.MODELS`` builds them.
 MODEL_NAMES = ("mlp", "cnn")
@@ -93,6 +92,9 @@ class TrainConfig:
 
 def check_batch_size(batch_size: int, num_replicas: int) -> None:
     """Raises ``ValueError`` unless the global ``batch_size`` splits evenly over the replicas."""
+    # Imported here: the policy module needs numpy, which `stratax --help` can do without.
+    from stratax._src.data import global_batch
+
     global_batch.check_divisible(batch_size, num_replicas, hint="`stratax train --batch-size={batch}`")
 
 
