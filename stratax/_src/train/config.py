@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 
-
 # Model names of ``--model``; ``stratax._src.train.models.MODELS`` builds them.
 MODEL_NAMES = ("mlp", "cnn")
 DEFAULT_STRATEGY = "mirrored"
