@@ -93,7 +93,8 @@ class TrainConfig:
 
 def check_batch_size(batch_size: int, num_replicas: int) -> None:
     """Raises ``ValueError`` unless the global ``batch_size`` splits evenly over the replicas."""
-    global_batch.check_divisible(batch_size, num_replicas, hint="`stratax train --batch-size={batch}`")
+    global_batch.check_divisible(batch_size, num_replicas,
+                                 hint="`stratax train --batch-size={batch}`")
 
 
 def _not_int(value: object) -> bool:
