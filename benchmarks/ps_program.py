@@ -82,8 +82,8 @@ def main():
             rows, positions = strategy.read_rows(table, ids)
             loss, (g_rows, g_dense) = jax.value_and_grad(loss_fn, argnums=(0, 1))(
                 rows, strategy.read(dense), positions, y)
-            strategy.apply_gradients([(g_rows, table), *zip(g_dense, dense, strict=False)], optimizer,
-                                     sparse_updates=sparse)
+            strategy.apply_gradients([(g_rows, table), *zip(g_dense, dense, strict=False)],
+                                     optimizer, sparse_updates=sparse)
             return loss
 
         dataset_fn = embedding_data
@@ -111,8 +111,9 @@ def main():
     breakdown["ps_apply"] = 1000 * (_apply_seconds(strategy) - ps_before) / steps
     print("RESULT " + json.dumps({"workload": workload, "spe": spe, "steps": steps, "wall": wall,
                                   "steps_per_s": steps / wall, "ms_per_step": breakdown,
-                                  "per_worker_steps": {w: after[w]["steps"] - before[w].get("steps", 0)
-                                                       for w in after},
+                                  "per_worker_steps": {
+                                      w: after[w]["steps"] - before[w].get("steps", 0)
+                                      for w in after},
                                   "table": table.name}), flush=True)
 
 

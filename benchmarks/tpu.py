@@ -13,8 +13,8 @@ repetitions rep-major, median with min-max:
    variables' shardings) and samples/s.
 
 ``model.fit`` under ``TPUStrategy`` runs ``TPURunner``; the "Keras' own loop" row gives the same
-strategy the mirrored runner (``use_runner``). Run ``python -m benchmarks.tpu [--quick] [--reps 3]``;
-writes ``benchmarks/results/tpu.{json,md}``.
+strategy the mirrored runner (``use_runner``). Run
+``python -m benchmarks.tpu [--quick] [--reps 3]``; writes ``benchmarks/results/tpu.{json,md}``.
 """
 
 from __future__ import annotations

@@ -63,8 +63,9 @@ def main():
 
         (loss, accuracy), (row_grads, head_grads) = jax.value_and_grad(
             loss_fn, argnums=(0, 1), has_aux=True)(rows, strategy.read(head.trainable_variables))
-        strategy.apply_gradients([(row_grads, table), *zip(head_grads, head.trainable_variables, strict=False)],
-                                 optimizer)
+        strategy.apply_gradients(
+            [(row_grads, table), *zip(head_grads, head.trainable_variables, strict=False)],
+            optimizer)
         return loss, accuracy
 
     def step_fn(iterator):

@@ -13,6 +13,9 @@ import threading
 os.environ.setdefault("STRATAX_CPU_DEVICES", "8")
 os.environ["KERAS_BACKEND"] = "jax"
 
+# Importing Keras sets TF_FORCE_GPU_ALLOW_GROWTH; do it before any test, so the hygiene check
+# below does not blame the first test that happens to touch Keras.
+import keras  # noqa: F401
 import pytest
 
 import stratax  # noqa: F401  (applies STRATAX_CPU_DEVICES before JAX starts)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+from typing import ClassVar
 
 import pytest
 
@@ -244,7 +245,7 @@ class TestTensorFlowCases:
     what the configuration states, ``{}`` for TF_CONFIG), so it has no counterpart here.
     """
 
-    PS_WORKER = {"ps": ["ps0:2222", "ps1:2222"],
+    PS_WORKER: ClassVar[dict[str, list[str]]] = {"ps": ["ps0:2222", "ps1:2222"],
                  "worker": ["worker0:2222", "worker1:2222", "worker2:2222"]}
 
     def _resolver(self, cluster_env: pytest.MonkeyPatch, config: object,

@@ -53,7 +53,8 @@ def test_resume_mid_epoch_equals_uninterrupted(tmp_path, crash_step):
     backup = str(tmp_path / "backup")
     with pytest.raises(RuntimeError, match="simulated crash"):
         crashed.fit(x, y, batch_size=16, epochs=3, verbose=0,
-                    callbacks=[sx.BackupAndRestore(backup, save_freq=3), _FailAt(crash_step, _raise)])
+                    callbacks=[sx.BackupAndRestore(backup, save_freq=3),
+                               _FailAt(crash_step, _raise)])
     assert checkpoint_io.latest_version(backup) is not None
     resumed = _model(strategy)
     resumed.fit(x, y, batch_size=16, epochs=3, verbose=0,

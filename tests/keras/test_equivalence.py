@@ -39,7 +39,8 @@ def _fit(replicas, steps_per_execution=1):
     strategy = _strategy(replicas)
     with strategy.scope():
         model = _model()
-        model.compile(optimizer=keras.optimizers.Adam(0.01), steps_per_execution=steps_per_execution,
+        model.compile(optimizer=keras.optimizers.Adam(0.01),
+                      steps_per_execution=steps_per_execution,
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                       metrics=["accuracy"])
     history = model.fit(x, y, batch_size=GLOBAL_BATCH, epochs=3, shuffle=False, verbose=0)
@@ -133,7 +134,8 @@ def test_custom_loop_on_plain_jax_pytrees():
             xb, yb = batch
 
             def loss_fn(p):
-                return sx.compute_average_loss((xb @ p["w"] + p["b"] - yb) ** 2, global_batch_size=16)
+                return sx.compute_average_loss((xb @ p["w"] + p["b"] - yb) ** 2,
+                                               global_batch_size=16)
 
             loss, grads = jax.value_and_grad(loss_fn)(params)
             grads = sx.get_replica_context().all_reduce("sum", grads)

@@ -1,4 +1,5 @@
-"""Keras ``fit``/``evaluate``/``predict`` under a strategy: inputs, partial batches, callbacks, errors."""
+"""Keras ``fit``/``evaluate``/``predict`` under a strategy: inputs, partial batches, callbacks,
+errors."""
 
 import os
 import subprocess

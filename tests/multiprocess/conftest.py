@@ -1,4 +1,5 @@
-"""Helpers for tests with real worker processes on 127.0.0.1 (one CPU device per worker unless set)."""
+"""Helpers for tests with real worker processes on 127.0.0.1 (one CPU device per worker unless
+set)."""
 
 import contextlib
 import os

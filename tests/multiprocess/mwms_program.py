@@ -1,9 +1,9 @@
 """The MultiWorkerMirroredStrategy guide program, as each worker runs it in the tests.
 
-Usage: python mwms_program.py OUT_DIR [EPOCHS] [INPUTS] [GLOBAL_BATCH]. Trains on numpy arrays; with INPUTS
-"all" it also trains on a list of global batches (auto-shard by data) and on per-worker batches
-(``AutoShardPolicy.OFF``). Writes OUT_DIR/<inputs>_weights_<worker>.npz and prints
-"done <worker> <num_replicas>". The data is the same on every worker. The
+Usage: python mwms_program.py OUT_DIR [EPOCHS] [INPUTS] [GLOBAL_BATCH]. Trains on numpy arrays;
+with INPUTS "all" it also trains on a list of global batches (auto-shard by data) and on
+per-worker batches (``AutoShardPolicy.OFF``). Writes OUT_DIR/<inputs>_weights_<worker>.npz and
+prints "done <worker> <num_replicas>". The data is the same on every worker. The
 ``distribute_datasets_from_function`` variant's ``dataset_fn`` yields whole batches only, so its
 reference is a run on whole batches only.
 """

@@ -125,7 +125,8 @@ def test_unreachable_coordinator_is_a_named_timeout(workers):
     assert workers.procs[0].returncode != 0
     assert "CollectiveTimeoutError" in output
     address = cluster["worker"][0]
-    assert f"The coordinator, worker 0 ({address}), did not answer at {address} within 3 s" in output
+    assert (f"The coordinator, worker 0 ({address}), did not answer at {address} within 3 s"
+            in output)
 
 
 def test_workers_that_never_join_are_named_within_the_timeout(workers):

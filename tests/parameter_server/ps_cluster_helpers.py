@@ -78,7 +78,7 @@ class Cluster:
         return (self.log_dir / f"{name}.log").read_text()
 
     def result(self, name: str = "chief0") -> dict:
-        lines = [l for l in self.output(name).splitlines() if l.startswith("RESULT ")]
+        lines = [line for line in self.output(name).splitlines() if line.startswith("RESULT ")]
         assert lines, self.output(name)[-3000:]
         return json.loads(lines[-1][len("RESULT "):])
 

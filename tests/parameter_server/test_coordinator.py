@@ -43,5 +43,5 @@ def test_join_raises_when_every_worker_is_gone():
 def test_strategy_run_outside_schedule_is_explained():
     from stratax._src.parameter_server.coordinator import recording
 
-    with pytest.raises(RuntimeError, match="coordinator.schedule"):
+    with pytest.raises(RuntimeError, match=r"coordinator\.schedule"):
         recording()

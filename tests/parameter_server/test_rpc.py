@@ -36,7 +36,8 @@ def test_calls_need_the_token(ps_server, caplog):
 def test_large_frames_are_streamed(ps_server):
     client = rpc.RpcClient("ps 0", f"127.0.0.1:{ps_server.port}", timeout=20, token="s3cret")
     try:
-        table = np.random.default_rng(0).normal(size=(3 * rpc.CHUNK_BYTES // 256, 64)).astype(np.float32)
+        table = (np.random.default_rng(0).normal(size=(3 * rpc.CHUNK_BYTES // 256, 64))
+                 .astype(np.float32))
         client.call("create", {"names": ["t"]}, [table])
         back = client.call("pull", {"names": ["t"]}, stream=True).tensors[0]
         np.testing.assert_array_equal(back, table)

@@ -28,7 +28,8 @@ SCRIPT = textwrap.dedent("""
     def loss_fn(p, x, y):
         h = jax.nn.relu(x @ p[0]); h = jax.nn.relu(h @ p[1])
         logp = jax.nn.log_softmax(h @ p[2])
-        return sx.compute_average_loss(-jnp.take_along_axis(logp, y[:, None], 1)[:, 0], global_batch_size=256)
+        return sx.compute_average_loss(-jnp.take_along_axis(logp, y[:, None], 1)[:, 0],
+                                       global_batch_size=256)
 
     def step(p, batch):
         grads = jax.grad(loss_fn)(p, *batch)
@@ -40,8 +41,10 @@ SCRIPT = textwrap.dedent("""
     jax.block_until_ready(params)
 
     with strategy.scope():         # Keras fit with steps_per_execution=32
-        model = keras.Sequential([keras.Input((784,)), keras.layers.Dense(1024, activation="relu"),
-                                  keras.layers.Dense(1024, activation="relu"), keras.layers.Dense(10)])
+        model = keras.Sequential([keras.Input((784,)),
+                                  keras.layers.Dense(1024, activation="relu"),
+                                  keras.layers.Dense(1024, activation="relu"),
+                                  keras.layers.Dense(10)])
         model.compile(optimizer="adam", steps_per_execution=32,
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     xs = np.tile(x, (40, 1)); ys = np.tile(y, 40)

@@ -29,7 +29,7 @@ def test_unknown_device_names_what_exists():
         sx.OneDeviceStrategy("gpu:0")
     with pytest.raises(ValueError, match="Cannot parse device"):
         resolve_device("banana")
-    with pytest.raises(TypeError, match="jax.Device"):
+    with pytest.raises(TypeError, match=r"jax\.Device"):
         resolve_device(3)
 
 
@@ -45,9 +45,11 @@ def test_mirrored_uses_all_local_devices_by_default():
 
 
 def test_cross_device_ops_names_are_accepted():
-    assert sx.MirroredStrategy(["cpu:0"], cross_device_ops=sx.NcclAllReduce()).cross_device_ops.name == "nccl"
+    strategy = sx.MirroredStrategy(["cpu:0"], cross_device_ops=sx.NcclAllReduce())
+    assert strategy.cross_device_ops.name == "nccl"
     assert isinstance(
-        sx.MirroredStrategy(["cpu:0"], cross_device_ops="HierarchicalCopyAllReduce").cross_device_ops,
+        sx.MirroredStrategy(["cpu:0"],
+                            cross_device_ops="HierarchicalCopyAllReduce").cross_device_ops,
         sx.HierarchicalCopyAllReduce,
     )
     with pytest.raises(ValueError, match="Unknown cross_device_ops"):
@@ -86,4 +88,5 @@ def test_set_cpu_device_count_before_jax_starts_and_env_variable():
     assert done.returncode == 0, done.stderr
     assert done.stdout.split()[-1] == "5"
     done = _run("import stratax", STRATAX_CPU_DEVICES="two")
-    assert done.returncode != 0 and "STRATAX_CPU_DEVICES='two' is not a positive integer" in done.stderr
+    assert (done.returncode != 0
+            and "STRATAX_CPU_DEVICES='two' is not a positive integer" in done.stderr)

@@ -122,7 +122,8 @@ def _check_index(index: object, where: str) -> int:
     value: int | None = None
     if isinstance(index, int) and not isinstance(index, bool):
         value = index
-    elif (isinstance(index, float) and index.is_integer()) or (isinstance(index, str) and _INTEGER.fullmatch(index)):
+    elif ((isinstance(index, float) and index.is_integer())
+          or (isinstance(index, str) and _INTEGER.fullmatch(index))):
         value = int(index)
     if value is None:
         raise ValueError(

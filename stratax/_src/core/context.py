@@ -14,11 +14,12 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any, ContextManager
+from contextlib import AbstractContextManager
+from typing import Any
 
 from stratax._src.core.errors import MixedStrategyError
 
-ScopeHook = Callable[[Any], ContextManager[Any]]
+ScopeHook = Callable[[Any], AbstractContextManager[Any]]
 
 
 class _ThreadState(threading.local):

@@ -57,7 +57,8 @@ STRATAX_K8S_PORT = "STRATAX_K8S_PORT"
 # How many compiled steps the host may dispatch ahead on multi-device CPU (0 = unbounded).
 STRATAX_MAX_STEPS_IN_FLIGHT = "STRATAX_MAX_STEPS_IN_FLIGHT"
 # Run directory of an observed run (``stratax launch --dashboard``, ``sx.observe``): each process
-# appends its metrics to <dir>/metrics/<task>.jsonl and the launcher its events to <dir>/events.jsonl.
+# appends its metrics to <dir>/metrics/<task>.jsonl and the launcher its events to
+# <dir>/events.jsonl.
 STRATAX_RUN_DIR = "STRATAX_RUN_DIR"
 # Name of this process in the run directory (e.g. "worker_1", "ps_0"); default: from the rank.
 STRATAX_TASK_NAME = "STRATAX_TASK_NAME"

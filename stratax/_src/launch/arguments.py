@@ -148,7 +148,8 @@ def parameter_server_layout(args: argparse.Namespace) -> tuple[int, dict[str, st
         return args.nproc_per_node, {}
     if workers is None or ps is None or workers < 1 or ps < 1:
         raise ValueError(f"--workers and --ps go together, each at least 1 (got --workers "
-                         f"{workers} --ps {ps}); e.g. `stratax launch --workers 2 --ps 1 train.py`.")
+                         f"{workers} --ps {ps}); e.g. "
+                         "`stratax launch --workers 2 --ps 1 train.py`.")
     if args.nproc_per_node != 1 or args.nnodes != 1:
         raise ValueError("--workers/--ps start a one-node cluster of 1 + W + P processes; drop "
                          "--nproc-per-node and --nnodes.")

@@ -56,7 +56,9 @@ class WorkerOutput:
         self._log: IO[str] | None = None
         if log_path is not None:
             os.makedirs(os.path.dirname(log_path) or ".", exist_ok=True)
-            self._log = open(log_path, "a", encoding="utf-8", errors="replace")
+            # Held open across the reader threads and closed by ``close()`` (the last reader at
+            # EOF), so no ``with`` block can scope it.
+            self._log = open(log_path, "a", encoding="utf-8", errors="replace")  # noqa: SIM115
             if header:
                 self._log.write(header + "\n")
                 self._log.flush()

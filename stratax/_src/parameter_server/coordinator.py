@@ -210,7 +210,8 @@ class PerWorkerIterator:
         closure.iterator = self
         batch = closure.batches
         closure.batches += 1
-        return structure.build(self._tree, [_LeafRef(batch, i, s) for i, s in enumerate(self._specs)])
+        return structure.build(self._tree,
+                               [_LeafRef(batch, i, s) for i, s in enumerate(self._specs)])
 
 
 class PerWorkerDataset:
@@ -323,8 +324,9 @@ class ClusterCoordinator:
             return values.fetch()
         if isinstance(values, PerWorkerValues):
             return tuple(self.fetch(v) for v in values)
-        return jax.tree_util.tree_map(self.fetch, values,
-                                      is_leaf=lambda x: isinstance(x, (RemoteValue, PerWorkerValues)))
+        return jax.tree_util.tree_map(
+            self.fetch, values,
+            is_leaf=lambda x: isinstance(x, (RemoteValue, PerWorkerValues)))
 
     def create_per_worker_dataset(self, dataset_fn: Callable[..., Any]) -> PerWorkerDataset:
         """A dataset built on each worker by ``dataset_fn(input_context)``, sent by name (see
@@ -361,10 +363,12 @@ class ClusterCoordinator:
         self._iterator_refs[name] = fn_ref
         first = next(iter(replies.values())).meta
         for index, reply in replies.items():
-            if reply.meta["specs"] != first["specs"] or reply.meta["structure"] != first["structure"]:
+            if (reply.meta["specs"] != first["specs"]
+                    or reply.meta["structure"] != first["structure"]):
                 raise ValueError(f"Worker {index}'s dataset yields {reply.meta['specs']}, worker "
                                  f"0's {first['specs']}; every worker's batches need one shape.")
-        specs = [jax.ShapeDtypeStruct(tuple(shape), np.dtype(dtype)) for dtype, shape in first["specs"]]
+        specs = [jax.ShapeDtypeStruct(tuple(shape), np.dtype(dtype))
+                 for dtype, shape in first["specs"]]
         return PerWorkerIterator(name, first["structure"], specs)
 
     def _pending(self) -> bool:
@@ -400,7 +404,8 @@ class ClusterCoordinator:
             try:
                 self._run(worker, closure)
             except WorkerUnavailableError as err:
-                logger.warning("%s; re-queueing closure %d on the other workers", err, closure.ident)
+                logger.warning("%s; re-queueing closure %d on the other workers",
+                               err, closure.ident)
                 worker.alive = False
                 with self._cond:
                     self._inflight -= 1
@@ -411,7 +416,8 @@ class ClusterCoordinator:
                     elif any(w.alive for w in self._workers):
                         self._queue.appendleft(closure)
                     else:
-                        error = WorkerUnavailableError(f"No worker is left; the last failure: {err}")
+                        error = WorkerUnavailableError(
+                            f"No worker is left; the last failure: {err}")
                         self._fail(closure, error)
                         self._cancel_queued(error)
                     self._cond.notify_all()
@@ -420,7 +426,8 @@ class ClusterCoordinator:
                 continue
             except Exception as err:
                 error = err if isinstance(err, StrataxError) else StepError(
-                    f"worker {worker.index} at {worker.client.address}: {type(err).__name__}: {err}")
+                    f"worker {worker.index} at {worker.client.address}: "
+                    f"{type(err).__name__}: {err}")
                 with self._cond:
                     self._inflight -= 1
                     self._fail(closure, error)

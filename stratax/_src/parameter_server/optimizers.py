@@ -45,7 +45,8 @@ class ShardOptimizer:
 
     def __init__(self, spec: Mapping[str, Any], value: np.ndarray, sparse_updates: str = "lazy"):
         if not isinstance(spec, Mapping) or "class_name" not in spec:
-            raise TypeError(f"Optimizer spec must be {{'class_name': ..., 'config': ...}}, got {spec!r}.")
+            raise TypeError("Optimizer spec must be {'class_name': ..., 'config': ...}, "
+                            f"got {spec!r}.")
         name = str(spec["class_name"]).split(">")[-1]
         config = spec.get("config") or {}
         if name not in ("SGD", "Adam"):
@@ -60,7 +61,8 @@ class ShardOptimizer:
                 "leave them unset (clip gradients inside the step instead)."
             )
         if sparse_updates not in SPARSE_MODES:
-            raise ValueError(f"sparse_updates must be one of {SPARSE_MODES}, got {sparse_updates!r}.")
+            raise ValueError(f"sparse_updates must be one of {SPARSE_MODES}, "
+                             f"got {sparse_updates!r}.")
         self.name = name
         self.sparse_updates = sparse_updates
         self.lr = _number(config, "learning_rate", 0.01 if name == "SGD" else 0.001)

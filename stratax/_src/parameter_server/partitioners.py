@@ -81,11 +81,13 @@ class MinSizePartitioner(Partitioner):
     def __init__(self, min_shard_bytes: int = 256 << 10, max_shards: int = 1,
                  bytes_per_string: int = 16) -> None:
         if min_shard_bytes < 1:
-            raise ValueError(f"Argument `min_shard_bytes` must be positive. Received: {min_shard_bytes}")
+            raise ValueError("Argument `min_shard_bytes` must be positive. "
+                             f"Received: {min_shard_bytes}")
         if max_shards < 1:
             raise ValueError(f"Argument `max_shards` must be positive. Received: {max_shards}")
         if bytes_per_string < 1:
-            raise ValueError(f"Argument `bytes_per_string` must be positive. Received: {bytes_per_string}")
+            raise ValueError("Argument `bytes_per_string` must be positive. "
+                             f"Received: {bytes_per_string}")
         self._min_shard_bytes = min_shard_bytes
         self._max_shards = max_shards
         self._bytes_per_string = bytes_per_string
@@ -111,11 +113,13 @@ class MaxSizePartitioner(Partitioner):
     def __init__(self, max_shard_bytes: int, max_shards: int | None = None,
                  bytes_per_string: int = 16) -> None:
         if max_shard_bytes < 1:
-            raise ValueError(f"Argument `max_shard_bytes` must be positive. Received {max_shard_bytes}")
+            raise ValueError("Argument `max_shard_bytes` must be positive. "
+                             f"Received {max_shard_bytes}")
         if max_shards is not None and max_shards < 1:
             raise ValueError(f"Argument `max_shards` must be positive. Received {max_shards}")
         if bytes_per_string < 1:
-            raise ValueError(f"Argument `bytes_per_string` must be positive. Received: {bytes_per_string}")
+            raise ValueError("Argument `bytes_per_string` must be positive. "
+                             f"Received: {bytes_per_string}")
         self._max_shard_bytes = max_shard_bytes
         self._max_shards = max_shards
         self._bytes_per_string = bytes_per_string
@@ -123,7 +127,8 @@ class MaxSizePartitioner(Partitioner):
     def __call__(self, shape: Any, dtype: Any, axis: int = 0) -> list[int]:
         dims = _shape(shape)
         _check_axis(axis, len(dims))
-        bytes_per_slice = math.prod(dims) / max(dims[axis], 1) * _itemsize(dtype, self._bytes_per_string)
+        bytes_per_slice = (math.prod(dims) / max(dims[axis], 1)
+                           * _itemsize(dtype, self._bytes_per_string))
         slices_per_shard = max(1, math.floor(self._max_shard_bytes / max(bytes_per_slice, 1e-12)))
         shards = math.ceil(dims[axis] / slices_per_shard)
         if self._max_shards:

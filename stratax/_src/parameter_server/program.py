@@ -6,8 +6,9 @@ gradients through three calls, which this module records while tracing ``fn`` on
 coordinator with abstract shapes:
 
 - ``strategy.read(variables)`` -> their current values (any pytree of variables);
-- ``strategy.read_rows(table, ids)`` -> ``(rows, positions)`` with ``table[ids] == rows[positions]``:
-  only the distinct looked-up rows are pulled (row-sparse path for embeddings);
+- ``strategy.read_rows(table, ids)`` -> ``(rows, positions)`` with
+  ``table[ids] == rows[positions]``: only the distinct looked-up rows are pulled (row-sparse
+  path for embeddings);
 - ``strategy.apply_gradients(grads_and_vars, optimizer)`` -> the parameter servers apply
   ``optimizer`` (a Keras optimizer or its config) to those gradients; a gradient for a table
   read with ``read_rows`` is the gradient of ``rows`` and is pushed row-sparse.
@@ -207,7 +208,8 @@ def build_program(key: str, fn: Callable[..., Any], arg_specs: Sequence[jax.Shap
         ids_bytes = bytes(jax_export.export(jax.jit(ids_fn))(list(arg_specs)).serialize())
 
     pushes = []
-    for (var, spec), grad_shape in zip(discover.pushes, step_exp.out_avals[:len(discover.pushes)], strict=False):
+    for (var, _spec), grad_shape in zip(discover.pushes,
+                                        step_exp.out_avals[:len(discover.pushes)], strict=False):
         sparse = any(var is v for v in sparse_vars)
         expected = row_specs[_index(sparse_vars, var)].shape if sparse else var.shape
         if tuple(grad_shape.shape) != tuple(expected):

@@ -62,7 +62,8 @@ class PSClients:
                     nbytes[ps] += _row_bytes(var) * max(count, 1)
                     pieces.append((ps, False, len(whole[ps]) - 1, None))
                     continue
-                mask = None if len(var["shards"]) == 1 else (wanted >= start) & (wanted < start + count)
+                mask = (None if len(var["shards"]) == 1
+                        else (wanted >= start) & (wanted < start + count))
                 if mask is not None and not mask.any():
                     continue
                 chosen = wanted if mask is None else wanted[mask]
@@ -106,7 +107,8 @@ class PSClients:
             for ps, key, start, count in var["shards"]:
                 if rows is None:
                     dense[ps].append(key)
-                    dense_t[ps].append(grad[start:start + count] if len(var["shards"]) > 1 else grad)
+                    dense_t[ps].append(
+                        grad[start:start + count] if len(var["shards"]) > 1 else grad)
                     continue
                 mask = (rows >= start) & (rows < start + count)
                 if mask.any():

@@ -60,7 +60,8 @@ class ParameterServer:
     def handle(self, frame: wire.Frame) -> bytes:
         method = wire.require(frame.meta, "method", str)
         if method not in self._methods:
-            raise wire.WireError(f"Unknown method {method!r}; expected one of {sorted(self._methods)}.")
+            raise wire.WireError(
+                f"Unknown method {method!r}; expected one of {sorted(self._methods)}.")
         return self._methods[method](frame)
 
     def _shard(self, name: str) -> _Shard:
@@ -87,7 +88,8 @@ class ParameterServer:
                                              or existing.value.dtype != value.dtype):
                     raise ValueError(
                         f"Variable shard {name!r} exists with shape {existing.value.shape} "
-                        f"{existing.value.dtype}, cannot re-create it as {value.shape} {value.dtype}."
+                        f"{existing.value.dtype}, cannot re-create it as {value.shape} "
+                        f"{value.dtype}."
                     )
             for name, value in zip(names, frame.tensors, strict=False):
                 if name not in self._shards:
@@ -165,7 +167,8 @@ class ParameterServer:
         worker = frame.meta.get("worker", 0)
         for key, value in (("sync", sync), ("worker", worker)):
             if type(value) is not int or not 0 <= value <= 1 << 16:
-                raise wire.WireError(f"Field {key!r} must be a small non-negative int, got {value!r}.")
+                raise wire.WireError(
+                    f"Field {key!r} must be a small non-negative int, got {value!r}.")
         dense = _names(frame.meta, "dense")
         sparse = _names(frame.meta, "sparse")
         if len(frame.tensors) != len(dense) + 2 * len(sparse):

@@ -98,8 +98,8 @@ class RpcServer:
         if not is_loopback(host) and not token:
             raise ValueError(
                 f"{name} would listen on {host}:{port}, which is not a loopback address, without "
-                f"a shared token; set {env.STRATAX_PS_TOKEN}=<secret> (or {env.STRATAX_PS_TOKEN_FILE}"
-                "=<path>) on every task of the cluster."
+                f"a shared token; set {env.STRATAX_PS_TOKEN}=<secret> "
+                f"(or {env.STRATAX_PS_TOKEN_FILE}=<path>) on every task of the cluster."
             )
         self.name = name
         self._token = token

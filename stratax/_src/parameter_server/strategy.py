@@ -207,7 +207,8 @@ class ParameterServerStrategy:
         """Maps Keras variables in a pytree to their parameter-server variables (creating them
         from the Keras values on first use); ``PSVariable`` leaves pass through."""
         def convert(leaf: Any) -> Any:
-            if isinstance(leaf, PSVariable) or not (hasattr(leaf, "path") and hasattr(leaf, "assign")):
+            if isinstance(leaf, PSVariable) or not (hasattr(leaf, "path")
+                                                    and hasattr(leaf, "assign")):
                 return leaf
             entry = self._keras.get(id(leaf))
             if entry is None:

@@ -72,7 +72,8 @@ class PSVariable:
 
     def __repr__(self) -> str:
         where = ", ".join(f"ps {p.ps}" for p in self.placements)
-        return f"<{type(self).__name__} {self.name!r} shape={self.shape} dtype={self.dtype} on {where}>"
+        return (f"<{type(self).__name__} {self.name!r} shape={self.shape} dtype={self.dtype} "
+                f"on {where}>")
 
 
 class ShardedVariable(PSVariable):
@@ -119,5 +120,6 @@ def describe_table(variables: Sequence[PSVariable], addresses: Sequence[str]) ->
             lines.append(f"{var.name:<32} {var.shape!s:<16} {shard:<16} "
                          f"{f'ps {p.ps} {addresses[p.ps]}':<24} {nbytes:>12,}")
     for ps, nbytes in enumerate(total):
-        lines.append(f"{'total':<32} {'':<16} {'':<16} {f'ps {ps} {addresses[ps]}':<24} {nbytes:>12,}")
+        lines.append(f"{'total':<32} {'':<16} {'':<16} "
+                     f"{f'ps {ps} {addresses[ps]}':<24} {nbytes:>12,}")
     return "\n".join(lines)

@@ -131,7 +131,8 @@ def decode(data: bytes | bytearray | memoryview) -> Frame:
         dtype, shape, nbytes = _check_spec(index, spec)
         if offset + nbytes > total:
             raise WireError(
-                f"Tensor {index} needs {nbytes} bytes but only {total - offset} remain in the frame."
+                f"Tensor {index} needs {nbytes} bytes but only {total - offset} remain in "
+                "the frame."
             )
         array = np.frombuffer(view[offset:offset + nbytes], dtype=dtype).reshape(shape)
         tensors.append(array)
@@ -148,7 +149,8 @@ def _check_spec(index: int, spec: object) -> tuple[np.dtype, tuple[int, ...], in
     if not isinstance(name, str) or name not in ALLOWED_DTYPES:
         raise WireError(f"Tensor {index} has dtype {name!r}, not one of {sorted(ALLOWED_DTYPES)}.")
     if not isinstance(shape, list) or len(shape) > MAX_RANK:
-        raise WireError(f"Tensor {index} shape {shape!r} must be a list of at most {MAX_RANK} ints.")
+        raise WireError(
+            f"Tensor {index} shape {shape!r} must be a list of at most {MAX_RANK} ints.")
     for dim in shape:
         if type(dim) is not int or dim < 0 or dim > MAX_FRAME_BYTES:
             raise WireError(f"Tensor {index} shape {shape!r} has an invalid dimension {dim!r}.")

@@ -68,7 +68,8 @@ class WorkerService:
     def handle(self, frame: wire.Frame) -> bytes:
         method = wire.require(frame.meta, "method", str)
         if method not in self._methods:
-            raise wire.WireError(f"Unknown method {method!r}; expected one of {sorted(self._methods)}.")
+            raise wire.WireError(
+                f"Unknown method {method!r}; expected one of {sorted(self._methods)}.")
         return self._methods[method](frame)
 
     def close(self) -> None:
@@ -163,7 +164,8 @@ class WorkerService:
         pulled = self._ps.pull(variables, [None] * len(meta["dense"]) + uniques, after)
         dense = pulled[:len(meta["dense"])]
         rows = []
-        for unique, position, values in zip(uniques, positions, pulled[len(meta["dense"]):], strict=False):
+        for unique, position, values in zip(uniques, positions, pulled[len(meta["dense"]):],
+                                            strict=False):
             padded = np.zeros((max(position.size, 1), *values.shape[1:]), values.dtype)
             padded[:unique.size] = values
             rows.append(padded)

@@ -180,7 +180,8 @@ def dead_processes() -> list[int]:
 
 
 def translate_collective_errors(call: Callable[[], T]) -> T:
-    """Runs ``call``; a collective that failed because a peer died becomes ``WorkerUnavailableError``."""
+    """Runs ``call``; a collective that failed because a peer died becomes
+    ``WorkerUnavailableError``."""
     try:
         return call()
     except Exception as error:  # Keras re-raises XLA's runtime errors under other types

@@ -3,15 +3,15 @@
 XLA's in-process CPU collectives deadlock when the host queues many multi-device steps ahead
 (``rendezvous.cc: Termination timeout for all reduce ... Expected 2 threads to join``;
 reproduced by ``tests/runtime/test_cpu_collective_hazard.py``). The aborting thread's stack
-shows why: the all-reduce thunk of one device runs as a continuation *on a worker of the Eigen intra-op thread pool* (after a parallel matmul
-finished) and blocks there in the rendezvous, waiting for the other device's participant. That
-pool is shared by all CPU devices and has one thread per core; with many steps in flight, every
-pool thread can end up blocked in a rendezvous while the other device's compute, which it needs
-to arrive, waits in the same pool's queue. Measured on 2 cores with 2 forced CPU devices, a
-784-1024-1024-10 MLP step: unbounded dispatch aborts within a few hundred steps, a window of 1,
-2 or 4 steps in flight never did. Strategies whose replicas
-are several CPU devices of one process therefore wait for step ``k - window`` before dispatching
-step ``k``. Accelerators and single-device strategies are not bounded.
+shows why: the all-reduce thunk of one device runs as a continuation *on a worker of the Eigen
+intra-op thread pool* (after a parallel matmul finished) and blocks there in the rendezvous,
+waiting for the other device's participant. That pool is shared by all CPU devices and has one
+thread per core; with many steps in flight, every pool thread can end up blocked in a rendezvous
+while the other device's compute, which it needs to arrive, waits in the same pool's queue.
+Measured on 2 cores with 2 forced CPU devices, a 784-1024-1024-10 MLP step: unbounded dispatch
+aborts within a few hundred steps, a window of 1, 2 or 4 steps in flight never did. Strategies
+whose replicas are several CPU devices of one process therefore wait for step ``k - window``
+before dispatching step ``k``. Accelerators and single-device strategies are not bounded.
 """
 
 from __future__ import annotations
@@ -47,7 +47,8 @@ def cpu_window_from_env() -> int:
 
 def needs_bound(devices: list[jax.Device]) -> bool:
     """True when several of ``devices`` are CPU devices of this process (the hazardous case)."""
-    local_cpu = [d for d in devices if d.platform == "cpu" and d.process_index == jax.process_index()]
+    local_cpu = [d for d in devices
+                 if d.platform == "cpu" and d.process_index == jax.process_index()]
     return len(local_cpu) > 1
 
 
@@ -59,7 +60,8 @@ class DispatchWindow:
         self._in_flight: collections.deque[Any] = collections.deque()
 
     def admit(self, outputs: Any) -> None:
-        """Records a dispatched step's outputs, then waits for the oldest steps beyond the window."""
+        """Records a dispatched step's outputs, then waits for the oldest steps beyond the
+        window."""
         if self.size <= 0:
             return
         leaves = [x for x in jax.tree.leaves(outputs) if isinstance(x, jax.Array)]

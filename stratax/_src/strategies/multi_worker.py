@@ -1,4 +1,5 @@
-"""``MultiWorkerMirroredStrategy``: synchronous data parallelism over every device of every worker."""
+"""``MultiWorkerMirroredStrategy``: synchronous data parallelism over every device of every
+worker."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ DEFAULT_TIMEOUT_SECONDS = 120.0
 
 class CommunicationImplementation(enum.Enum):
     """TensorFlow's collective implementations. XLA picks the transport: gloo between CPU
-    processes, NCCL between GPUs; ``RING`` and ``AUTO`` map to gloo on CPU, ``NCCL`` requires GPUs."""
+    processes, NCCL between GPUs; ``RING`` and ``AUTO`` map to gloo on CPU, ``NCCL`` requires
+    GPUs."""
 
     AUTO = "AUTO"
     RING = "RING"

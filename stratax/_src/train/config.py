@@ -94,7 +94,8 @@ def check_batch_size(batch_size: int, num_replicas: int) -> None:
     # Imported here: the policy module needs numpy, which `stratax --help` can do without.
     from stratax._src.data import global_batch
 
-    global_batch.check_divisible(batch_size, num_replicas, hint="`stratax train --batch-size={batch}`")
+    global_batch.check_divisible(batch_size, num_replicas,
+                                 hint="`stratax train --batch-size={batch}`")
 
 
 def _not_int(value: object) -> bool:
