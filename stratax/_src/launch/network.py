@@ -39,7 +39,9 @@ def reserve_free_ports(count: int, host: str = LOOPBACK) -> list[int]:
 def ensure_port_free(address: Address) -> None:
     """Raises :class:`LaunchError` when ``address.port`` cannot be bound on this machine.
 
-    ``jax.distributed`` binds the coordinator on all interfaces, so the check does too.
+    The coordinator binds only the address the cluster names (``runtime.distributed``); the
+    check binds the port on every interface, which also catches a process holding it on another
+    address of this machine.
     ``SO_REUSEADDR`` avoids false alarms from connections of a previous run in TIME_WAIT.
     """
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
