@@ -84,7 +84,9 @@ def test_mirrored_keras_guide(examples):
     run = examples["mirrored_keras"]
     out = run.output()
     (eval_acc,) = _floats(r"Eval loss: [0-9.]+, Eval accuracy: ([0-9.]+)", out)
-    assert eval_acc >= 0.88  # 10 classes; 2 epochs with seed 0 reach 0.897
+    # 10 classes; 2 epochs on 2 replicas reach 0.850 with seed 0 (seeds 0-3: 0.850-0.883; the
+    # order of examples is stratax's (seed, epoch) shuffle, see README).
+    assert eval_acc >= 0.84
     # The saved model gives the same result without a strategy and under it.
     assert _floats(r"Unreplicated model: .* Eval Accuracy: ([0-9.]+)", out) == [eval_acc]
     assert _floats(r"Replicated model: .* Eval Accuracy: ([0-9.]+)", out) == [eval_acc]

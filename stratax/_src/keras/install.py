@@ -19,8 +19,10 @@ from stratax._src import seam
 from stratax._src.core import context
 from stratax._src.keras import distribution, methods, saving, session
 from stratax._src.keras.mesh_runner import MeshRunner
+from stratax._src.keras.ps_runner import ParameterServerRunner
 from stratax._src.keras.runner import register_runner, runner_for
 from stratax._src.keras.tpu_runner import TPURunner
+from stratax._src.parameter_server.strategy import ParameterServerStrategy
 from stratax._src.strategies import run_compiler
 from stratax._src.strategies.base import Strategy
 from stratax._src.strategies.default import DefaultStrategy
@@ -64,6 +66,7 @@ def install() -> None:
     context.set_default_strategy_factory(DefaultStrategy)
     register_runner(Strategy, MeshRunner)
     register_runner(TPUStrategy, TPURunner)
+    register_runner(ParameterServerStrategy, ParameterServerRunner)
     context.register_scope_hook(_keras_scope)
     run_compiler.register_variable_source(distribution.created_variables)
     seam.install_keras_hooks(

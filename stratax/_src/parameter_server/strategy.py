@@ -136,6 +136,12 @@ class ParameterServerStrategy:
         return len(self._worker_clients) if self.mode == "sync" else 1
 
     @property
+    def is_chief(self) -> bool:
+        """True: only the chief (the coordinator) runs the program past the constructor, and it
+        writes checkpoints; worker and ps tasks serve inside the constructor."""
+        return True
+
+    @property
     def variables(self) -> list[PSVariable]:
         """Every variable created on the parameter servers, in creation order."""
         return list(self._variables)
