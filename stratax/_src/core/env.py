@@ -56,3 +56,7 @@ STRATAX_K8S_JOB_NAME = "STRATAX_K8S_JOB_NAME"
 STRATAX_K8S_PORT = "STRATAX_K8S_PORT"
 # How many compiled steps the host may dispatch ahead on multi-device CPU (0 = unbounded).
 STRATAX_MAX_STEPS_IN_FLIGHT = "STRATAX_MAX_STEPS_IN_FLIGHT"
+
+# CPU collectives between worker processes: "gloo" (default, TCP) or "mpi" (JAX's MPI
+# collectives through MPItrampoline; see docs/transport.md).
+STRATAX_CPU_COLLECTIVES = "STRATAX_CPU_COLLECTIVES"

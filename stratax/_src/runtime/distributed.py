@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import os
 import socket
 import sys
 import threading
@@ -28,6 +29,7 @@ from typing import TypeVar
 import jax
 
 from stratax._src.cluster.layout import ProcessLayout
+from stratax._src.core import env
 from stratax._src.core.errors import CollectiveTimeoutError, WorkerUnavailableError
 from stratax._src.runtime.devices import jax_started
 
@@ -90,8 +92,43 @@ def wait_for_coordinator(address: str, timeout_seconds: float, name: str) -> Non
     )
 
 
+CPU_COLLECTIVES = ("gloo", "mpi")
+
+
+def cpu_collectives_from_env() -> str:
+    """The CPU collectives JAX should use between processes: ``STRATAX_CPU_COLLECTIVES``, else gloo.
+
+    gloo (TCP, also between processes of one host) needs nothing installed; ``mpi`` is JAX's
+    MPI collectives, which need an MPI library reachable through MPItrampoline
+    (``MPITRAMPOLINE_LIB``; see docs/transport.md) and every worker started by ``mpirun``.
+
+    Raises:
+        ValueError: the variable names another implementation, or ``mpi`` without
+            ``MPITRAMPOLINE_LIB``.
+    """
+    raw = os.environ.get(env.STRATAX_CPU_COLLECTIVES, "").strip().lower() or "gloo"
+    if raw not in CPU_COLLECTIVES:
+        raise ValueError(
+            f"{env.STRATAX_CPU_COLLECTIVES}={raw!r} is not a CPU collectives implementation; "
+            f"use one of {', '.join(CPU_COLLECTIVES)} (or unset it for gloo).")
+    if raw == "mpi" and not os.environ.get("MPITRAMPOLINE_LIB"):
+        raise ValueError(
+            f"{env.STRATAX_CPU_COLLECTIVES}=mpi needs MPITRAMPOLINE_LIB set to an MPIwrapper "
+            "library (libmpiwrapper.so) built against your MPI; see docs/transport.md, or "
+            "unset the variable to use gloo.")
+    return raw
+
+
+def _configure_cpu_collectives(name: str) -> None:
+    """Selects JAX's CPU collectives; MPI's must run on the thread that started MPI, so with
+    ``mpi`` every computation runs on the calling thread (no asynchronous CPU dispatch)."""
+    jax.config.update("jax_cpu_collectives_implementation", name)
+    if name == "mpi":
+        jax.config.update("jax_cpu_enable_async_dispatch", False)
+
+
 def initialize(layout: ProcessLayout, *, timeout_seconds: float, task_names: dict[int, str],
-               cpu_collectives: str = "gloo") -> None:
+               cpu_collectives: str | None = None) -> None:
     """Starts ``jax.distributed`` for ``layout`` (no-op for one process or if already started).
 
     Raises:
@@ -123,7 +160,7 @@ def initialize(layout: ProcessLayout, *, timeout_seconds: float, task_names: dic
         logger.warning(
             "The jax.distributed coordinator listens on %s. JAX's coordination service has no "
             "authentication: run multi-worker jobs on a trusted private network only.", bind)
-    jax.config.update("jax_cpu_collectives_implementation", cpu_collectives)
+    _configure_cpu_collectives(cpu_collectives or cpu_collectives_from_env())
     timeout = max(int(timeout_seconds), 1)
     if not layout.is_coordinator:
         wait_for_coordinator(address, timeout_seconds, task_name(0))
