@@ -24,7 +24,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import jax
 
@@ -119,12 +119,48 @@ def cpu_collectives_from_env() -> str:
     return raw
 
 
-def _configure_cpu_collectives(name: str) -> None:
+def _configure_cpu_collectives(name: str, coordinator_host: str) -> None:
     """Selects JAX's CPU collectives; MPI's must run on the thread that started MPI, so with
     ``mpi`` every computation runs on the calling thread (no asynchronous CPU dispatch)."""
     jax.config.update("jax_cpu_collectives_implementation", name)
     if name == "mpi":
         jax.config.update("jax_cpu_enable_async_dispatch", False)
+    elif name == "gloo" and not _is_loopback(coordinator_host):
+        _gloo_on_address(local_address_towards(coordinator_host))
+
+
+def local_address_towards(host: str) -> str:
+    """This machine's address on the route to ``host`` (no packet is sent).
+
+    Raises:
+        OSError: ``host`` does not resolve or no route leads to it.
+    """
+    family, _, _, _, target = socket.getaddrinfo(host, 9, proto=socket.IPPROTO_UDP)[0]
+    with socket.socket(family, socket.SOCK_DGRAM) as probe:
+        probe.connect(target)
+        return probe.getsockname()[0]
+
+
+def _gloo_on_address(address: str) -> None:
+    """Makes gloo listen on, and advertise, ``address`` instead of what the host name resolves to.
+
+    JAX builds gloo's TCP transport from the host name, which often resolves to a loopback
+    address (``/etc/hosts``); peers on other hosts then cannot connect ("Gloo context
+    initialization failed ... Connection refused, remote=[127.0.0.1]"). JAX has no public
+    option for it, so this re-registers its CPU backend factory with gloo bound to ``address``
+    (private ``jax._src.xla_bridge``; must run before the CPU backend starts).
+    """
+    from jax._src import distributed as jax_distributed
+    from jax._src import xla_bridge
+    from jax._src.lib import _jax
+
+    def make_client() -> Any:
+        collectives = _jax.make_gloo_tcp_collectives(
+            distributed_client=jax_distributed.global_state.client, hostname=address)
+        return xla_bridge.make_cpu_client(collectives=collectives)
+
+    xla_bridge.register_backend_factory("cpu", make_client, priority=0, fail_quietly=False)
+    logger.info("gloo collectives on %s", address)
 
 
 def initialize(layout: ProcessLayout, *, timeout_seconds: float, task_names: dict[int, str],
@@ -160,7 +196,7 @@ def initialize(layout: ProcessLayout, *, timeout_seconds: float, task_names: dic
         logger.warning(
             "The jax.distributed coordinator listens on %s. JAX's coordination service has no "
             "authentication: run multi-worker jobs on a trusted private network only.", bind)
-    _configure_cpu_collectives(cpu_collectives or cpu_collectives_from_env())
+    _configure_cpu_collectives(cpu_collectives or cpu_collectives_from_env(), host)
     timeout = max(int(timeout_seconds), 1)
     if not layout.is_coordinator:
         wait_for_coordinator(address, timeout_seconds, task_name(0))
