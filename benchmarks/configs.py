@@ -87,6 +87,9 @@ class System:
     # TF only: tf.keras is tf-keras (Keras 2, TF_USE_LEGACY_KERAS=1), as TF's multi-worker
     # guide requires; otherwise tf.keras is Keras 3 on the TensorFlow backend.
     legacy_keras: bool = False
+    # stratax MWMS only: JAX's CPU collectives between the processes. "mpi" starts the
+    # processes with one mpiexec and needs MPITRAMPOLINE_LIB (docs/transport.md).
+    transport: Literal["gloo", "mpi"] = "gloo"
     note: str = ""
 
     @property
@@ -129,6 +132,9 @@ SYSTEMS: dict[str, System] = {
                "onedevice", pin=True),
         System("sx-mwms-2proc", "stratax MultiWorkerMirroredStrategy, 2 processes x 1 core",
                "stratax", "mwms", processes=2, pin=True),
+        System("sx-mwms-2proc-mpi", "stratax MultiWorkerMirroredStrategy, 2 processes x 1 core, "
+               "MPI collectives (MPICH, shared memory)", "stratax", "mwms", processes=2,
+               pin=True, transport="mpi"),
     )
 }
 
@@ -208,10 +214,13 @@ BENCHMARKS: dict[str, Benchmark] = {
                   quick_systems=("tf-none", "tf-mirrored-1cpu", "kjax-single", "sx-mirrored-1")),
         Benchmark("multiworker", "2 processes x 1 core vs 1 process on 1 core",
                   ("tf-1proc-1core", "tf-mwms-2proc", "tf-mwms-2proc-k3", "sx-1proc-1core",
-                   "sx-mwms-2proc"), ("mlp", "wide_mlp"), (1, 32), baseline="tf-1proc-1core",
+                   "sx-mwms-2proc", "sx-mwms-2proc-mpi"), ("mlp", "wide_mlp"), (1, 32),
+                  baseline="tf-1proc-1core",
                   pairs=(("sx-mwms-2proc", "tf-mwms-2proc"), ("sx-1proc-1core", "tf-1proc-1core"),
-                         ("tf-mwms-2proc", "tf-1proc-1core"), ("sx-mwms-2proc", "sx-1proc-1core")),
-                  quick_workloads=("mlp",), quick_spes=(32,)),
+                         ("tf-mwms-2proc", "tf-1proc-1core"), ("sx-mwms-2proc", "sx-1proc-1core"),
+                         ("sx-mwms-2proc-mpi", "sx-1proc-1core"),
+                         ("sx-mwms-2proc-mpi", "tf-mwms-2proc")),
+                  quick_workloads=("mlp", "wide_mlp"), quick_spes=(32,)),
         Benchmark("gpu", "One GPU: Keras 3 JAX vs stratax vs TF", ("tf-none", "kjax-single",
                   "sx-mirrored-1"), ("mlp", "cnn"), (1, 32), baseline="tf-none",
                   pairs=(("sx-mirrored-1", "tf-none"), ("sx-mirrored-1", "kjax-single")),
