@@ -94,6 +94,7 @@ def main() -> None:
     if args.worker:
         _worker()
         return
+    load_before = os.getloadavg()[0]
     reps = [_one_rep() for _ in range(args.reps)]
     lines = ["| point (slowest of the 2 workers) | s since `stratax launch`, median (min-max) |",
              "| --- | --- |"]
@@ -102,7 +103,7 @@ def main() -> None:
         lines.append(f"| {point} | {statistics.median(values):.1f} ({min(values):.1f}-"
                      f"{max(values):.1f}) |")
     text = (f"2 workers on this machine, {args.reps} reps; 1-min load average before: "
-            f"{os.getloadavg()[0]:.1f}.\n\n" + "\n".join(lines) + "\n")
+            f"{load_before:.1f}.\n\n" + "\n".join(lines) + "\n")
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "startup.json").write_text(json.dumps({"reps": reps}, indent=1))
     (RESULTS / "startup.md").write_text(text)
