@@ -52,7 +52,7 @@ def _pin(core: int | None) -> list[int]:
     return sorted(os.sched_getaffinity(0))
 
 
-def _timer(keras: Any, sync: Callable[[], None]) -> Any:
+def epoch_timer(keras: Any, sync: Callable[[], None]) -> Any:
     class EpochTimer(keras.callbacks.Callback):
         """Wall time at every epoch's begin and end, and when the first execution is done."""
 
@@ -102,7 +102,7 @@ def _train(spec: dict[str, Any]) -> dict[str, Any]:
         weights = initial_weights([tuple(w.shape) for w in current], current)
         model.set_weights(weights)
     checksum = float(sum(float(np.abs(w).sum()) for w in weights))
-    timer = _timer(session.keras, session.sync)
+    timer = epoch_timer(session.keras, session.sync)
     t_fit = time.perf_counter()
     history = model.fit(x, y, batch_size=GLOBAL_BATCH, epochs=WARMUP_EPOCHS + timed_epochs,
                         shuffle=False, verbose=0, callbacks=[timer, *session.callbacks])

@@ -89,6 +89,9 @@ class System:
     legacy_keras: bool = False
     # stratax only: batches fit places ahead of the step (STRATAX_PREFETCH_DEPTH; None = default).
     prefetch: int | None = None
+    # stratax MWMS only: JAX's CPU collectives between the processes. "mpi" starts the
+    # processes with one mpiexec and needs MPITRAMPOLINE_LIB (docs/transport.md).
+    transport: Literal["gloo", "mpi"] = "gloo"
     note: str = ""
 
     @property
@@ -135,6 +138,9 @@ SYSTEMS: dict[str, System] = {
                "onedevice", pin=True),
         System("sx-mwms-2proc", "stratax MultiWorkerMirroredStrategy, 2 processes x 1 core",
                "stratax", "mwms", processes=2, pin=True),
+        System("sx-mwms-2proc-mpi", "stratax MultiWorkerMirroredStrategy, 2 processes x 1 core, "
+               "MPI collectives (MPICH, shared memory)", "stratax", "mwms", processes=2,
+               pin=True, transport="mpi"),
     )
 }
 
@@ -217,10 +223,13 @@ BENCHMARKS: dict[str, Benchmark] = {
                   quick_systems=("tf-none", "tf-mirrored-1cpu", "kjax-single", "sx-mirrored-1")),
         Benchmark("multiworker", "2 processes x 1 core vs 1 process on 1 core",
                   ("tf-1proc-1core", "tf-mwms-2proc", "tf-mwms-2proc-k3", "sx-1proc-1core",
-                   "sx-mwms-2proc"), ("mlp", "wide_mlp"), (1, 32), baseline="tf-1proc-1core",
+                   "sx-mwms-2proc", "sx-mwms-2proc-mpi"), ("mlp", "wide_mlp"), (1, 32),
+                  baseline="tf-1proc-1core",
                   pairs=(("sx-mwms-2proc", "tf-mwms-2proc"), ("sx-1proc-1core", "tf-1proc-1core"),
-                         ("tf-mwms-2proc", "tf-1proc-1core"), ("sx-mwms-2proc", "sx-1proc-1core")),
-                  quick_workloads=("mlp",), quick_spes=(32,)),
+                         ("tf-mwms-2proc", "tf-1proc-1core"), ("sx-mwms-2proc", "sx-1proc-1core"),
+                         ("sx-mwms-2proc-mpi", "sx-1proc-1core"),
+                         ("sx-mwms-2proc-mpi", "tf-mwms-2proc")),
+                  quick_workloads=("mlp", "wide_mlp"), quick_spes=(32,)),
         Benchmark("gpu", "One GPU: Keras 3 JAX vs stratax vs TF", ("tf-none", "kjax-single",
                   "sx-mirrored-1"), ("mlp", "cnn"), (1, 32), baseline="tf-none",
                   pairs=(("sx-mirrored-1", "tf-none"), ("sx-mirrored-1", "kjax-single")),

@@ -1,27 +1,37 @@
 #!/usr/bin/env bash
-# Benchmarks on ONE GPU: MLP and CNN (steps_per_execution 1 and 32) and ResNet-50 on
-# CIFAR-shaped synthetic data, TF vs Keras 3 on JAX vs stratax. Not run in CI; needs a CUDA GPU.
+# One GPU: ResNet-50 on CIFAR-shaped data (and optionally the MLP), stratax and Keras `fit`
+# against a hand-written jax.jit loop and PyTorch; samples/s and MFU. Not run in CI.
 #
-#   bash benchmarks/gpu.sh                # quick GPU run, about 5-8 minutes
-#   bash benchmarks/gpu.sh --reps 5       # extra arguments go to `python -m benchmarks run`
+#   bash benchmarks/gpu.sh                     # on the GPU machine, about 5-7 minutes
+#   bash benchmarks/gpu.sh --cpu-smoke         # here, on CPU: every code path, tiny sizes
+#   bash benchmarks/gpu.sh --workloads resnet50,mlp --reps 5   # more (see gpu_bench.py)
 #
-# Needs JAX with CUDA in the project's environment (e.g. `pip install "jax[cuda12]"`, same
-# jax version as stratax uses). TensorFlow for GPU (tensorflow[and-cuda] + tf-keras) is
-# installed by the harness into benchmarks/.venvs/tf-gpu/ on first use (needs a package
-# index); without it the TF rows read "not installed: <reason>".
-# Results: benchmarks/results/gpu.{json,md,png} and gpu_resnet50.{json,md,png}.
+# Made for a machine without network and without Keras (the GPU machine's image: Python 3.12,
+# jax with CUDA, torch + torchvision, no keras, no TensorFlow): if Keras is not importable and
+# .whl/ holds wheels (bash benchmarks/fetch_gpu_wheels.sh, run where there is network), they
+# are installed into a private folder first. TensorFlow rows read "not available on this
+# machine" there. Results: benchmarks/results/gpu_bench.{json,md} (gpu_bench_smoke.* for the
+# smoke test).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-
-export CUDA_VISIBLE_DEVICES="${CUDA_VISIBLE_DEVICES:-0}"   # a single GPU
-python - <<'PY'
-import os
-os.environ.setdefault("KERAS_BACKEND", "jax")
-import jax
-platforms = {d.platform for d in jax.devices()}
-if "gpu" not in platforms:
-    raise SystemExit(f"gpu.sh: JAX sees {sorted(platforms)}, no GPU; install jax with CUDA "
-                     "support (pip install 'jax[cuda12]') and check CUDA_VISIBLE_DEVICES.")
-print(f"gpu.sh: JAX {jax.__version__} on {jax.devices()[0].device_kind}")
-PY
-python -m benchmarks run --quick --only gpu,gpu_resnet50 "$@"
+PYTHON="${PYTHON:-python3}"
+export KERAS_BACKEND=jax
+if ! "$PYTHON" -c "import keras" 2>/dev/null; then
+    if ! ls .whl/*.whl >/dev/null 2>&1; then
+        echo "gpu.sh: keras is not importable and .whl/ holds no wheels; run" \
+             "bash benchmarks/fetch_gpu_wheels.sh where there is network and carry .whl/" >&2
+        exit 2
+    fi
+    SITE="${GPU_WHEEL_SITE:-/tmp/stratax-gpu-site}"
+    "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target "$SITE" .whl/*.whl
+    export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
+fi
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+case " $* " in
+    *" --cpu-smoke "*) ;;
+    *) export CUDA_VISIBLE_DEVICES="${CUDA_VISIBLE_DEVICES:-0}"   # one GPU
+       command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,clocks.max.sm \
+           --format=csv,noheader || true ;;
+esac
+exec "$PYTHON" -m benchmarks.gpu_bench "$@"

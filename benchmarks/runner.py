@@ -12,6 +12,7 @@ import dataclasses
 import json
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -108,7 +109,9 @@ def run_rep(config: Config, rep: int, mode: Mode, device: Device, python: str,
         workers = [f"127.0.0.1:{p}" for p in free_ports(n)]
         tf_configs = [json.dumps({"cluster": {"worker": workers},
                                   "task": {"type": "worker", "index": i}}) for i in range(n)]
-    procs, logs, results = [], [], []
+    if system.transport == "mpi" and mpi_unavailable():
+        return RepResult(False, mpi_unavailable(), {"status": "failed"})
+    procs, logs, results, commands = [], [], [], []
     load_before = os.getloadavg()[0]  # other work on the machine shows up here
     for i in range(n):
         stem = f"{config.key}.rep{rep}.task{i}"
@@ -122,19 +125,50 @@ def run_rep(config: Config, rep: int, mode: Mode, device: Device, python: str,
         spec_path.write_text(json.dumps(spec, indent=1))
         result_path.unlink(missing_ok=True)
         log = work_dir / f"{stem}.log"
-        with open(log, "wb") as fh:
-            procs.append(subprocess.Popen(
-                [python, "-m", "benchmarks.child", str(spec_path)], cwd=REPO_ROOT,
-                env=child_env(config, device, tf_configs[i]), stdout=fh, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, start_new_session=True))
+        command = [python, "-m", "benchmarks.child", str(spec_path)]
         logs.append(log)
         results.append(result_path)
+        if system.transport == "mpi":  # started together below, by one mpiexec
+            commands.append(command)
+            continue
+        with open(log, "wb") as fh:
+            procs.append(subprocess.Popen(
+                command, cwd=REPO_ROOT, env=child_env(config, device, tf_configs[i]), stdout=fh,
+                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True))
+    if commands:
+        procs.append(_start_mpi(commands, tf_configs, child_env(config, device, None), logs[0]))
+        logs = [logs[0]] * n
     status = _wait_all([p.pid for p in procs], workload.timeout_s[mode])
     for p, (code, _, _) in zip(procs, status, strict=True):
         p.returncode = code  # reaped by os.wait4 already
+    if commands:  # one mpiexec for every task: its status (and the largest RSS) for each
+        status = status * n
     got = _collect(status, logs, results, workload.timeout_s[mode])
     got.data["loadavg_before"] = load_before
     return got
+
+
+def mpi_unavailable() -> str:
+    """Why MPI rows cannot run here ("" when they can)."""
+    if shutil.which("mpiexec") is None:
+        return "not installed: mpiexec (an MPI, e.g. apt-get install mpich; docs/transport.md)"
+    if not os.environ.get("MPITRAMPOLINE_LIB"):
+        return "not installed: MPITRAMPOLINE_LIB unset (MPIwrapper; docs/transport.md)"
+    return ""
+
+
+def _start_mpi(commands: list[list[str]], tf_configs: list[str | None], env: dict[str, str],
+               log: Path) -> subprocess.Popen[bytes]:
+    """One ``mpiexec`` running task i's command as MPI rank i (= JAX process i), MPMD style."""
+    line = ["mpiexec"]
+    for i, command in enumerate(commands):
+        line += ([":"] if i else []) + ["-n", "1", "-env", "TF_CONFIG", str(tf_configs[i]),
+                                         *command]
+    env = {**env, "STRATAX_CPU_COLLECTIVES": "mpi"}
+    with open(log, "wb") as fh:
+        return subprocess.Popen(line, cwd=REPO_ROOT, env=env, stdout=fh,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
 
 
 _Reaped = tuple[int | None, float, float]  # exit code (None: killed at deadline), MiB, CPU s

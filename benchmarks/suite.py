@@ -155,7 +155,8 @@ class Suite:
             self.say(f"  {c.key} rep {rep}/{self.reps}: {got.data['samples_per_s']:,.0f} "
                      f"samples/s, loss {got.data['final_loss']:.4f} ({took:.1f} s)")
             return
-        status = "not installed" if got.reason.startswith(_NOT_INSTALLED_PREFIX) else "failed"
+        missing = got.reason.startswith((_NOT_INSTALLED_PREFIX, "not installed:"))
+        status = "not installed" if missing else "failed"
         ok_before = len(outcome.reps)
         outcome.status = status
         outcome.reason = got.reason if not ok_before else (

@@ -91,3 +91,7 @@ STRATAX_PS_TOKEN = "STRATAX_PS_TOKEN"
 STRATAX_PS_TOKEN_FILE = "STRATAX_PS_TOKEN_FILE"
 # "W,P" set by `stratax launch --workers W --ps P`: children get chief/worker/ps TF_CONFIG.
 STRATAX_PS_ROLES = "STRATAX_PS_ROLES"
+
+# CPU collectives between worker processes: "gloo" (default, TCP) or "mpi" (JAX's MPI
+# collectives through MPItrampoline; see docs/transport.md).
+STRATAX_CPU_COLLECTIVES = "STRATAX_CPU_COLLECTIVES"

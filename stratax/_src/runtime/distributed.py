@@ -20,17 +20,19 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import os
 import socket
 import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import jax
 
 from stratax._src import seam
 from stratax._src.cluster.layout import ProcessLayout
+from stratax._src.core import env
 from stratax._src.core.errors import CollectiveTimeoutError, WorkerUnavailableError
 from stratax._src.runtime import worker_exit
 from stratax._src.runtime.devices import jax_started
@@ -94,8 +96,79 @@ def wait_for_coordinator(address: str, timeout_seconds: float, name: str) -> Non
     )
 
 
+CPU_COLLECTIVES = ("gloo", "mpi")
+
+
+def cpu_collectives_from_env() -> str:
+    """The CPU collectives JAX should use between processes: ``STRATAX_CPU_COLLECTIVES``, else gloo.
+
+    gloo (TCP, also between processes of one host) needs nothing installed; ``mpi`` is JAX's
+    MPI collectives, which need an MPI library reachable through MPItrampoline
+    (``MPITRAMPOLINE_LIB``; see docs/transport.md) and every worker started by ``mpirun``.
+
+    Raises:
+        ValueError: the variable names another implementation, or ``mpi`` without
+            ``MPITRAMPOLINE_LIB``.
+    """
+    raw = os.environ.get(env.STRATAX_CPU_COLLECTIVES, "").strip().lower() or "gloo"
+    if raw not in CPU_COLLECTIVES:
+        raise ValueError(
+            f"{env.STRATAX_CPU_COLLECTIVES}={raw!r} is not a CPU collectives implementation; "
+            f"use one of {', '.join(CPU_COLLECTIVES)} (or unset it for gloo).")
+    if raw == "mpi" and not os.environ.get("MPITRAMPOLINE_LIB"):
+        raise ValueError(
+            f"{env.STRATAX_CPU_COLLECTIVES}=mpi needs MPITRAMPOLINE_LIB set to an MPIwrapper "
+            "library (libmpiwrapper.so) built against your MPI; see docs/transport.md, or "
+            "unset the variable to use gloo.")
+    return raw
+
+
+def _configure_cpu_collectives(name: str, coordinator_host: str) -> None:
+    """Selects JAX's CPU collectives; MPI's must run on the thread that started MPI, so with
+    ``mpi`` every computation runs on the calling thread (no asynchronous CPU dispatch)."""
+    jax.config.update("jax_cpu_collectives_implementation", name)
+    if name == "mpi":
+        jax.config.update("jax_cpu_enable_async_dispatch", False)
+    elif name == "gloo" and not _is_loopback(coordinator_host):
+        _gloo_on_address(local_address_towards(coordinator_host))
+
+
+def local_address_towards(host: str) -> str:
+    """This machine's address on the route to ``host`` (no packet is sent).
+
+    Raises:
+        OSError: ``host`` does not resolve or no route leads to it.
+    """
+    family, _, _, _, target = socket.getaddrinfo(host, 9, proto=socket.IPPROTO_UDP)[0]
+    with socket.socket(family, socket.SOCK_DGRAM) as probe:
+        probe.connect(target)
+        return probe.getsockname()[0]
+
+
+def _gloo_on_address(address: str) -> None:
+    """Makes gloo listen on, and advertise, ``address`` instead of what the host name resolves to.
+
+    JAX builds gloo's TCP transport from the host name, which often resolves to a loopback
+    address (``/etc/hosts``); peers on other hosts then cannot connect ("Gloo context
+    initialization failed ... Connection refused, remote=[127.0.0.1]"). JAX has no public
+    option for it, so this re-registers its CPU backend factory with gloo bound to ``address``
+    (private ``jax._src.xla_bridge``; must run before the CPU backend starts).
+    """
+    from jax._src import distributed as jax_distributed
+    from jax._src import xla_bridge
+    from jax._src.lib import _jax
+
+    def make_client() -> Any:
+        collectives = _jax.make_gloo_tcp_collectives(
+            distributed_client=jax_distributed.global_state.client, hostname=address)
+        return xla_bridge.make_cpu_client(collectives=collectives)
+
+    xla_bridge.register_backend_factory("cpu", make_client, priority=0, fail_quietly=False)
+    logger.info("gloo collectives on %s", address)
+
+
 def initialize(layout: ProcessLayout, *, timeout_seconds: float, task_names: dict[int, str],
-               cpu_collectives: str = "gloo") -> None:
+               cpu_collectives: str | None = None) -> None:
     """Starts ``jax.distributed`` for ``layout`` (no-op for one process or if already started).
 
     Raises:
@@ -127,7 +200,7 @@ def initialize(layout: ProcessLayout, *, timeout_seconds: float, task_names: dic
         logger.warning(
             "The jax.distributed coordinator listens on %s. JAX's coordination service has no "
             "authentication: run multi-worker jobs on a trusted private network only.", bind)
-    jax.config.update("jax_cpu_collectives_implementation", cpu_collectives)
+    _configure_cpu_collectives(cpu_collectives or cpu_collectives_from_env(), host)
     timeout = max(int(timeout_seconds), 1)
     if not layout.is_coordinator:
         wait_for_coordinator(address, timeout_seconds, task_name(0))

@@ -117,6 +117,11 @@ class Strategy:
         return self._process_rank == 0
 
     @property
+    def bytes_per_pack(self) -> int:
+        """Size of the flat packs ``all_reduce`` fuses tensors into (0 = automatic, 32 MiB)."""
+        return 0
+
+    @property
     def dispatch_window(self) -> throttle.DispatchWindow:
         """The bound on steps in flight (non-zero only for several CPU devices in one process)."""
         return self._window

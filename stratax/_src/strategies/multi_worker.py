@@ -32,7 +32,12 @@ class CommunicationOptions:
     """How the workers talk: TensorFlow's ``tf.distribute.experimental.CommunicationOptions``.
 
     Args:
-        bytes_per_pack: accepted for compatibility; XLA combines all-reduces itself.
+        bytes_per_pack: ``all_reduce`` inside ``strategy.run`` concatenates the tensors of one
+            dtype into flat packs of at most this many bytes and reduces each pack with one
+            collective (XLA on CPU otherwise calls the transport once per tensor, each call a
+            network round trip). 0 (default) = automatic: 32 MiB packs. A tensor larger than a
+            pack travels alone. ``fit`` is not affected: there XLA places the gradient
+            all-reduce itself (see docs/transport.md).
         timeout_seconds: bound on every blocking wait between workers (start-up rendezvous,
             heartbeats that detect a dead peer, shutdown). Default 120 s; TensorFlow's default
             (no timeout) would allow a silent hang, which stratax never does.
@@ -130,6 +135,10 @@ class MultiWorkerMirroredStrategy(Strategy):
     @property
     def communication_options(self) -> CommunicationOptions:
         return self._options
+
+    @property
+    def bytes_per_pack(self) -> int:
+        return self._options.bytes_per_pack
 
     @property
     def num_workers(self) -> int:

@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 
 from stratax._src.core.reduce_op import ReduceOp
+from stratax._src.strategies.packing import packed_collective
 
 REPLICA_AXIS = "replica"
 # The logical cores of one replica (TPUStrategy, model parallelism); left to XLA inside `run`.
@@ -107,12 +108,17 @@ class ReplicaContext:
         return None if self._batch_rows is None else self._batch_rows.padded_rows
 
     def all_reduce(self, reduce_op: ReduceOp | str, value: Any) -> Any:
-        """Combines ``value`` (a pytree of arrays) across all replicas; every replica gets it."""
+        """Combines ``value`` (a pytree of arrays) across all replicas; every replica gets it.
+
+        Leaves of one dtype travel together in flat packs of at most the strategy's
+        ``bytes_per_pack`` (``CommunicationOptions``), one collective per pack.
+        """
         op = ReduceOp.from_string(reduce_op)
         if not self._traced:
             return value
         collective = _COLLECTIVES[op]
-        return jax.tree.map(lambda v: collective(v, REPLICA_AXIS), value)
+        return packed_collective(lambda v: collective(v, REPLICA_AXIS), value,
+                                 self._strategy.bytes_per_pack)
 
     def all_gather(self, value: Any, axis: int) -> Any:
         """Concatenates every replica's ``value`` along ``axis`` in replica order (TF's meaning)."""

@@ -1,0 +1,68 @@
+"""Two "hosts" for real: ``stratax launch --nnodes 2`` across two network namespaces.
+
+The namespaces are joined by a veth pair (10.213.x.1 <-> .2, nothing routed elsewhere), so the
+coordinator and gloo use a non-loopback interface as on two machines. Needs root; skipped with
+the reason where namespaces cannot be made. Namespaces and links are removed in teardown.
+"""
+
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import HERE, assert_same_weights, free_port, load_weights, worker_env
+from test_multi_worker import _reference
+
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
+
+_ROOT = HERE.parent.parent
+_spec = importlib.util.spec_from_file_location("_stratax_netns",
+                                               _ROOT / "benchmarks" / "netns.py")
+netns = sys.modules.setdefault("_stratax_netns", importlib.util.module_from_spec(_spec))
+_spec.loader.exec_module(netns)
+
+
+@pytest.fixture
+def two_hosts():
+    """Two fresh namespaces with unique names and addresses; removed afterwards."""
+    tag = os.getpid() % 200 + 20
+    bed = netns.TestBed((f"sxa{os.getpid()}", f"sxb{os.getpid()}"),
+                        (f"10.213.{tag}.1", f"10.213.{tag}.2"))
+    try:
+        bed.up()
+    except netns.NetnsUnavailable as error:
+        pytest.skip(f"cannot make network namespaces here: {error}")
+    yield bed
+    bed.down()
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert not any(name in listed for name in bed.names), listed
+
+
+def test_launch_across_two_namespaces_equals_one_process(two_hosts, tmp_path):
+    coordinator = f"{two_hosts.addresses[0]}:{free_port()}"
+    env = worker_env(PYTHONPATH=os.pathsep.join([str(HERE), str(_ROOT)]))
+    procs = []
+    try:
+        for rank in range(2):
+            command = [*two_hosts.exec_prefix(rank), sys.executable, "-m", "stratax._src.launch",
+                       "--nnodes", "2", "--node-rank", str(rank), "--coordinator", coordinator,
+                       "--timeout", "200", "--coordinator-wait", "60",
+                       "mwms_program.py", str(tmp_path), "2"]
+            procs.append(subprocess.Popen(command, cwd=HERE, env=env, stdout=subprocess.PIPE,
+                                          stderr=subprocess.STDOUT, text=True,
+                                          start_new_session=True))
+        outputs = [p.communicate(timeout=240)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, 9)
+                p.wait()
+    for rank, (p, out) in enumerate(zip(procs, outputs, strict=True)):
+        assert p.returncode == 0, f"node {rank} failed:\n{out[-3000:]}"
+    # The coordinator listens on a non-loopback address: its trusted-network warning is logged.
+    assert "trusted private network" in outputs[0], outputs[0][-3000:]
+    w0, w1 = (load_weights(tmp_path / f"arrays_weights_{i}.npz") for i in (0, 1))
+    assert_same_weights(w0, w1)
+    weights, _, _ = _reference()
+    assert_same_weights(w0, weights, tol=1e-5)

@@ -1,0 +1,31 @@
+"""Choosing the CPU collectives between processes, and the address gloo binds to."""
+
+import pytest
+
+from stratax._src.runtime import distributed
+
+
+def test_gloo_is_the_default(monkeypatch):
+    monkeypatch.delenv("STRATAX_CPU_COLLECTIVES", raising=False)
+    assert distributed.cpu_collectives_from_env() == "gloo"
+    monkeypatch.setenv("STRATAX_CPU_COLLECTIVES", " GLOO ")
+    assert distributed.cpu_collectives_from_env() == "gloo"
+
+
+def test_unknown_implementation_is_named(monkeypatch):
+    monkeypatch.setenv("STRATAX_CPU_COLLECTIVES", "nccl")
+    with pytest.raises(ValueError, match=r"STRATAX_CPU_COLLECTIVES='nccl'.*gloo, mpi"):
+        distributed.cpu_collectives_from_env()
+
+
+def test_mpi_needs_mpitrampoline(monkeypatch):
+    monkeypatch.setenv("STRATAX_CPU_COLLECTIVES", "mpi")
+    monkeypatch.delenv("MPITRAMPOLINE_LIB", raising=False)
+    with pytest.raises(ValueError, match="MPITRAMPOLINE_LIB"):
+        distributed.cpu_collectives_from_env()
+    monkeypatch.setenv("MPITRAMPOLINE_LIB", "/opt/mpiwrapper/lib/libmpiwrapper.so")
+    assert distributed.cpu_collectives_from_env() == "mpi"
+
+
+def test_local_address_towards_loopback_is_loopback():
+    assert distributed.local_address_towards("127.0.0.1") == "127.0.0.1"
