@@ -36,8 +36,17 @@ LOOP_CONFIGS = (("tpu-runner", 2), ("tpu-keras-loop", 2), ("mirrored", 2), ("one
 PARALLEL_CONFIGS = (("tpu-runner", 8, 1), ("tpu-runner", 8, 2), ("tpu-runner", 8, 4))
 
 
+def _megatron_layout(keras):
+    """Hidden kernels split by columns over the cores, the output kernel by rows."""
+    layout_map = keras.distribution.LayoutMap(None)
+    layout_map[".*dense(_1)?/kernel"] = (None, "core")
+    layout_map[".*dense_2/kernel"] = ("core", None)
+    return layout_map
+
+
 def _child(spec: dict) -> dict:
-    os.environ["STRATAX_CPU_DEVICES"] = str(spec["devices"])
+    if spec.get("platform", "cpu") == "cpu":
+        os.environ["STRATAX_CPU_DEVICES"] = str(spec["devices"])
     import stratax as sx  # first: selects Keras' JAX backend  # isort: skip
     import jax
     import keras
@@ -54,14 +63,16 @@ def _child(spec: dict) -> dict:
         assignment = sx.tpu.experimental.DeviceAssignment.build(
             topology, computation_shape=[1, 1, 1, cores] if cores <= 2 else [cores // 2, 1, 1, 2],
             num_replicas=spec["devices"] // cores)
-        if cores > 1:   # Megatron-style: hidden kernels split by columns, the output by rows
-            layout_map = keras.distribution.LayoutMap(None)
-            layout_map[".*dense(_1)?/kernel"] = (None, "core")
-            layout_map[".*dense_2/kernel"] = ("core", None)
+        if cores > 1:
+            layout_map = _megatron_layout(keras)
         strategy = sx.TPUStrategy(resolver, experimental_device_assignment=assignment,
                                   layout_map=layout_map)
         if system == "tpu-keras-loop":  # the same strategy through Keras' own step loop
             use_runner(strategy, MeshRunner(strategy))
+    elif system == "mirrored-mp":  # the same layouts on any devices: GPUs, or CPU devices here
+        strategy = sx.MirroredStrategy(
+            cores_per_replica=cores if cores > 1 else None,
+            layout_map=_megatron_layout(keras) if cores > 1 else None)
     elif system == "mirrored":
         strategy = sx.MirroredStrategy()
     else:
@@ -127,9 +138,18 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--child")
+    parser.add_argument("--model-parallel", action="store_true",
+                        help="only the model- vs data-parallel comparison, under MirroredStrategy "
+                             "(cores_per_replica + LayoutMap) on every device of --platform")
+    parser.add_argument("--platform", choices=("cpu", "gpu"), default="cpu")
+    parser.add_argument("--devices", type=int, default=8,
+                        help="devices to use (on cpu: forced CPU devices)")
     args = parser.parse_args()
     if args.child:
         print(json.dumps(_child(json.loads(args.child))))
+        return
+    if args.model_parallel:
+        _model_parallel(args)
         return
     steps, epochs = (32, 2) if args.quick else (64, 4)
     loop_specs = [{"system": s, "devices": d, "spe": 32, "widths": [128], "steps": steps,
@@ -175,6 +195,34 @@ def main() -> None:
         lines.append(f"| {spec['devices'] // spec['cores']} x {spec['cores']} | {mib} | "
                      f"{_median_row(reps, 'samples_per_s')} |")
     (RESULTS / "tpu.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def _model_parallel(args: argparse.Namespace) -> None:
+    """``--model-parallel``: data parallel vs 2- and 4-way model parallel, one table."""
+    if args.devices < 2:
+        print(f"model parallelism needs 2 or more devices; --devices {args.devices}")
+        return
+    specs = [{"system": "mirrored-mp", "platform": args.platform, "devices": args.devices,
+              "cores": cores, "spe": 8, "widths": [1024, 1024], "steps": 16 if args.quick else 32,
+              "epochs": 2 if args.quick else 3}
+             for cores in (1, 2, 4) if args.devices % cores == 0 and cores <= args.devices]
+    results = [[_run(spec, timeout=900) for _ in range(args.reps)] for spec in specs]
+    lines = [f"# Model vs data parallelism under MirroredStrategy, {args.devices} "
+             f"{args.platform} devices: MLP 784-1024-1024-10, batch 256, steps_per_execution 8",
+             "", f"Median [min-max] of {args.reps} fresh processes. `python -m benchmarks.tpu "
+             f"--model-parallel --platform {args.platform} --devices {args.devices}`.", "",
+             "| replicas x cores | variables + Adam slots on device 0 (MiB) | samples/s "
+             "| final loss |",
+             "| --- | ---: | ---: | ---: |"]
+    for spec, reps in zip(specs, results, strict=True):
+        ok = [r for r in reps if "param_bytes_device0" in r]
+        mib = f"{ok[0]['param_bytes_device0'] / 2**20:.2f}" if ok else "-"
+        loss = f"{ok[0]['final_loss']:.5f}" if ok else "-"
+        lines.append(f"| {spec['devices'] // spec['cores']} x {spec['cores']} | {mib} | "
+                     f"{_median_row(reps, 'samples_per_s')} | {loss} |")
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / f"model_parallel_{args.platform}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

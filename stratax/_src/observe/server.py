@@ -10,7 +10,6 @@ carry ``?token=...`` or ``Authorization: Bearer ...``; static library files are 
 from __future__ import annotations
 
 import hmac
-import ipaddress
 import json
 import logging
 import os
@@ -22,6 +21,7 @@ from pathlib import Path
 from urllib.parse import parse_qs, quote, urlsplit
 
 from stratax._src.core import env as env_names
+from stratax._src.core.addresses import is_loopback
 from stratax._src.observe.reader import RunReader
 from stratax._src.observe.run_dir import PathLike
 
@@ -31,16 +31,6 @@ STATIC_DIR = Path(__file__).parent / "static"
 _CONTENT_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
                   ".css": "text/css; charset=utf-8"}
 _PUBLIC_FILES = frozenset({"uPlot.iife.min.js", "uPlot.min.css", "dashboard.js", "dashboard.css"})
-
-
-def is_loopback(host: str) -> bool:
-    """True for ``localhost`` and loopback IP addresses (``127.0.0.0/8``, ``::1``)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 class DashboardServer:

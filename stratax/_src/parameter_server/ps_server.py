@@ -44,7 +44,7 @@ def _names(meta: dict[str, Any], key: str = "names") -> list[str]:
     return names
 
 
-class ParameterServer:
+class ParameterServer(rpc.Dispatcher):
     """The state and request handler of one ``ps`` task (serve it with ``rpc.RpcServer``)."""
 
     def __init__(self) -> None:
@@ -56,13 +56,6 @@ class ParameterServer:
             "pull": self._pull, "push": self._push,
             "assign": self._assign, "stats": self._stats, "shutdown": self._shutdown,
         }
-
-    def handle(self, frame: wire.Frame) -> bytes:
-        method = wire.require(frame.meta, "method", str)
-        if method not in self._methods:
-            raise wire.WireError(
-                f"Unknown method {method!r}; expected one of {sorted(self._methods)}.")
-        return self._methods[method](frame)
 
     def _shard(self, name: str) -> _Shard:
         shard = self._shards.get(name)

@@ -14,7 +14,6 @@ right token is refused (``UNAUTHENTICATED``) and logged.
 from __future__ import annotations
 
 import hmac
-import ipaddress
 import logging
 import os
 import threading
@@ -25,6 +24,7 @@ from typing import Any
 import grpc
 
 from stratax._src.core import env
+from stratax._src.core.addresses import is_loopback
 from stratax._src.core.errors import StrataxError, WorkerUnavailableError
 from stratax._src.parameter_server import wire
 
@@ -63,14 +63,21 @@ def read_token() -> str | None:
     return None
 
 
-def is_loopback(host: str) -> bool:
-    """True for ``localhost`` and loopback IP literals."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
+
+class Dispatcher:
+    """A service whose ``handle(frame)`` calls the handler its ``method`` field names.
+
+    Subclasses fill ``self._methods`` (method name -> ``handler(frame) -> response bytes``).
+    """
+
+    _methods: dict[str, Handler]
+
+    def handle(self, frame: wire.Frame) -> bytes:
+        method = wire.require(frame.meta, "method", str)
+        if method not in self._methods:
+            raise wire.WireError(
+                f"Unknown method {method!r}; expected one of {sorted(self._methods)}.")
+        return self._methods[method](frame)
 
 
 def response(meta: dict[str, Any] | None = None, tensors: list[Any] | tuple = ()) -> bytes:

@@ -50,7 +50,7 @@ class _Program:
         self.variables = {v["name"]: v for v in meta["variables"]}
 
 
-class WorkerService:
+class WorkerService(rpc.Dispatcher):
     """State and request handler of one ``worker`` task."""
 
     def __init__(self, task_index: int, num_workers: int, ps_addresses: Sequence[str],
@@ -64,13 +64,6 @@ class WorkerService:
         self._methods = {"ping": self._ping, "register": self._register,
                          "iterator": self._iterator, "run": self._run,
                          "shutdown": self._shutdown}
-
-    def handle(self, frame: wire.Frame) -> bytes:
-        method = wire.require(frame.meta, "method", str)
-        if method not in self._methods:
-            raise wire.WireError(
-                f"Unknown method {method!r}; expected one of {sorted(self._methods)}.")
-        return self._methods[method](frame)
 
     def close(self) -> None:
         self._ps.close()

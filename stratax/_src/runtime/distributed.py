@@ -18,7 +18,6 @@ users expect around it:
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import os
 import socket
@@ -33,6 +32,7 @@ import jax
 from stratax._src import seam
 from stratax._src.cluster.layout import ProcessLayout
 from stratax._src.core import env
+from stratax._src.core.addresses import is_loopback
 from stratax._src.core.errors import CollectiveTimeoutError, WorkerUnavailableError
 from stratax._src.runtime import worker_exit
 from stratax._src.runtime.devices import jax_started
@@ -56,15 +56,6 @@ runtime = _Runtime()
 def task_name(process_id: int) -> str:
     """``"worker 1"``-style name of a process of the job, for messages."""
     return runtime.task_names.get(process_id, f"process {process_id}")
-
-
-def _is_loopback(host: str) -> bool:
-    if host in ("localhost", ""):
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def _split(address: str) -> tuple[str, int]:
@@ -129,7 +120,7 @@ def _configure_cpu_collectives(name: str, coordinator_host: str) -> None:
     jax.config.update("jax_cpu_collectives_implementation", name)
     if name == "mpi":
         jax.config.update("jax_cpu_enable_async_dispatch", False)
-    elif name == "gloo" and not _is_loopback(coordinator_host):
+    elif name == "gloo" and not is_loopback(coordinator_host):
         _gloo_on_address(local_address_towards(coordinator_host))
 
 
@@ -196,7 +187,7 @@ def initialize(layout: ProcessLayout, *, timeout_seconds: float, task_names: dic
     address = layout.coordinator_address
     host, port = _split(address)
     bind = f"{host}:{port}" if ":" not in host else f"[{host}]:{port}"
-    if not _is_loopback(host):
+    if not is_loopback(host):
         logger.warning(
             "The jax.distributed coordinator listens on %s. JAX's coordination service has no "
             "authentication: run multi-worker jobs on a trusted private network only.", bind)
