@@ -42,12 +42,14 @@ def test_fetch_to_device_option_switches_the_prefetch_thread(fetch):
         np.testing.assert_allclose(got, want, atol=1e-6)
 
 
-def test_prefetch_depth_from_the_environment(monkeypatch):
-    monkeypatch.setenv("STRATAX_PREFETCH_DEPTH", "0")
-    x = np.ones((16, 4), np.float32)
-    _, threads = _fit(x, sx.MirroredStrategy(["cpu:0", "cpu:1"]), y=np.ones((16, 2), np.float32),
-                      batch_size=8)
-    assert not threads
+def test_prefetch_depth_default_on_cpu_and_from_the_environment(monkeypatch):
+    x, y = np.ones((16, 4), np.float32), np.ones((16, 2), np.float32)
+    monkeypatch.delenv("STRATAX_PREFETCH_DEPTH", raising=False)
+    _, threads = _fit(x, sx.MirroredStrategy(["cpu:0", "cpu:1"]), y=y, batch_size=8)
+    assert not threads  # on CPU the thread would compete with the step for the cores
+    monkeypatch.setenv("STRATAX_PREFETCH_DEPTH", "2")
+    _, threads = _fit(x, sx.MirroredStrategy(["cpu:0", "cpu:1"]), y=y, batch_size=8)
+    assert threads
     monkeypatch.setenv("STRATAX_PREFETCH_DEPTH", "two")
     with pytest.raises(ValueError, match="STRATAX_PREFETCH_DEPTH='two' is not a non-negative"):
-        _fit(x, sx.OneDeviceStrategy("cpu:0"), y=np.ones((16, 2), np.float32), batch_size=8)
+        _fit(x, sx.OneDeviceStrategy("cpu:0"), y=y, batch_size=8)

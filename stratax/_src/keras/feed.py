@@ -21,9 +21,10 @@ without callbacks. The rules, each written once:
   single process would see. Per-worker data (``AutoShardPolicy.OFF``,
   ``distribute_datasets_from_function``) is fed as it comes.
 - **Placement ahead of the step.** A background thread places up to ``prefetch`` batches on
-  the replicas while the previous step runs (``InputOptions(experimental_fetch_to_device=...,
+  the replicas while the previous step runs: ``InputOptions(experimental_fetch_to_device=...,
   experimental_prefetch_to_device=...)`` of a distributed dataset, else
-  ``STRATAX_PREFETCH_DEPTH``, default 2; 0 places each batch when the step asks for it).
+  ``STRATAX_PREFETCH_DEPTH``, else the runner's default (2 on accelerators; 0 on CPU, where the
+  thread competes with the step for the same cores and measured slower).
 - **The last partial batch** is trained, never dropped: split when it divides over the
   replicas, else fed whole to every replica (each computes the same update one device would:
   exact, one slower step). ``predict`` in a multi-process run feeds every batch whole to every
@@ -52,7 +53,6 @@ from stratax._src.data.distributed_dataset import (
 from stratax._src.data.input_context import AutoShardPolicy
 
 _KERAS_DEFAULT_BATCH = 32
-_DEFAULT_PREFETCH = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -182,7 +182,8 @@ class GlobalFeed(keras.utils.PyDataset):
         self.layout = layout
         self.seed = seed
         self.per_worker = per_worker
-        self.prefetch = default_prefetch_depth()
+        # Batches placed ahead of the step; None: the strategy's runner decides.
+        self.prefetch: int | None = prefetch_depth_from_env()
         self.epoch = 0
         self._skip = 0
 
@@ -235,15 +236,16 @@ class FeedEpochs(keras.callbacks.Callback):
         self.feed.set_epoch(epoch)
 
 
-def default_prefetch_depth() -> int:
-    """Batches placed ahead of the step: ``STRATAX_PREFETCH_DEPTH``, else 2 (0 turns it off)."""
+def prefetch_depth_from_env() -> int | None:
+    """``STRATAX_PREFETCH_DEPTH`` (batches placed ahead of the step, 0 = off), or ``None``."""
     raw = os.environ.get(env.STRATAX_PREFETCH_DEPTH, "").strip()
     if not raw:
-        return _DEFAULT_PREFETCH
+        return None
     if not raw.isdigit():
         raise ValueError(
             f"{env.STRATAX_PREFETCH_DEPTH}={raw!r} is not a non-negative integer; set it to how "
-            f"many batches fit may place ahead of the step (default {_DEFAULT_PREFETCH}, 0 = off)."
+            "many batches fit may place ahead of the step (0 = off; unset: 2 on accelerators, "
+            "0 on CPU)."
         )
     return int(raw)
 

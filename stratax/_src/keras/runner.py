@@ -58,6 +58,15 @@ class KerasRunner:
         """Places one epoch of ``(local batch, replicated)`` pairs where the step reads them."""
         raise NotImplementedError  # pragma: no cover - every registered runner implements it
 
+    def default_prefetch(self) -> int:
+        """Batches ``fit`` places ahead of the step when nothing says otherwise.
+
+        2 on accelerators, where the transfer overlaps the step; 0 on CPU, where the placing
+        thread takes the cores the step needs (benchmark ``mirrored``: 0.81-0.90x with it).
+        """
+        devices = getattr(self.strategy, "devices", ())
+        return 2 if any(d.platform != "cpu" for d in devices) else 0
+
     def place_unconverted(self, batches: Iterator[Any]) -> Iterator[Any]:
         """Places batches of an input kind stratax leaves to Keras (e.g. a ``tf.data`` dataset)."""
         return batches

@@ -59,5 +59,6 @@ def epoch_batches(data_adapter: Any, keras_iterator: Callable[[], Iterator[Any]]
         return keras_iterator()
     feed = seam.adapter_dataset(data_adapter)
     if isinstance(feed, GlobalFeed):
-        return Prefetcher(call.runner.batches(feed.local_batches()), feed.prefetch)
+        depth = call.runner.default_prefetch() if feed.prefetch is None else feed.prefetch
+        return Prefetcher(call.runner.batches(feed.local_batches()), depth)
     return call.runner.place_unconverted(data_adapter.get_jax_iterator())
