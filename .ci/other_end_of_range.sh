@@ -18,6 +18,6 @@ venv=.venv-range
 [ -x "$venv/bin/python" ] || "$python312" -m venv "$venv"
 # The project's own dependencies (the newest JAX pyproject allows), Keras held at the oldest.
 "$venv/bin/python" -m pip install -q -e . "keras==3.10.0" "pytest>=8" "pytest-timeout>=2.3"
-"$venv/bin/python" -c "import jax, keras; print('other end of the range: jax', jax.__version__, \
-'keras', keras.__version__)"
+KERAS_BACKEND=jax "$venv/bin/python" -c "import jax, keras; print('other end of the range: jax', \
+jax.__version__, 'keras', keras.__version__)"
 "$venv/bin/python" -m pytest -q -p no:cacheprovider tests/keras tests/strategies/test_run.py
