@@ -236,3 +236,19 @@ def test_fit_compiles_the_train_step_once(devices, caplog):
         jax.config.update("jax_log_compiles", False)
     compiles = [r for r in caplog.records if "Compiling jit(train_step)" in r.getMessage()]
     assert len(compiles) == 1, [r.getMessage()[:120] for r in compiles]
+
+
+def test_steps_without_batch_size_cut_the_data_as_keras_does():
+    """Keras' rule: `steps` batches cover the arrays when no batch size is given."""
+    x, y = _data(90)
+    plain = _compiled(sx.OneDeviceStrategy("cpu:0"))
+    weights = plain.get_weights()
+    keras.utils.set_random_seed(3)
+    reference = keras.Sequential([keras.Input((6,)), keras.layers.Dense(8, activation="relu"),
+                                  keras.layers.Dense(3, activation="softmax")])
+    reference.compile(optimizer=keras.optimizers.Adam(0.01), metrics=["accuracy"],
+                      loss="sparse_categorical_crossentropy")
+    reference.set_weights(weights)
+    got = plain.evaluate(x, y, steps=3, verbose=0)  # batches of 30 rows
+    want = reference.evaluate(x, y, steps=3, verbose=0)
+    np.testing.assert_allclose(got, want, rtol=1e-6)

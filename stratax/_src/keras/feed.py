@@ -269,8 +269,10 @@ def _is_batch_list(x: Any) -> bool:
 
 def _arrays_feed(arrays: tuple[Any, ...], batch_size: int | None, shuffle: bool | str,
                  layout: FeedLayout, class_weight: dict[int, float] | None,
-                 hint: str) -> GlobalFeed:
-    batch = batch_size or _KERAS_DEFAULT_BATCH
+                 hint: str, steps: int | None = None) -> GlobalFeed:
+    # Keras' rule: without a batch size, ``steps`` batches cover the data, else 32 rows.
+    rows = _rows(arrays)
+    batch = batch_size or (-(-rows // steps) if steps else _KERAS_DEFAULT_BATCH)
     global_batch.check_divisible(batch, layout.num_replicas, hint=hint)
     if class_weight is not None:
         if len(arrays) != 2:
@@ -330,8 +332,9 @@ def feed_arguments(method: str, arguments: dict[str, Any], layout: FeedLayout) -
             arguments.update(y=y, sample_weight=weights, validation_data=validation)
         packed = (x,) if method == "predict" else tuple(
             a for a in (x, arguments.get("y"), arguments.get("sample_weight")) if a is not None)
+        steps = arguments.get("steps_per_epoch" if method == "fit" else "steps")
         feed = _arrays_feed(packed, arguments.get("batch_size"), shuffle, layout, class_weight,
-                            hint)
+                            hint, steps)
     else:
         feed = as_feed(x, layout, shuffle=shuffle, class_weight=class_weight)
         if feed is None:
