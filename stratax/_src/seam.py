@@ -32,6 +32,9 @@ written), what for, and which stratax module relies on it:
   is then fixed). -> ``startup``, ``runtime.devices``
 - ``jax._src.distributed.global_state.client``: which processes the coordination service still
   sees. -> ``runtime.distributed``
+- ``jax._src.xla_bridge.register_backend_factory``, ``make_cpu_client`` and
+  ``jax._src.lib._jax.make_gloo_tcp_collectives``: gloo bound to the address that routes to a
+  coordinator on another host (JAX has no public option). -> ``runtime.distributed``
 
 Each private import happens inside the function that needs it, so importing this module costs
 nothing. :func:`check_versions` refuses Keras and JAX versions outside the tested range, where
@@ -246,3 +249,21 @@ def distributed_client() -> Any:
 
     return jax_distributed.global_state.client
 
+
+
+def use_gloo_on_address(address: str) -> None:
+    """Makes gloo listen on, and advertise, ``address`` instead of what the host name resolves to.
+
+    Re-registers JAX's CPU backend factory with gloo's TCP collectives bound to ``address``;
+    must run before the CPU backend starts.
+    """
+    from jax._src import distributed as jax_distributed
+    from jax._src import xla_bridge
+    from jax._src.lib import _jax
+
+    def make_client() -> Any:
+        collectives = _jax.make_gloo_tcp_collectives(
+            distributed_client=jax_distributed.global_state.client, hostname=address)
+        return xla_bridge.make_cpu_client(collectives=collectives)
+
+    xla_bridge.register_backend_factory("cpu", make_client, priority=0, fail_quietly=False)

@@ -25,7 +25,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import jax
 
@@ -121,7 +121,12 @@ def _configure_cpu_collectives(name: str, coordinator_host: str) -> None:
     if name == "mpi":
         jax.config.update("jax_cpu_enable_async_dispatch", False)
     elif name == "gloo" and not is_loopback(coordinator_host):
-        _gloo_on_address(local_address_towards(coordinator_host))
+        address = local_address_towards(coordinator_host)
+        # JAX builds gloo's transport from the host name, which often resolves to loopback
+        # (/etc/hosts): peers on other hosts could not connect ("Connection refused,
+        # remote=[127.0.0.1]"). Must run before the CPU backend starts.
+        seam.use_gloo_on_address(address)
+        logger.info("gloo collectives on %s", address)
 
 
 def local_address_towards(host: str) -> str:
@@ -134,28 +139,6 @@ def local_address_towards(host: str) -> str:
     with socket.socket(family, socket.SOCK_DGRAM) as probe:
         probe.connect(target)
         return probe.getsockname()[0]
-
-
-def _gloo_on_address(address: str) -> None:
-    """Makes gloo listen on, and advertise, ``address`` instead of what the host name resolves to.
-
-    JAX builds gloo's TCP transport from the host name, which often resolves to a loopback
-    address (``/etc/hosts``); peers on other hosts then cannot connect ("Gloo context
-    initialization failed ... Connection refused, remote=[127.0.0.1]"). JAX has no public
-    option for it, so this re-registers its CPU backend factory with gloo bound to ``address``
-    (private ``jax._src.xla_bridge``; must run before the CPU backend starts).
-    """
-    from jax._src import distributed as jax_distributed
-    from jax._src import xla_bridge
-    from jax._src.lib import _jax
-
-    def make_client() -> Any:
-        collectives = _jax.make_gloo_tcp_collectives(
-            distributed_client=jax_distributed.global_state.client, hostname=address)
-        return xla_bridge.make_cpu_client(collectives=collectives)
-
-    xla_bridge.register_backend_factory("cpu", make_client, priority=0, fail_quietly=False)
-    logger.info("gloo collectives on %s", address)
 
 
 def initialize(layout: ProcessLayout, *, timeout_seconds: float, task_names: dict[int, str],
