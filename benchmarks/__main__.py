@@ -11,7 +11,7 @@ import time
 
 from benchmarks import RESULTS_DIR
 from benchmarks.configs import BENCHMARKS, SYSTEMS, WORKLOADS, Mode
-from benchmarks.envs import missing_harness_modules, tf_interpreter
+from benchmarks.envs import missing_harness_modules, tf_interpreter, torch_interpreter
 from benchmarks.report import write_summary
 from benchmarks.suite import Suite, select, stratax_importable, validate
 
@@ -80,9 +80,11 @@ def _dry_run(names: list[str] | None, mode: Mode, reps: int) -> int:
               f"baseline {b.baseline}, device {b.device}")
         for c in new:
             print(f"    {c.key}")
-        if any(SYSTEMS[s].env == "tf" for s in b.systems):
-            tf = tf_interpreter(b.device, install=False)
-            print(f"    TF interpreter: {tf.python or tf.reason}")
+        for env, name, find in (("tf", "TF", tf_interpreter), ("torch", "PyTorch",
+                                                                  torch_interpreter)):
+            if any(SYSTEMS[s].env == env for s in b.systems):
+                peer = find(b.device, install=False)
+                print(f"    {name} interpreter: {peer.python or peer.reason}")
     print(f"stratax importable in this interpreter: {stratax_importable()}")
     print(f"plan: {len(seen)} configurations, {runs} child runs ({reps} reps, {mode} mode)")
     for p in problems:

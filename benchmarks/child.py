@@ -2,7 +2,8 @@
 
 The parent writes a JSON spec, sets the environment (XLA_FLAGS, KERAS_BACKEND, TF_CONFIG) and
 starts this module; it writes a JSON result, ``status`` "ok" or "failed" with a one-line
-reason, and exits 0 either way (a crash or a kill is seen by the parent instead).
+reason, and exits 0 either way (a crash or a kill is seen by the parent instead). PyTorch
+systems train in ``benchmarks.torch_train`` (same data, weights, timing rule and result).
 
 Timing: ``model.fit`` runs one warm-up epoch then the timed epochs. A callback records wall
 time at each epoch's start and end; Keras waits for the epoch's results before
@@ -148,7 +149,13 @@ def main(argv: list[str]) -> int:
     spec = json.loads(Path(argv[1]).read_text())
     affinity = _pin(spec.get("pin_core"))
     try:
-        result = _train(spec)
+        from benchmarks.configs import SYSTEMS
+
+        if SYSTEMS[spec["system"]].family == "torch":
+            from benchmarks.torch_train import train
+        else:
+            train = _train
+        result = train(spec)
     except BaseException as exc:  # every failure becomes a one-line reason
         traceback.print_exc()
         result = {"status": "failed", "reason": one_line_reason(exc)}

@@ -73,8 +73,8 @@ class System:
 
     name: str
     label: str
-    family: Literal["tf", "keras-jax", "stratax"]
-    strategy: Literal["none", "onedevice", "mirrored", "mwms", "dataparallel"]
+    family: Literal["tf", "keras-jax", "stratax", "torch"]
+    strategy: Literal["none", "onedevice", "mirrored", "mwms", "dataparallel", "ddp"]
     processes: int = 1
     # Pin process i to CPU core i (os.sched_setaffinity) before any framework starts.
     pin: bool = False
@@ -95,14 +95,14 @@ class System:
     note: str = ""
 
     @property
-    def env(self) -> Literal["tf", "project"]:
-        """Which interpreter runs it: the TF virtual environment or the project's own."""
-        return "tf" if self.family == "tf" else "project"
+    def env(self) -> Literal["tf", "torch", "project"]:
+        """Which interpreter runs it: a peer's virtual environment or the project's own."""
+        return self.family if self.family in ("tf", "torch") else "project"  # type: ignore[return-value]
 
     @property
     def replicas(self) -> int:
         """Replicas the global batch is split over (for divisibility checks)."""
-        if self.strategy == "mwms":
+        if self.strategy in ("mwms", "ddp"):
             return self.processes
         return self.xla_devices or self.tf_logical_cpus or 1
 
@@ -141,6 +141,11 @@ SYSTEMS: dict[str, System] = {
         System("sx-mwms-2proc-mpi", "stratax MultiWorkerMirroredStrategy, 2 processes x 1 core, "
                "MPI collectives (MPICH, shared memory)", "stratax", "mwms", processes=2,
                pin=True, transport="mpi"),
+        System("torch-1proc-1core", "PyTorch (eager), 1 process on 1 core", "torch", "none",
+               pin=True, note="eager: steps_per_execution does not apply"),
+        System("torch-ddp-2proc", "PyTorch DistributedDataParallel (gloo), 2 processes x 1 core",
+               "torch", "ddp", processes=2, pin=True,
+               note="eager: steps_per_execution does not apply"),
     )
 }
 
@@ -223,12 +228,15 @@ BENCHMARKS: dict[str, Benchmark] = {
                   quick_systems=("tf-none", "tf-mirrored-1cpu", "kjax-single", "sx-mirrored-1")),
         Benchmark("multiworker", "2 processes x 1 core vs 1 process on 1 core",
                   ("tf-1proc-1core", "tf-mwms-2proc", "tf-mwms-2proc-k3", "sx-1proc-1core",
-                   "sx-mwms-2proc", "sx-mwms-2proc-mpi"), ("mlp", "wide_mlp"), (1, 32),
+                   "sx-mwms-2proc", "sx-mwms-2proc-mpi", "torch-1proc-1core", "torch-ddp-2proc"),
+                  ("mlp", "wide_mlp"), (1, 32),
                   baseline="tf-1proc-1core",
                   pairs=(("sx-mwms-2proc", "tf-mwms-2proc"), ("sx-1proc-1core", "tf-1proc-1core"),
                          ("tf-mwms-2proc", "tf-1proc-1core"), ("sx-mwms-2proc", "sx-1proc-1core"),
                          ("sx-mwms-2proc-mpi", "sx-1proc-1core"),
-                         ("sx-mwms-2proc-mpi", "tf-mwms-2proc")),
+                         ("sx-mwms-2proc-mpi", "tf-mwms-2proc"),
+                         ("sx-mwms-2proc", "torch-ddp-2proc"),
+                         ("torch-ddp-2proc", "torch-1proc-1core")),
                   quick_workloads=("mlp", "wide_mlp"), quick_spes=(32,)),
         Benchmark("gpu", "One GPU: Keras 3 JAX vs stratax vs TF", ("tf-none", "kjax-single",
                   "sx-mirrored-1"), ("mlp", "cnn"), (1, 32), baseline="tf-none",

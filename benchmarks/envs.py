@@ -1,7 +1,7 @@
 """Interpreters for the systems, the TensorFlow virtual environment, versions and machine facts.
 
-TensorFlow is a peer, not a dependency of stratax: the harness installs it into its own
-virtual environment under ``benchmarks/.venvs/`` once and reuses it (a marker file records
+TensorFlow and PyTorch are peers, not dependencies of stratax: the harness installs each into
+its own virtual environment under ``benchmarks/.venvs/`` once and reuses it (a marker file records
 what was installed). Keras-on-JAX and stratax run in the project's own interpreter.
 """
 
@@ -25,12 +25,15 @@ from benchmarks.configs import Device
 # MultiWorkerMirroredStrategy (keras-team/keras#20585).
 TF_REQUIREMENTS = {"cpu": ("tensorflow>=2.16,<3", "tf-keras"),
                    "gpu": ("tensorflow[and-cuda]>=2.16,<3", "tf-keras")}
+# The CPU build of PyTorch (~190 MB; PyPI's default wheel needs ~5 GB of CUDA libraries).
+TORCH_REQUIREMENTS = ("torch==2.13.0+cpu", "numpy")
+TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 INSTALL_TIMEOUT_S = 1800
 # What the parent process imports beyond stratax's own dependencies (numpy, which it also
 # uses, is one of those), with the pip name that provides it; declared as the ``bench`` extra
 # in pyproject.toml: ``python -m pip install -e ".[bench]"``.
 HARNESS_MODULES = {"matplotlib": "matplotlib"}
-VERSION_PACKAGES = ("stratax", "jax", "jaxlib", "keras", "numpy", "tensorflow", "tf-keras",
+VERSION_PACKAGES = ("stratax", "jax", "jaxlib", "keras", "numpy", "tensorflow", "tf-keras", "torch",
                     "ml_dtypes", "optree", "protobuf", "h5py", "matplotlib", "jax-cuda12-plugin")
 THREAD_ENV = ("OPENBLAS_CORETYPE", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
               "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS", "TF_ENABLE_ONEDNN_OPTS",
@@ -73,25 +76,49 @@ def tf_interpreter(device: Device, install: bool = True, say=print) -> Interpret
         install: when False (dry run), only report whether it exists.
         say: progress printer (creating the environment takes minutes).
     """
-    root = VENV_DIR / f"tf-{device}"
+    return _peer_interpreter(f"tf-{device}", TF_REQUIREMENTS[device], "tensorflow, tf_keras",
+                             install, say)
+
+
+def torch_interpreter(device: Device, install: bool = True, say=print) -> Interpreter:
+    """Return the PyTorch virtual environment's interpreter (CPU wheel), creating it once.
+
+    PyPI's default ``torch`` wheel pulls gigabytes of CUDA libraries; the CPU build comes from
+    a local wheel directory when pip is configured with one (``find-links``), else from
+    PyTorch's CPU index. GPU rows use the GPU machine's own torch (``benchmarks/gpu.sh``).
+    """
+    if device != "cpu":
+        return Interpreter(None, "the PyTorch peer rows run on CPU here; on the GPU machine "
+                                 "benchmarks/gpu.sh uses its installed torch")
+    return _peer_interpreter("torch-cpu", TORCH_REQUIREMENTS, "torch", install, say,
+                             fallback_index=TORCH_CPU_INDEX)
+
+
+def _peer_interpreter(name: str, requirements: tuple[str, ...], imports: str, install: bool,
+                      say, fallback_index: str | None = None) -> Interpreter:
+    """A virtual environment under ``VENV_DIR/name`` with ``requirements``, created once."""
+    root = VENV_DIR / name
     marker = root / ".bench-ready"
-    requirement = " ".join(TF_REQUIREMENTS[device])
+    requirement = " ".join(requirements)
     python = _venv_python(root)
     if marker.exists() and marker.read_text().strip() == requirement and python.exists():
         return Interpreter(str(python))
     if not install:
         return Interpreter(None, f"{root} not created yet (the harness creates it on `run`)")
-    log = VENV_DIR / f"tf-{device}-install.log"
+    log = VENV_DIR / f"{name}-install.log"
     VENV_DIR.mkdir(parents=True, exist_ok=True)
     say(f"[env] creating {root} and installing {requirement!r} (once; takes minutes; log: {log})")
+    pip = [str(python), "-m", "pip", "install", *requirements]
     try:
         # A stale environment (other requirements) is rebuilt from scratch.
         venv.EnvBuilder(with_pip=True, clear=True).create(root)
         with open(log, "ab") as fh:
-            subprocess.run([str(python), "-m", "pip", "install", *TF_REQUIREMENTS[device]],
-                           stdout=fh,
-                           stderr=subprocess.STDOUT, timeout=INSTALL_TIMEOUT_S, check=True)
-            subprocess.run([str(python), "-c", "import tensorflow, tf_keras"], stdout=fh,
+            done = subprocess.run(pip, stdout=fh, stderr=subprocess.STDOUT,
+                                  timeout=INSTALL_TIMEOUT_S, check=fallback_index is None)
+            if done.returncode:
+                subprocess.run([*pip, "--extra-index-url", fallback_index], stdout=fh,
+                               stderr=subprocess.STDOUT, timeout=INSTALL_TIMEOUT_S, check=True)
+            subprocess.run([str(python), "-c", f"import {imports}"], stdout=fh,
                            stderr=subprocess.STDOUT, timeout=300, check=True)
     except (OSError, subprocess.SubprocessError) as exc:
         tail = ""

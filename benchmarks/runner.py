@@ -105,7 +105,7 @@ def run_rep(config: Config, rep: int, mode: Mode, device: Device, python: str,
     work_dir.mkdir(parents=True, exist_ok=True)
     n = system.processes
     tf_configs: list[str | None] = [None] * n
-    if system.strategy == "mwms":
+    if n > 1:  # MWMS reads TF_CONFIG; the PyTorch peer takes its rendezvous address from it
         workers = [f"127.0.0.1:{p}" for p in free_ports(n)]
         tf_configs = [json.dumps({"cluster": {"worker": workers},
                                   "task": {"type": "worker", "index": i}}) for i in range(n)]

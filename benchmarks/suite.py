@@ -33,6 +33,7 @@ from benchmarks.envs import (
     package_versions,
     project_interpreter,
     tf_interpreter,
+    torch_interpreter,
 )
 from benchmarks.report import write
 from benchmarks.runner import run_rep
@@ -95,11 +96,13 @@ class Suite:
     versions: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict)
 
     def interpreter(self, family_env: str, device: Device) -> Interpreter:
-        """Interpreter for "tf" or "project" on ``device``, created (TF venv) on first use."""
+        """Interpreter for "tf", "torch" or "project" on ``device``, created on first use."""
         key = (family_env, device)
         if key not in self.interpreters:
             if family_env == "tf":
                 self.interpreters[key] = tf_interpreter(device, install=True, say=self.say)
+            elif family_env == "torch":
+                self.interpreters[key] = torch_interpreter(device, install=True, say=self.say)
             else:
                 self.interpreters[key] = project_interpreter()
             python = self.interpreters[key].python
