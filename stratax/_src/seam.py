@@ -26,6 +26,9 @@ written), what for, and which stratax module relies on it:
   generator). -> ``keras.methods``
 - ``BatchNormalization._moments`` (overridden in a subclass): batch statistics combined over
   the replicas inside ``strategy.run``. -> ``keras.sync_batch_norm``
+- ``JAXTrainer._update_metrics_variables``: Keras' own metric update of a train step (loss
+  tracker and compiled metrics), run on a worker without Keras' local optimizer step.
+  -> ``keras.ps_fit``
 - ``model._initial_epoch`` (written): Keras' own resume hook, the epoch ``fit`` starts at after
   a restore. -> ``keras.backup``
 - ``jax._src.xla_bridge.backends_are_initialized``: whether JAX started (the CPU device count
@@ -228,6 +231,13 @@ def batch_normalization_with_moments(
             return combine(*super()._moments(inputs, mask))
 
     return BatchNormalizationWithMoments
+
+
+def update_metrics(model: Any, metrics_variables: Any, unscaled_loss: Any, x: Any, y: Any,
+                   y_pred: Any, sample_weight: Any) -> tuple[Any, Any]:
+    """``(logs, new metrics_variables)``: Keras' JAX ``train_step`` metric update, statelessly."""
+    return model._update_metrics_variables(metrics_variables, unscaled_loss, x, y, y_pred,
+                                           sample_weight)
 
 
 def set_initial_epoch(model: Any, epoch: int) -> None:

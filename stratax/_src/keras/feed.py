@@ -117,6 +117,11 @@ class _ArraySource:
     def __len__(self) -> int:
         return -(-self._n // self._batch)
 
+    def split(self) -> tuple[Any, _ArraySource]:
+        """``(arrays, source)``: the arrays, and a source of the same batches' row indices
+        ``(rows,)`` in the same order (for runners whose workers hold the arrays)."""
+        return self._arrays, _ArraySource((np.arange(self._n),), self._batch, self._shuffle)
+
     def batches(self, seed: int, epoch: int, skip: int) -> Iterator[Any]:
         order = _permutation(self._n, seed, epoch) if self._shuffle is True else None
         for index in range(skip, len(self)):
@@ -186,6 +191,11 @@ class GlobalFeed(keras.utils.PyDataset):
         self.prefetch: int | None = prefetch_depth_from_env()
         self.epoch = 0
         self._skip = 0
+
+    def array_split(self) -> tuple[Any, _ArraySource] | None:
+        """For a feed cut from arrays, ``_ArraySource.split``'s ``(arrays, row source)``;
+        ``None`` for other inputs."""
+        return self._source.split() if isinstance(self._source, _ArraySource) else None
 
     @property
     def num_batches(self) -> int | None:

@@ -209,6 +209,16 @@ class ParameterServerStrategy:
         for keras_var, ps_var in self._keras.values():
             keras_var.assign(ps_var.numpy())
 
+    def place_variables(self, variables: Any) -> Any:
+        """Places the Keras variables of a pytree on the parameter servers now (they are
+        otherwise placed when a step first uses them) and returns their ``PSVariable`` objects."""
+        return self._on_ps(variables)
+
+    def cluster_coordinator(self) -> coord.ClusterCoordinator:
+        """This strategy's ``ClusterCoordinator`` (the one created by the program, else a new
+        one): ``model.fit`` schedules its steps through it."""
+        return self._coordinator or coord.ClusterCoordinator(self)
+
     def _on_ps(self, variables: Any) -> Any:
         """Maps Keras variables in a pytree to their parameter-server variables (creating them
         from the Keras values on first use); ``PSVariable`` leaves pass through."""

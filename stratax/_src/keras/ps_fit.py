@@ -1,0 +1,221 @@
+"""Keras' steps under ``ParameterServerStrategy``: one scheduled closure per step group.
+
+Keras' loop runs on the chief and calls its step function once per group of
+``steps_per_execution`` batches. Here that call schedules the group as one closure on a worker
+(``ClusterCoordinator.schedule``), running one exported program per step (``strategy.run``):
+
+- **train**: the worker pulls the variables (``strategy.read``), computes Keras' loss and
+  gradients (``model.compute_loss_and_updates``), pushes the gradients to the parameter servers,
+  which apply ``model.optimizer`` (``strategy.apply_gradients``), and returns the Keras metric
+  variables computed from a **zero** state for its batch;
+- **test**: Keras' ``test_step`` from a zero metric state, returning the metric variables;
+- **predict**: Keras' ``predict_step``, returning the outputs.
+
+**The metrics rule.** The chief adds each group's metric variables to the model's: Keras'
+built-in metrics keep additive states (``Mean``'s total and count, accuracy, precision, recall,
+AUC, IoU counts, ...), so the sum over groups equals one process's state. Metrics whose update
+Keras does not define (custom ``update_state``/``reset_state``) are refused unless they declare
+``stratax_additive = True``.
+
+**Scheduling ahead.** :class:`GroupPipeline` keeps up to one group per worker in flight: the
+call for group ``k`` schedules groups up to ``k + workers - 1`` (never past the epoch's last
+group) and returns group ``k``'s own result, so callbacks see every group in order, the progress
+bar advances as groups complete, predictions come back in input order, and when the last call
+of an epoch returns, nothing of the epoch is in flight. Only a ``RemoteValue`` that completed
+counts: a closure re-run after a worker died reads the same batches (``worker_data``), so
+``evaluate`` sees each example once.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import keras
+import numpy as np
+
+from stratax._src import seam
+from stratax._src.core.reduce_op import ReduceOp
+from stratax._src.parameter_server.program import optimizer_spec
+
+# A group waits behind at most one group per worker, each bounded by the strategy's step
+# deadline; this bound only catches a coordinator that stopped answering.
+GROUP_TIMEOUT_S = 3600.0
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchRef:
+    """One batch of a ``fit`` input as the chief sees it: rows of arrays the workers hold
+    (``data`` an ``ArrayData``), or the next batch of a per-worker iterator (``rows`` None)."""
+
+    data: Any
+    rows: np.ndarray | None = None
+
+    def placeholders(self) -> Any:
+        """Inside a scheduled function: the batch's placeholders for ``strategy.run``."""
+        return next(self.data) if self.rows is None else self.data.batch(self.rows)
+
+
+def check_additive_metrics(model: Any) -> None:
+    """Refuses metrics whose states the chief cannot add up (see the module docstring).
+
+    Raises:
+      ValueError: a metric updates or resets its state with code Keras does not define.
+    """
+    stack = list(model.metrics)
+    while stack:
+        metric = stack.pop()
+        inner = getattr(metric, "metrics", None)
+        if isinstance(inner, list):  # a container (Keras' CompileMetrics)
+            stack.extend(inner)
+            continue
+        if getattr(metric, "stratax_additive", False):
+            continue
+        kind = type(metric)
+        own = [name for name in ("update_state", "reset_state")
+               if not getattr(kind, name).__module__.startswith("keras.")]
+        if own:
+            raise ValueError(
+                f"Metric {metric.name!r} ({kind.__name__}) defines its own {' and '.join(own)}; "
+                "under ParameterServerStrategy each worker computes metric states from zero and "
+                "the chief adds them, which is exact only for additive states (sums and counts, "
+                "as in Keras' built-in metrics). If its state is additive and resets to zeros, "
+                "declare it: `metric.stratax_additive = True`; otherwise compute it after fit "
+                "with model.predict."
+            )
+
+
+def replica_function(model: Any, kind: str, strategy: Any) -> Callable[[Any], Any]:
+    """The function ``strategy.run`` exports for one step of ``kind`` ("train", "test",
+    "predict"); one object per model and kind, so each batch shape exports once."""
+    trainable = list(model.trainable_variables)
+    non_trainable = list(model.non_trainable_variables)
+    metric_specs = [(tuple(v.shape), v.dtype) for v in model.metrics_variables]
+    # Read now: Keras empties the optimizer's variables while its loop runs.
+    optimizer = optimizer_spec(model.optimizer) if kind == "train" else None
+
+    def zero_metrics() -> list[Any]:
+        return [jnp.zeros(shape, dtype) for shape, dtype in metric_specs]
+
+    def train(batch: Any) -> Any:
+        x, y, weights = keras.utils.unpack_x_y_sample_weight(batch)
+        values = strategy.read(trainable)
+        grad_fn = jax.value_and_grad(model.compute_loss_and_updates, has_aux=True)
+        (_, (loss, y_pred, _, metrics)), grads = grad_fn(
+            values, strategy.read(non_trainable), zero_metrics(), x, y, weights, training=True,
+            optimizer_variables=[])
+        strategy.apply_gradients(zip(grads, trainable, strict=True), optimizer)
+        return seam.update_metrics(model, metrics, loss, x, y, y_pred, weights)[1]
+
+    def test(batch: Any) -> Any:
+        state = (strategy.read(trainable), strategy.read(non_trainable), zero_metrics())
+        return model.test_step(state, batch)[1][2]
+
+    def predict(batch: Any) -> Any:
+        state = (strategy.read(trainable), strategy.read(non_trainable))
+        return model.predict_step(state, batch)[0]
+
+    return {"train": train, "test": test, "predict": predict}[kind]
+
+
+def metrics_logs(model: Any, values: list[Any]) -> dict[str, Any]:
+    """Keras' logs (``model.get_metrics_result()``) for metric variable ``values``."""
+    mapping = list(zip(model.metrics_variables, values, strict=True))
+    with keras.StatelessScope(state_mapping=mapping):
+        return model.get_metrics_result()
+
+
+class GroupPipeline:
+    """Keras' step function for one model and kind: schedules groups ahead, returns in order.
+
+    Args:
+      model: The Keras model.
+      kind: "train", "test" or "predict".
+      coordinator: The strategy's ``ClusterCoordinator``.
+      depth: Groups kept in flight (one per worker).
+      planned_steps: ``() -> steps of the current epoch`` (``steps_per_epoch``/``steps``, else
+        the number of batches), or None when unknown.
+    """
+
+    def __init__(self, model: Any, kind: str, coordinator: Any, depth: int,
+                 planned_steps: Callable[[], int | None]) -> None:
+        self.model, self.kind = model, kind
+        self._coordinator = coordinator
+        self._strategy = coordinator.strategy
+        self._depth = max(depth, 1)
+        self._planned_steps = planned_steps
+        self._replica = replica_function(model, kind, self._strategy)
+        self._queue: collections.deque[Any] = collections.deque()
+        self._iterator: Iterator[Any] | None = None
+        self._groups: float = 0
+        self._scheduled = self._returned = 0
+        self._exhausted = False
+
+    def __call__(self, state: Any, iterator: Iterator[Any]) -> tuple[Any, Any]:
+        """Keras' ``iterator_step(state, iterator) -> (logs or outputs, state)``."""
+        if iterator is not self._iterator or self._returned >= self._groups:
+            self._new_epoch(iterator)
+        self._fill(iterator)
+        if not self._queue:
+            raise StopIteration
+        remote = self._queue.popleft()
+        self._returned += 1
+        per_step = remote.fetch(timeout=GROUP_TIMEOUT_S)
+        if self.kind == "predict":
+            outputs = jax.tree.map(lambda *parts: np.concatenate(parts), *per_step)
+            return outputs, state
+        *rest, metrics = state
+        totals = [np.asarray(total) + sum(step[i] for step in per_step)
+                  for i, total in enumerate(metrics)]
+        totals = [jnp.asarray(t) for t in totals]
+        return metrics_logs(self.model, totals), (*rest, totals)
+
+    def discard(self) -> None:
+        """Forgets groups still in flight (their updates still apply; their results do not
+        count): after a stopped or failed call."""
+        self._queue.clear()
+        self._iterator = None
+
+    def _new_epoch(self, iterator: Iterator[Any]) -> None:
+        self.discard()
+        self._iterator = iterator
+        steps = self._planned_steps()
+        group = max(int(getattr(self.model, "steps_per_execution", 1) or 1), 1)
+        self._groups = math.inf if steps is None else math.ceil(steps / group)
+        self._scheduled = self._returned = 0
+        self._exhausted = False
+
+    def _fill(self, iterator: Iterator[Any]) -> None:
+        group = max(int(getattr(self.model, "steps_per_execution", 1) or 1), 1)
+        while (len(self._queue) < self._depth and self._scheduled < self._groups
+               and not self._exhausted):
+            refs = []
+            for _ in range(group):
+                try:
+                    ref = next(iterator)
+                except StopIteration:
+                    self._exhausted = True
+                    break
+                if not isinstance(ref, BatchRef):
+                    raise TypeError(
+                        f"Under ParameterServerStrategy, Keras' {self.kind} steps run on the "
+                        f"workers from model.fit/evaluate/predict inputs; got a batch of type "
+                        f"{type(ref).__name__} (train_on_batch/test_on_batch/predict_on_batch "
+                        "are not supported): call fit/evaluate/predict instead."
+                    )
+                refs.append(ref)
+            if not refs:
+                break
+            self._queue.append(self._coordinator.schedule(self._group_fn, args=(refs,)))
+            self._scheduled += 1
+
+    def _group_fn(self, refs: list[BatchRef]) -> Any:
+        outputs = [self._strategy.run(self._replica, args=(ref.placeholders(),)) for ref in refs]
+        if self.kind == "predict":
+            return outputs
+        return self._strategy.reduce(ReduceOp.SUM, outputs, axis=None)

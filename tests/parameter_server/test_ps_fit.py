@@ -1,0 +1,64 @@
+"""model.fit / evaluate / predict under ParameterServerStrategy: chief + 2 workers + 2 ps."""
+
+import pytest
+from ps_cluster_helpers import cluster, wait_all  # noqa: F401 - `cluster` is a fixture
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def _run(cluster, *scenarios):  # noqa: F811 - fixture
+    # ps 0 is a generic `stratax server`; every other task runs the program (one for all roles).
+    cluster.start("ps_fit_program.py", {"chief": 1, "worker": 2, "ps": 2}, args=scenarios,
+                  generic=("ps0",))
+    code, out = cluster.wait("chief0", timeout=240)
+    assert code == 0, out[-4000:]
+    result = cluster.result()
+    assert wait_all(cluster, timeout=30) == {name: 0 for name in cluster.procs}
+    return result
+
+
+def test_fit_evaluate_predict_exact_counts_saves_and_errors(cluster):  # noqa: F811 - fixture
+    result = _run(cluster, "exact", "counts", "creator", "errors")
+
+    # One group in flight at a time: SGD+momentum with sample weights equals one-process Keras.
+    exact = result["exact"]
+    assert exact["weights_err"] < 1e-5 and exact["history_err"] < 1e-5, exact
+    assert exact["evaluate_err"] < 1e-5, exact
+    assert exact["iterations"] == exact["ref_iterations"] == 18   # 6 batches x 3 epochs
+
+    counts = result["counts"]
+    # Every evaluation example counted exactly once (the four counts add up to n), and they are
+    # the counts of the chief's own predictions.
+    assert sum(counts["evaluated"]) == counts["n"] == counts["predict_rows"]
+    assert counts["evaluated"] == counts["expected"]
+    assert counts["predict_err"] < 1e-5                   # predictions in input order
+    # Saved under PSS, loaded under Mirrored (equal weights), saved, loaded back under PSS.
+    assert counts["mirrored_err"] == 0.0
+    assert counts["back_counts"] == counts["expected"]
+    assert abs(counts["back_loss"] - counts["loss"]) < 1e-6
+    # 10 batches, steps_per_execution 3: four groups per epoch, every one reported in order.
+    assert counts["batch_ends"] == [2, 5, 8, 11] * 2
+    assert len(counts["epoch_logs"]) == 2 and all("loss" in e for e in counts["epoch_logs"])
+
+    creator = result["creator"]
+    assert creator["loss"][-1] < 0.1 * creator["loss"][0], creator
+    assert creator["evaluate_loss"] < 0.1 * creator["loss"][0], creator
+    assert creator["iterations"] == 60
+    assert all(steps > 0 for steps in creator["worker_steps"]), creator
+
+    errors = result["errors"]
+    assert "received x of type generator" in errors["generator"]
+    assert "sx.DatasetCreator(dataset_fn)" in errors["generator"]
+    assert "needs `steps_per_epoch`" in errors["creator_no_steps"]
+    assert "train_on_batch" in errors["train_on_batch"]
+
+
+@pytest.mark.slow
+def test_guide_program_converges_on_arrays_and_dataset_creator(cluster):  # noqa: F811 - fixture
+    guide = _run(cluster, "guide")["guide"]
+    assert guide["loss"][-1] < 0.5 * guide["loss"][0] and guide["accuracy"][-1] > 0.6, guide
+    assert guide["creator_loss"][-1] < 0.7 * guide["creator_loss"][0], guide
+    # 100 batches of arrays at 40 steps per epoch: 40 + 40 + 20 (as Keras), ten per group.
+    assert guide["batch_ends"] == [9, 19, 29, 39, 9, 19, 29, 39, 9, 19]
+    assert guide["iterations"] == 100 and guide["creator_iterations"] == 80
+    assert "rows 500-999" in guide["describe"]           # the embedding table over both ps
