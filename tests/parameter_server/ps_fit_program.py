@@ -7,6 +7,7 @@ argv[1:] (all by default) and prints one JSON line ``RESULT {...}``.
 import json
 import sys
 import tempfile
+import time
 
 import numpy as np
 
@@ -34,6 +35,35 @@ def guide_arrays(n, seed):
     rng = np.random.default_rng(seed)
     x = rng.integers(0, VOCAB, size=(n, SEQ)).astype(np.int32)
     return x, (x[:, -1] % 10).astype(np.int32)
+
+
+def binary_data(n):
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(n, 4)).astype(np.float32)
+    return x, (x[:, :1] > 0).astype(np.float32)
+
+
+def binary_model(scope_strategy, steps_per_execution=3):
+    import keras
+
+    with scope_strategy.scope():
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1, activation="sigmoid")])
+        model.compile(optimizer="adam", loss="binary_crossentropy",
+                      steps_per_execution=steps_per_execution,
+                      metrics=[keras.metrics.TruePositives(), keras.metrics.FalsePositives(),
+                               keras.metrics.TrueNegatives(), keras.metrics.FalseNegatives()])
+    return model
+
+
+def confusion(probabilities, y):
+    """[tp, fp, tn, fn] of thresholded probabilities (as Keras' metrics count them)."""
+    positive = (probabilities[:, 0] > 0.5).astype(np.float32)
+    return [float(((positive == p) & (y[:, 0] == t)).sum())
+            for p, t in [(1, 1), (1, 0), (0, 0), (0, 1)]]
+
+
+def max_abs_diff(a, b):
+    return max(float(np.abs(x - y).max()) for x, y in zip(a, b, strict=True))
 
 
 def guide_model(strategy):
@@ -119,10 +149,10 @@ def exact(strategy):
     evaluated = model.evaluate(x, y, batch_size=20, return_dict=True, verbose=0)
     ref_evaluated = reference.evaluate(x, y, batch_size=20, return_dict=True, verbose=0)
     return {
-        "weights_err": max(float(np.abs(a - b).max())
-                           for a, b in zip(model.get_weights(), reference.get_weights(), strict=False)),
+        "weights_err": max_abs_diff(model.get_weights(), reference.get_weights()),
         "history_err": max(abs(a - b) / max(abs(b), 1e-6) for k in ref_history.history
-                           for a, b in zip(history.history[k], ref_history.history[k], strict=False)),
+                           for a, b in zip(history.history[k], ref_history.history[k],
+                                           strict=True)),
         "evaluate_err": max(abs(evaluated[k] - ref_evaluated[k]) / max(abs(ref_evaluated[k]), 1e-6)
                             for k in ref_evaluated),
         "iterations": int(model.optimizer.iterations.numpy()),
@@ -133,20 +163,8 @@ def exact(strategy):
 def counts(strategy):
     """evaluate visits every example once (confusion counts exact); predict in input order;
     save under PSS -> load under Mirrored -> load back under PSS."""
-    import keras
-
-    rng = np.random.default_rng(5)
-    x = rng.normal(size=(250, 4)).astype(np.float32)
-    y = (x[:, :1] > 0).astype(np.float32)
-
-    def build(scope_strategy):
-        with scope_strategy.scope():
-            model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1,
-                                                                             activation="sigmoid")])
-            model.compile(optimizer="adam", loss="binary_crossentropy", steps_per_execution=3,
-                          metrics=[keras.metrics.TruePositives(), keras.metrics.FalsePositives(),
-                                   keras.metrics.TrueNegatives(), keras.metrics.FalseNegatives()])
-        return model
+    x, y = binary_data(250)
+    build = binary_model
 
     model = build(strategy)
     counter = GroupCounter().callback
@@ -154,15 +172,12 @@ def counts(strategy):
     got = model.evaluate(x, y, batch_size=16, verbose=0)  # loss, tp, fp, tn, fn
     predicted = model.predict(x, batch_size=16, verbose=0)
     local = np.asarray(model(x))                  # the chief's copy: refreshed after fit
-    positive = (local[:, 0] > 0.5).astype(np.float32)
-    expected = [float(((positive == p) & (y[:, 0] == t)).sum())
-                for p, t in [(1, 1), (1, 0), (0, 0), (0, 1)]]
+    expected = confusion(local, y)
     with tempfile.TemporaryDirectory() as tmp:
         model.save(f"{tmp}/m.keras")
         mirrored = build(sx.MirroredStrategy())
         mirrored.load_weights(f"{tmp}/m.keras")
-        mirrored_err = max(float(np.abs(a - b).max())
-                           for a, b in zip(mirrored.get_weights(), model.get_weights(), strict=False))
+        mirrored_err = max_abs_diff(mirrored.get_weights(), model.get_weights())
         mirrored.save_weights(f"{tmp}/mirrored.weights.h5")
         back = build(strategy)
         back.load_weights(f"{tmp}/mirrored.weights.h5")
@@ -217,8 +232,28 @@ def errors(strategy):
     return out
 
 
+def evaluate_kill(strategy):
+    """The test SIGKILLs worker 1 after "KILL_NOW": evaluate still counts every example once
+    (a closure that could not finish there runs again elsewhere, on the same rows)."""
+    import keras
+
+    x, y = binary_data(3000)
+    model = binary_model(strategy, steps_per_execution=1)
+
+    class Pause(keras.callbacks.Callback):
+        def on_test_batch_end(self, batch, logs=None):
+            if batch == 20:
+                print("KILL_NOW", flush=True)
+                time.sleep(1.5)
+
+    got = model.evaluate(x, y, batch_size=10, callbacks=[Pause()], verbose=0)
+    stats = strategy.cluster_coordinator().stats()
+    return {"evaluated": got[1:], "expected": confusion(np.asarray(model(x)), y), "n": len(x),
+            "worker_steps": {w: s.get("steps", 0) for w, s in stats.items()}}
+
+
 SCENARIOS = {"exact": exact, "counts": counts, "creator": creator, "errors": errors,
-             "guide": guide}
+             "guide": guide, "evaluate_kill": evaluate_kill}
 
 
 def main():

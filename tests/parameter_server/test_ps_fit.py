@@ -1,24 +1,37 @@
 """model.fit / evaluate / predict under ParameterServerStrategy: chief + 2 workers + 2 ps."""
 
+import time
+
 import pytest
 from ps_cluster_helpers import cluster, wait_all  # noqa: F401 - `cluster` is a fixture
 
 pytestmark = pytest.mark.timeout(300)
 
 
-def _run(cluster, *scenarios):  # noqa: F811 - fixture
+def _run(cluster, *scenarios, kill=None):  # noqa: F811 - fixture
+    """Runs ``scenarios`` on chief + 2 workers + 2 ps; with ``kill``, SIGKILLs that task when
+    the chief prints KILL_NOW."""
     # ps 0 is a generic `stratax server`; every other task runs the program (one for all roles).
     cluster.start("ps_fit_program.py", {"chief": 1, "worker": 2, "ps": 2}, args=scenarios,
                   generic=("ps0",))
+    if kill:
+        deadline = time.monotonic() + 200
+        while "KILL_NOW" not in cluster.output("chief0"):
+            assert time.monotonic() < deadline and cluster.procs["chief0"].poll() is None, \
+                cluster.output("chief0")[-3000:]
+            time.sleep(0.05)
+        cluster.kill(kill)
     code, out = cluster.wait("chief0", timeout=240)
     assert code == 0, out[-4000:]
     result = cluster.result()
-    assert wait_all(cluster, timeout=30) == {name: 0 for name in cluster.procs}
-    return result
+    codes = wait_all(cluster, timeout=30)
+    assert codes == {name: -9 if name == kill else 0 for name in cluster.procs}
+    return result, out
 
 
 def test_fit_evaluate_predict_exact_counts_saves_and_errors(cluster):  # noqa: F811 - fixture
-    result = _run(cluster, "exact", "counts", "creator", "errors")
+    result, out = _run(cluster, "exact", "counts", "creator", "errors", "evaluate_kill",
+                       kill="worker1")
 
     # One group in flight at a time: SGD+momentum with sample weights equals one-process Keras.
     exact = result["exact"]
@@ -52,10 +65,16 @@ def test_fit_evaluate_predict_exact_counts_saves_and_errors(cluster):  # noqa: F
     assert "needs `steps_per_epoch`" in errors["creator_no_steps"]
     assert "train_on_batch" in errors["train_on_batch"]
 
+    # Worker 1 SIGKILLed in the middle of evaluate: the counts still add up to n, exactly the
+    # chief's own; the closure that failed there ran on worker 0.
+    killed = result["evaluate_kill"]
+    assert killed["evaluated"] == killed["expected"] and sum(killed["evaluated"]) == killed["n"]
+    assert "worker 1" in out and "re-queueing" in out
+
 
 @pytest.mark.slow
 def test_guide_program_converges_on_arrays_and_dataset_creator(cluster):  # noqa: F811 - fixture
-    guide = _run(cluster, "guide")["guide"]
+    guide = _run(cluster, "guide")[0]["guide"]
     assert guide["loss"][-1] < 0.5 * guide["loss"][0] and guide["accuracy"][-1] > 0.6, guide
     assert guide["creator_loss"][-1] < 0.7 * guide["creator_loss"][0], guide
     # 100 batches of arrays at 40 steps per epoch: 40 + 40 + 20 (as Keras), ten per group.
