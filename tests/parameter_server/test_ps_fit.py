@@ -30,14 +30,21 @@ def _run(cluster, *scenarios, kill=None):  # noqa: F811 - fixture
 
 
 def test_fit_evaluate_predict_exact_counts_saves_and_errors(cluster):  # noqa: F811 - fixture
-    result, out = _run(cluster, "exact", "counts", "creator", "errors", "evaluate_kill",
-                       kill="worker1")
+    result, out = _run(cluster, "exact", "sparse", "counts", "creator", "errors",
+                       "evaluate_kill", kill="worker1")
 
     # One group in flight at a time: SGD+momentum with sample weights equals one-process Keras.
     exact = result["exact"]
     assert exact["weights_err"] < 1e-5 and exact["history_err"] < 1e-5, exact
     assert exact["evaluate_err"] < 1e-5, exact
     assert exact["iterations"] == exact["ref_iterations"] == 18   # 6 batches x 3 epochs
+
+    # Keras Embedding on the row-sparse path: exact SGD; the ps sent each batch's distinct rows
+    # only (its own counters), and the whole table once, to the chief's refresh after fit.
+    sparse = result["sparse"]
+    assert sparse["weights_err"] < 1e-5 and sparse["loss_err"] < 1e-5 and sparse["moved"] > 1e-3
+    assert sparse["rows_pulled"] == sparse["expected_rows"], sparse
+    assert sparse["whole_pulls"] == [1, 1] and sparse["iterations"] == [8, 8], sparse
 
     counts = result["counts"]
     # Every evaluation example counted exactly once (the four counts add up to n), and they are

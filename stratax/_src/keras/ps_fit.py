@@ -90,35 +90,104 @@ def check_additive_metrics(model: Any) -> None:
             )
 
 
+def sparse_tables(model: Any) -> list[Any]:
+    """The tables read row-sparse: those of the model's ``keras.layers.Embedding`` layers
+    (exactly that class, so nothing but its lookup reads the table; not quantized, no LoRA, no
+    regularizer), trainable, unless the layer says ``stratax_sparse = False``."""
+    trainable = {id(v) for v in model.trainable_variables}
+    tables, stack = [], list(model.layers)
+    while stack:
+        layer = stack.pop(0)
+        stack.extend(getattr(layer, "layers", None) or [])
+        if (type(layer) is keras.layers.Embedding and not layer.quantization_mode
+                and not layer.lora_enabled and layer.embeddings_regularizer is None
+                and getattr(layer, "stratax_sparse", True) and id(layer.embeddings) in trainable
+                and all(layer.embeddings is not t for t in tables)):
+            tables.append(layer.embeddings)
+    return tables
+
+
 def replica_function(model: Any, kind: str, strategy: Any) -> Callable[[Any], Any]:
     """The function ``strategy.run`` exports for one step of ``kind`` ("train", "test",
-    "predict"); one object per model and kind, so each batch shape exports once."""
+    "predict"); one object per model and kind, so each batch shape exports once.
+
+    Embedding tables (``sparse_tables``) take the row-sparse path: the step pulls only the rows
+    its batch looks up (``strategy.read_rows``), the embedding layer gathers from them, and a
+    train step pushes the gradient of those rows; the rest is read whole.
+    """
     trainable = list(model.trainable_variables)
     non_trainable = list(model.non_trainable_variables)
+    tables = sparse_tables(model)
+    table_ids = {id(t) for t in tables}
+    dense = [v for v in trainable if id(v) not in table_ids]
     metric_specs = [(tuple(v.shape), v.dtype) for v in model.metrics_variables]
     # Read now: Keras empties the optimizer's variables while its loop runs.
     optimizer = optimizer_spec(model.optimizer) if kind == "train" else None
+    sparse_updates = getattr(model.optimizer, "stratax_sparse_updates", "lazy")
 
     def zero_metrics() -> list[Any]:
         return [jnp.zeros(shape, dtype) for shape, dtype in metric_specs]
 
+    def values(dense_values: list[Any]) -> list[Any]:
+        # A table's own value is never read (its layer gathers from the pulled rows): a
+        # stand-in of its shape, which XLA never materialises.
+        given = iter(dense_values)
+        return [jnp.zeros(v.shape, v.dtype) if id(v) in table_ids else next(given)
+                for v in trainable]
+
+    def pull_rows(lookups: dict[int, tuple[Any, Any]]) -> Callable[[Any, Any], Any]:
+        def lookup(layer: Any, ids: Any) -> Any:
+            table = layer.embeddings
+            if id(table) not in table_ids:
+                return None
+            if id(table) in lookups:
+                raise ValueError(
+                    f"Embedding table {table.path!r} is looked up twice in one step; set "
+                    "`layer.stratax_sparse = False` on its layer to read it whole.")
+            lookups[id(table)] = strategy.read_rows(table, ids)
+            rows, positions = lookups[id(table)]
+            return jnp.take(rows, positions, axis=0)
+        return lookup
+
+    def gather(rows: dict[int, Any], lookups: dict[int, tuple[Any, Any]]) -> Callable[..., Any]:
+        def lookup(layer: Any, ids: Any) -> Any:
+            table = layer.embeddings
+            if id(table) not in rows:
+                return None
+            return jnp.take(rows[id(table)], lookups[id(table)][1], axis=0)
+        return lookup
+
     def train(batch: Any) -> Any:
         x, y, weights = keras.utils.unpack_x_y_sample_weight(batch)
-        values = strategy.read(trainable)
-        grad_fn = jax.value_and_grad(model.compute_loss_and_updates, has_aux=True)
-        (_, (loss, y_pred, _, metrics)), grads = grad_fn(
-            values, strategy.read(non_trainable), zero_metrics(), x, y, weights, training=True,
-            optimizer_variables=[])
-        strategy.apply_gradients(zip(grads, trainable, strict=True), optimizer)
+        dense_values, nt_values = strategy.read(dense), strategy.read(non_trainable)
+
+        def loss_fn(dense_values: list[Any], rows: dict[int, Any], lookup: Any) -> Any:
+            with seam.embedding_lookups(lookup):
+                return model.compute_loss_and_updates(
+                    values(dense_values), nt_values, zero_metrics(), x, y, weights,
+                    training=True, optimizer_variables=[])
+
+        lookups: dict[int, tuple[Any, Any]] = {}
+        if tables:  # a first pass finds the rows (its loss is unused and compiled away)
+            loss_fn(dense_values, {}, pull_rows(lookups))
+        rows = {k: r for k, (r, _) in lookups.items()}
+        (_, (loss, y_pred, _, metrics)), (dense_grads, row_grads) = jax.value_and_grad(
+            lambda d, r: loss_fn(d, r, gather(r, lookups)), argnums=(0, 1), has_aux=True)(
+            dense_values, rows)
+        pairs = [*zip(dense_grads, dense, strict=True),
+                 *((row_grads[id(t)], t) for t in tables if id(t) in row_grads)]
+        strategy.apply_gradients(pairs, optimizer, sparse_updates)
         return seam.update_metrics(model, metrics, loss, x, y, y_pred, weights)[1]
 
     def test(batch: Any) -> Any:
-        state = (strategy.read(trainable), strategy.read(non_trainable), zero_metrics())
-        return model.test_step(state, batch)[1][2]
+        state = (values(strategy.read(dense)), strategy.read(non_trainable), zero_metrics())
+        with seam.embedding_lookups(pull_rows({})):
+            return model.test_step(state, batch)[1][2]
 
     def predict(batch: Any) -> Any:
-        state = (strategy.read(trainable), strategy.read(non_trainable))
-        return model.predict_step(state, batch)[0]
+        state = (values(strategy.read(dense)), strategy.read(non_trainable))
+        with seam.embedding_lookups(pull_rows({})):
+            return model.predict_step(state, batch)[0]
 
     return {"train": train, "test": test, "predict": predict}[kind]
 

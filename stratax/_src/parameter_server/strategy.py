@@ -277,6 +277,14 @@ class ParameterServerStrategy:
             out.append(int(reply.meta["stats"][p.key]["iterations"]))
         return out
 
+    def shard_stats(self, variable: Any) -> list[dict[str, Any]]:
+        """Per shard of ``variable`` (a ``PSVariable`` or a placed Keras variable), its ps'
+        counters: ``iterations``, ``applied_steps``, ``duplicates``, ``whole_pulls``,
+        ``rows_pulled`` (the row-sparse path), ``bytes``, ``apply_seconds``."""
+        variable = self._on_ps(variable)
+        return [self._ps.clients[p.ps].call("stats", {"names": [p.key]}).meta["stats"][p.key]
+                for p in variable.placements]
+
     def _unique_name(self, name: str) -> str:
         candidate, n = name, 0
         while candidate in self._names:
