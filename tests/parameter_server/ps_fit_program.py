@@ -244,7 +244,9 @@ def creator(strategy):
     stats = strategy.cluster_coordinator().stats()
     return {"loss": history.history["loss"], "evaluate_loss": float(evaluated),
             "iterations": int(model.optimizer.iterations.numpy()),
-            "worker_steps": [stats[w].get("steps", 0) for w in sorted(stats)]}
+            "worker_steps": [stats[w].get("steps", 0) for w in sorted(stats)],
+            "one_coordinator": sx.coordinator.ClusterCoordinator(strategy)
+            is strategy.cluster_coordinator()}
 
 
 def errors(strategy):

@@ -65,6 +65,7 @@ def test_fit_evaluate_predict_exact_counts_saves_and_errors(cluster):  # noqa: F
     assert creator["evaluate_loss"] < 0.1 * creator["loss"][0], creator
     assert creator["iterations"] == 60
     assert all(steps > 0 for steps in creator["worker_steps"]), creator
+    assert creator["one_coordinator"]          # TF: ClusterCoordinator is one per strategy
 
     errors = result["errors"]
     assert "received x of type generator" in errors["generator"]

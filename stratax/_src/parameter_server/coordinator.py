@@ -248,11 +248,18 @@ class ClusterCoordinator:
       >>> it = iter(coordinator.create_per_worker_dataset(dataset_fn))    # doctest: +SKIP
       >>> loss = coordinator.schedule(step_fn, args=(it,))                # doctest: +SKIP
       >>> coordinator.join(); loss.fetch()                                # doctest: +SKIP
+
+    As in TensorFlow there is one coordinator per strategy: constructing another returns the
+    existing one (``model.fit`` schedules through it too).
     """
 
+    def __new__(cls, strategy: Any) -> ClusterCoordinator:
+        existing = getattr(strategy, "_coordinator", None)
+        return existing if isinstance(existing, cls) else super().__new__(cls)
+
     def __init__(self, strategy: Any) -> None:
-        if getattr(strategy, "_coordinator", None) is not None:
-            raise ValueError("This strategy already has a ClusterCoordinator; reuse it.")
+        if getattr(strategy, "_coordinator", None) is self:
+            return  # the strategy's existing coordinator (see __new__)
         self.strategy = strategy
         strategy._coordinator = self
         self._workers = [_Worker(i, c) for i, c in enumerate(strategy._worker_clients)]

@@ -215,9 +215,9 @@ class ParameterServerStrategy:
         return self._on_ps(variables)
 
     def cluster_coordinator(self) -> coord.ClusterCoordinator:
-        """This strategy's ``ClusterCoordinator`` (the one created by the program, else a new
-        one): ``model.fit`` schedules its steps through it."""
-        return self._coordinator or coord.ClusterCoordinator(self)
+        """This strategy's ``ClusterCoordinator`` (created on first use; the program's own, if it
+        made one): ``model.fit`` schedules its steps through it."""
+        return coord.ClusterCoordinator(self)  # one per strategy, as in TensorFlow
 
     def _on_ps(self, variables: Any) -> Any:
         """Maps Keras variables in a pytree to their parameter-server variables (creating them
