@@ -1,7 +1,7 @@
 """Keras fit/evaluate/predict under ParameterServerStrategy: one program for every role.
 
 Run by ``test_ps_fit.py`` on chief + 2 workers + 2 ps; the chief runs the scenarios named in
-argv[1:] (all by default) and prints one JSON line ``RESULT {...}``.
+argv[1:] (``sync_*`` ones under ``mode="sync"``) and prints one JSON line ``RESULT {...}``.
 """
 
 import json
@@ -143,9 +143,9 @@ def exact(strategy):
         model = build()
     model.set_weights(initial)
     history = model.fit(x, y, sample_weight=w, batch_size=16, epochs=3, shuffle=False,
-                        verbose=0)
+                        validation_data=(x[:40], y[:40]), verbose=0)
     ref_history = reference.fit(x, y, sample_weight=w, batch_size=16, epochs=3, shuffle=False,
-                                verbose=0)
+                                validation_data=(x[:40], y[:40]), verbose=0)
     evaluated = model.evaluate(x, y, batch_size=20, return_dict=True, verbose=0)
     ref_evaluated = reference.evaluate(x, y, batch_size=20, return_dict=True, verbose=0)
     return {
@@ -157,6 +157,7 @@ def exact(strategy):
                             for k in ref_evaluated),
         "iterations": int(model.optimizer.iterations.numpy()),
         "ref_iterations": int(reference.optimizer.iterations.numpy()),
+        "history_keys": sorted(history.history),
     }
 
 
@@ -198,6 +199,45 @@ def sparse(strategy):
             "rows_pulled": [s["rows_pulled"] for s in stats], "expected_rows": expected,
             "whole_pulls": [s["whole_pulls"] for s in stats],
             "iterations": [s["iterations"] for s in stats]}
+
+
+def sync_exact(strategy):
+    """mode="sync": every group runs on both workers, each on its half of every global batch of
+    16; the servers average the two gradients. Equals one-process Keras with batch 16 (Adam,
+    several groups in flight), and evaluate/predict cover every row once, in order."""
+    import keras
+
+    rng = np.random.default_rng(11)
+    x = rng.normal(size=(96, 5)).astype(np.float32)
+    y = (x @ rng.normal(size=(5, 1)) > 0).astype(np.float32)
+
+    def build():
+        model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(4, activation="relu"),
+                                  keras.layers.Dense(1, activation="sigmoid")])
+        model.compile(optimizer=keras.optimizers.Adam(0.05), loss="binary_crossentropy",
+                      metrics=["accuracy"], steps_per_execution=2)
+        return model
+
+    reference = build()
+    with strategy.scope():
+        model = build()
+    model.set_weights(reference.get_weights())
+    history = model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
+    ref_history = reference.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
+    got = model.evaluate(x, y, batch_size=16, verbose=0)
+    ref_got = reference.evaluate(x, y, batch_size=16, verbose=0)
+    return {
+        "replicas": strategy.num_replicas_in_sync,
+        "weights_err": max_abs_diff(model.get_weights(), reference.get_weights()),
+        "history_err": max(abs(a - b) / max(abs(b), 1e-6) for k in ref_history.history
+                           for a, b in zip(history.history[k], ref_history.history[k],
+                                           strict=True)),
+        "evaluate_err": max(abs(a - b) / max(abs(b), 1e-6) for a, b in zip(got, ref_got,
+                                                                             strict=True)),
+        "predict_err": float(np.abs(model.predict(x, batch_size=16, verbose=0)
+                                    - reference.predict(x, batch_size=16, verbose=0)).max()),
+        "iterations": int(model.optimizer.iterations.numpy()),
+    }
 
 
 def counts(strategy):
@@ -295,18 +335,20 @@ def evaluate_kill(strategy):
 
 
 SCENARIOS = {"exact": exact, "sparse": sparse, "counts": counts, "creator": creator,
-             "errors": errors, "guide": guide, "evaluate_kill": evaluate_kill}
+             "errors": errors, "guide": guide, "evaluate_kill": evaluate_kill,
+             "sync_exact": sync_exact}
 
 
 def main():
+    names = sys.argv[1:]
     strategy = sx.ParameterServerStrategy(
         variable_partitioner=sx.partitioners.MinSizePartitioner(min_shard_bytes=64 << 10,
                                                                 max_shards=2),
+        mode="sync" if any(n.startswith("sync") for n in names) else "async",
         timeout_seconds=30)
     import keras
 
     keras.utils.set_random_seed(0)
-    names = sys.argv[1:] or list(SCENARIOS)
     result = {name: SCENARIOS[name](strategy) for name in names}
     print("RESULT " + json.dumps(result), flush=True)
 

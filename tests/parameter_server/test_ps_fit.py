@@ -33,11 +33,13 @@ def test_fit_evaluate_predict_exact_counts_saves_and_errors(cluster):  # noqa: F
     result, out = _run(cluster, "exact", "sparse", "counts", "creator", "errors",
                        "evaluate_kill", kill="worker1")
 
-    # One group in flight at a time: SGD+momentum with sample weights equals one-process Keras.
+    # One group in flight at a time: SGD+momentum with sample weights and validation data
+    # equals one-process Keras.
     exact = result["exact"]
     assert exact["weights_err"] < 1e-5 and exact["history_err"] < 1e-5, exact
     assert exact["evaluate_err"] < 1e-5, exact
     assert exact["iterations"] == exact["ref_iterations"] == 18   # 6 batches x 3 epochs
+    assert exact["history_keys"] == ["loss", "mae", "val_loss", "val_mae"]
 
     # Keras Embedding on the row-sparse path: exact SGD; the ps sent each batch's distinct rows
     # only (its own counters), and the whole table once, to the chief's refresh after fit.
@@ -89,3 +91,12 @@ def test_guide_program_converges_on_arrays_and_dataset_creator(cluster):  # noqa
     assert guide["batch_ends"] == [9, 19, 29, 39, 9, 19, 29, 39, 9, 19]
     assert guide["iterations"] == 100 and guide["creator_iterations"] == 80
     assert "rows 500-999" in guide["describe"]           # the embedding table over both ps
+
+
+@pytest.mark.slow
+def test_sync_mode_fit_equals_one_process_on_the_global_batches(cluster):  # noqa: F811 - fixture
+    sync = _run(cluster, "sync_exact")[0]["sync_exact"]
+    assert sync["replicas"] == 2
+    assert sync["weights_err"] < 1e-5 and sync["history_err"] < 1e-5, sync
+    assert sync["evaluate_err"] < 1e-5 and sync["predict_err"] < 1e-5, sync
+    assert sync["iterations"] == 12                          # 6 global batches x 2 epochs

@@ -41,6 +41,7 @@ import numpy as np
 
 from stratax._src import seam
 from stratax._src.core.reduce_op import ReduceOp
+from stratax._src.parameter_server.coordinator import PerWorkerValues
 from stratax._src.parameter_server.program import optimizer_spec
 
 # A group waits behind at most one group per worker, each bounded by the strategy's step
@@ -124,6 +125,7 @@ def replica_function(model: Any, kind: str, strategy: Any) -> Callable[[Any], An
     # Read now: Keras empties the optimizer's variables while its loop runs.
     optimizer = optimizer_spec(model.optimizer) if kind == "train" else None
     sparse_updates = getattr(model.optimizer, "stratax_sparse_updates", "lazy")
+    replicas = strategy.num_replicas_in_sync
 
     def zero_metrics() -> list[Any]:
         return [jnp.zeros(shape, dtype) for shape, dtype in metric_specs]
@@ -176,6 +178,8 @@ def replica_function(model: Any, kind: str, strategy: Any) -> Callable[[Any], An
             dense_values, rows)
         pairs = [*zip(dense_grads, dense, strict=True),
                  *((row_grads[id(t)], t) for t in tables if id(t) in row_grads)]
+        if replicas > 1:  # synchronous: the servers sum one gradient per worker; average them
+            pairs = [(g / replicas, v) for g, v in pairs]
         strategy.apply_gradients(pairs, optimizer, sparse_updates)
         return seam.update_metrics(model, metrics, loss, x, y, y_pred, weights)[1]
 
@@ -235,7 +239,10 @@ class GroupPipeline:
         remote = self._queue.popleft()
         self._returned += 1
         per_step = remote.fetch(timeout=GROUP_TIMEOUT_S)
-        if self.kind == "predict":
+        if self.kind == "predict":  # synchronous: each worker predicted its share, in order
+            per_step = jax.tree.map(
+                lambda v: np.concatenate(list(v)) if isinstance(v, PerWorkerValues) else v,
+                per_step, is_leaf=lambda v: isinstance(v, PerWorkerValues))
             outputs = jax.tree.map(lambda *parts: np.concatenate(parts), *per_step)
             return outputs, state
         *rest, metrics = state

@@ -95,12 +95,6 @@ class ParameterServerRunner(KerasRunner):
 
     # ------------------------------------------------------------------ runner interface
     def prepare(self, method: str, arguments: dict[str, Any]) -> dict[str, Any]:
-        if self.strategy.mode != "async":
-            raise ValueError(
-                f"model.{method} under ParameterServerStrategy(mode={self.strategy.mode!r}) is "
-                "not supported yet; use mode='async' (the default), or a custom loop with "
-                "ClusterCoordinator.schedule for synchronous training."
-            )
         call = _Call(method, {}, [])
         try:
             arguments = self._convert(method, arguments, call)
@@ -168,7 +162,8 @@ class ParameterServerRunner(KerasRunner):
             arguments = dict(arguments)
             arguments["x"] = self._creator_feed(x, method, arguments.get(steps_name), steps_name)
         elif feed_lib._is_array_like(x) and not feed_lib._is_batch_list(x):
-            arguments = feed_lib.feed_arguments(method, arguments, feed_lib.FeedLayout(1))
+            layout = feed_lib.FeedLayout(self.strategy.num_replicas_in_sync)
+            arguments = feed_lib.feed_arguments(method, arguments, layout)
             arguments["x"] = self._rows_feed(arguments["x"], call)
         else:
             raise TypeError(

@@ -349,11 +349,11 @@ class ClusterCoordinator:
 
     def array_data(self, tree: Any) -> Any:
         """Arrays every worker receives once (raw tensors, when a closure first reads them);
-        ``data.batch(rows)`` inside a scheduled function names a batch by its rows (see
-        ``worker_data``)."""
+        ``data.batch(rows)`` inside a scheduled function names a batch by its rows (in
+        synchronous mode worker ``i`` takes part ``i`` of them; see ``worker_data``)."""
         from stratax._src.parameter_server.worker_data import ArrayData
 
-        return ArrayData(tree)
+        return ArrayData(tree, shares=len(self._workers) if self._sync else 1)
 
     def release_data(self, data: Any) -> None:
         """Makes the workers forget ``array_data`` arrays (after the ``fit`` that used them)."""

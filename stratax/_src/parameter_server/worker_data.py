@@ -38,7 +38,7 @@ class ArrayData:
       ...     return strategy.run(replica_fn, args=data.batch(np.arange(32)))
     """
 
-    def __init__(self, tree: Any) -> None:
+    def __init__(self, tree: Any, shares: int = 1) -> None:
         leaves = [np.ascontiguousarray(leaf) for leaf in jax.tree_util.tree_leaves(tree)]
         if not leaves:
             raise ValueError(f"No arrays to ship to the workers in {tree!r}.")
@@ -47,6 +47,7 @@ class ArrayData:
             raise ValueError(f"Every array needs the same number of rows (axis 0); got shapes "
                              f"{[leaf.shape for leaf in leaves]}.")
         self.name = f"arrays{next(_names)}"
+        self.shares = shares  # synchronous mode: worker i takes part i of ``shares`` of a batch
         self.num_rows = int(leaves[0].shape[0])
         self.structure, self.leaves = structure.describe(tree)
         self.leaves = leaves
@@ -63,11 +64,18 @@ class ArrayData:
             raise ValueError(f"Batch rows must be a non-empty 1-D integer array, got {rows!r}.")
         if rows.min() < 0 or rows.max() >= self.num_rows:
             raise IndexError(f"Batch rows fall outside 0..{self.num_rows - 1}.")
+        if rows.size % self.shares:
+            raise ValueError(
+                f"A batch of {rows.size} rows does not split over the {self.shares} workers of a "
+                "synchronous step (each takes an equal share); use a batch size and a number of "
+                f"examples that are multiples of {self.shares}, or set steps_per_epoch to skip "
+                "the last partial batch.")
         closure.data = self
         closure.rows.append(rows.astype(np.int64))
         index = closure.batches
         closure.batches += 1
-        refs = [coord._LeafRef(index, i, jax.ShapeDtypeStruct((rows.size, *leaf.shape[1:]),
+        share = rows.size // self.shares
+        refs = [coord._LeafRef(index, i, jax.ShapeDtypeStruct((share, *leaf.shape[1:]),
                                                                leaf.dtype))
                 for i, leaf in enumerate(self.leaves)]
         return structure.build(self.structure, refs)
@@ -91,8 +99,10 @@ class ArrayStore:
         """Forgets ``name`` (nothing happens if it is unknown)."""
         self._sets.pop(name, None)
 
-    def batches(self, name: str, rows: Sequence[np.ndarray]) -> list[list[np.ndarray]]:
-        """``[[array[r] for array in arrays(name)] for r in rows]``, each ``r`` checked."""
+    def batches(self, name: str, rows: Sequence[np.ndarray], part: int = 0,
+                parts: int = 1) -> list[list[np.ndarray]]:
+        """``[[array[r] for array in arrays(name)] for r in rows]``, each ``r`` checked; with
+        ``parts`` > 1 (a synchronous step), only part ``part`` of each ``r``."""
         arrays = self._sets.get(name)
         if arrays is None:
             raise KeyError(f"No arrays {name!r} on this worker; the coordinator ships them "
@@ -103,5 +113,9 @@ class ArrayStore:
             if r.ndim != 1 or r.dtype.kind not in "iu" or (r.size and (r.min() < 0
                                                                         or r.max() >= size)):
                 raise ValueError(f"Rows of {name!r} must be 1-D integers in 0..{size - 1}.")
+            if r.size % parts:
+                raise ValueError(f"{r.size} rows do not split into {parts} equal parts.")
+            share = r.size // parts
+            r = r[part * share:(part + 1) * share]
             out.append([a[r] for a in arrays])
         return out

@@ -125,7 +125,9 @@ class WorkerService(rpc.Dispatcher):
         if data is not None:  # batches named by rows of arrays this worker holds
             if not isinstance(data, str) or len(frame.tensors) != count:
                 raise wire.WireError(f"run with data {data!r} needs one row tensor per batch.")
-            batches = self._arrays.batches(data, frame.tensors)
+            parts = frame.meta.get("sync", 1)
+            batches = self._arrays.batches(data, frame.tensors, self.task_index,
+                                           parts if isinstance(parts, int) and parts > 1 else 1)
         elif count:
             iterator = self._iterators.get(name) if isinstance(name, str) else None
             if iterator is None:
