@@ -277,6 +277,11 @@ def _is_batch_list(x: Any) -> bool:
     return isinstance(x, (list, tuple)) and bool(x) and isinstance(x[0], (tuple, dict))
 
 
+def is_array_input(x: Any) -> bool:
+    """True for arrays (and dicts/lists of them) that ``fit`` cuts into batches itself."""
+    return _is_array_like(x) and not _is_batch_list(x)
+
+
 def _arrays_feed(arrays: tuple[Any, ...], batch_size: int | None, shuffle: bool | str,
                  layout: FeedLayout, class_weight: dict[int, float] | None,
                  hint: str, steps: int | None = None) -> GlobalFeed:

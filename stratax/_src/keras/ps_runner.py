@@ -10,6 +10,9 @@ Keras' own loop (callbacks, History, validation, progress bar) runs on the chief
 - ``sx.DatasetCreator(dataset_fn)`` (TensorFlow's ``DatasetCreator``): each worker builds its
   own data by calling ``dataset_fn(input_context)``; ``steps_per_epoch`` (``steps``) required.
 
+Under ``mode="sync"`` every group runs on every worker (worker ``i`` takes part ``i`` of each
+batch of arrays) and the train step averages the workers' gradients.
+
 Keras variables stay ordinary variables on the chief; they are placed on the parameter servers
 when a step is first built, and the trained values (and ``optimizer.iterations``) are copied
 back at the end of ``fit`` and before every save.
@@ -112,11 +115,11 @@ class ParameterServerRunner(KerasRunner):
                   step_fn: Callable[..., Any]) -> Callable[..., Any]:
         if kind == "train" and not type(model).train_step.__module__.startswith("keras."):
             raise ValueError(
-                    f"{type(model).__name__} overrides train_step; under "
-                    "ParameterServerStrategy the optimizer runs on the parameter servers, so "
-                    "model.fit runs Keras' own train step. Write the step as a custom loop "
-                    "(ClusterCoordinator.schedule with strategy.run) instead."
-                )
+                f"{type(model).__name__} overrides train_step; under ParameterServerStrategy the "
+                "optimizer runs on the parameter servers, so model.fit runs Keras' own train "
+                "step. Write the step as a custom loop (ClusterCoordinator.schedule with "
+                "strategy.run) instead."
+            )
         if kind != "predict":
             check_additive_metrics(model)
         self.strategy.place_variables([*model.trainable_variables,
@@ -161,7 +164,7 @@ class ParameterServerRunner(KerasRunner):
         if isinstance(x, DatasetCreator):
             arguments = dict(arguments)
             arguments["x"] = self._creator_feed(x, method, arguments.get(steps_name), steps_name)
-        elif feed_lib._is_array_like(x) and not feed_lib._is_batch_list(x):
+        elif feed_lib.is_array_input(x):
             layout = feed_lib.FeedLayout(self.strategy.num_replicas_in_sync)
             arguments = feed_lib.feed_arguments(method, arguments, layout)
             arguments["x"] = self._rows_feed(arguments["x"], call)
