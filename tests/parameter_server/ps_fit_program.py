@@ -106,7 +106,7 @@ def guide(strategy):
     history = model.fit(x, y, batch_size=32, epochs=3, steps_per_epoch=40, callbacks=[counter],
                         verbose=0)
     creator_model = guide_model(strategy)
-    creator_history = creator_model.fit(sx.DatasetCreator(guide_dataset_fn), epochs=2,
+    creator_history = creator_model.fit(sx.DatasetCreator(guide_dataset_fn), epochs=3,
                                         steps_per_epoch=40, verbose=0)
     return {
         "loss": history.history["loss"], "accuracy": history.history["accuracy"],

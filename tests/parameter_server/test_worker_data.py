@@ -16,6 +16,10 @@ def test_array_store_cuts_batches_by_rows_and_checks_them():
     (bx, by), (cx, cy) = store.batches("a", [np.array([3, 1]), np.array([9])])
     assert np.array_equal(bx, x[[3, 1]]) and np.array_equal(by, [3, 1])
     assert np.array_equal(cx, x[[9]]) and np.array_equal(cy, [9])
+    (half,) = store.batches("a", [np.array([0, 1, 2, 3])], part=1, parts=2)  # sync: 2nd half
+    assert np.array_equal(half[1], [2, 3])
+    with pytest.raises(ValueError, match="equal parts"):
+        store.batches("a", [np.array([0, 1, 2])], part=1, parts=2)
     with pytest.raises(ValueError, match=r"0\.\.9"):
         store.batches("a", [np.array([10])])
     with pytest.raises(ValueError, match=r"0\.\.9"):

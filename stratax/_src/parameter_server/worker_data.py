@@ -113,8 +113,9 @@ class ArrayStore:
             if r.ndim != 1 or r.dtype.kind not in "iu" or (r.size and (r.min() < 0
                                                                         or r.max() >= size)):
                 raise ValueError(f"Rows of {name!r} must be 1-D integers in 0..{size - 1}.")
-            if r.size % parts:
-                raise ValueError(f"{r.size} rows do not split into {parts} equal parts.")
+            if not 0 <= part < parts or r.size % parts:
+                raise ValueError(f"{r.size} rows do not split into {parts} equal parts (part "
+                                 f"{part} asked).")
             share = r.size // parts
             r = r[part * share:(part + 1) * share]
             out.append([a[r] for a in arrays])

@@ -126,8 +126,10 @@ class WorkerService(rpc.Dispatcher):
             if not isinstance(data, str) or len(frame.tensors) != count:
                 raise wire.WireError(f"run with data {data!r} needs one row tensor per batch.")
             parts = frame.meta.get("sync", 1)
-            batches = self._arrays.batches(data, frame.tensors, self.task_index,
-                                           parts if isinstance(parts, int) and parts > 1 else 1)
+            if isinstance(parts, int) and parts > 1:  # synchronous: this worker's part
+                batches = self._arrays.batches(data, frame.tensors, self.task_index, parts)
+            else:
+                batches = self._arrays.batches(data, frame.tensors)
         elif count:
             iterator = self._iterators.get(name) if isinstance(name, str) else None
             if iterator is None:
