@@ -164,6 +164,8 @@ class ParameterServerRunner(KerasRunner):
         if isinstance(x, DatasetCreator):
             arguments = dict(arguments)
             arguments["x"] = self._creator_feed(x, method, arguments.get(steps_name), steps_name)
+            if method == "fit":
+                arguments["shuffle"] = False  # each worker's dataset_fn orders its own data
         elif feed_lib.is_array_input(x):
             layout = feed_lib.FeedLayout(self.strategy.num_replicas_in_sync)
             arguments = feed_lib.feed_arguments(method, arguments, layout)
