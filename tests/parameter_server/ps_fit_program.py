@@ -161,6 +161,41 @@ def exact(strategy):
     }
 
 
+def state(strategy):
+    """BatchNorm statistics and the dropout seed written back by each step (strategy.assign):
+    one group per epoch, so the steps chain as in one process; equals one-process Keras."""
+    import keras
+
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=(96, 6)).astype(np.float32) * 3 + 1
+    y = (x @ rng.normal(size=(6, 2))).astype(np.float32)
+
+    def build():
+        model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(8),
+                                  keras.layers.BatchNormalization(),
+                                  keras.layers.Dropout(0.3, seed=7), keras.layers.Dense(2)])
+        model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse", steps_per_execution=6)
+        return model
+
+    reference = build()
+    with strategy.scope():
+        model = build()
+    initial = reference.get_weights()
+    model.set_weights(initial)
+    history = model.fit(x, y, batch_size=16, epochs=3, shuffle=False, verbose=0)
+    ref_history = reference.fit(x, y, batch_size=16, epochs=3, shuffle=False, verbose=0)
+    moving_mean = model.layers[1].moving_mean.numpy()
+    return {
+        "weights_err": max_abs_diff(model.get_weights(), reference.get_weights()),
+        "moving_mean_moved": float(np.abs(moving_mean - initial[4]).max()),
+        "loss_err": max(abs(a - b) / abs(b) for a, b in zip(history.history["loss"],
+                                                            ref_history.history["loss"],
+                                                            strict=True)),
+        "evaluate_err": abs(model.evaluate(x, y, verbose=0) / reference.evaluate(x, y, verbose=0)
+                            - 1),
+    }
+
+
 def sparse(strategy):
     """A Keras Embedding (5000 x 8, two shards) on the row-sparse path: SGD equals one-process
     Keras, and the ps sent only the looked-up rows (its counters), never the whole table but
@@ -334,7 +369,7 @@ def evaluate_kill(strategy):
             "worker_steps": {w: s.get("steps", 0) for w, s in stats.items()}}
 
 
-SCENARIOS = {"exact": exact, "sparse": sparse, "counts": counts, "creator": creator,
+SCENARIOS = {"exact": exact, "state": state, "sparse": sparse, "counts": counts, "creator": creator,
              "errors": errors, "guide": guide, "evaluate_kill": evaluate_kill,
              "sync_exact": sync_exact}
 

@@ -30,7 +30,7 @@ def _run(cluster, *scenarios, kill=None):  # noqa: F811 - fixture
 
 
 def test_fit_evaluate_predict_exact_counts_saves_and_errors(cluster):  # noqa: F811 - fixture
-    result, out = _run(cluster, "exact", "sparse", "counts", "creator", "errors",
+    result, out = _run(cluster, "exact", "state", "sparse", "counts", "creator", "errors",
                        "evaluate_kill", kill="worker1")
 
     # One group in flight at a time: SGD+momentum with sample weights and validation data
@@ -40,6 +40,11 @@ def test_fit_evaluate_predict_exact_counts_saves_and_errors(cluster):  # noqa: F
     assert exact["evaluate_err"] < 1e-5, exact
     assert exact["iterations"] == exact["ref_iterations"] == 18   # 6 batches x 3 epochs
     assert exact["history_keys"] == ["loss", "mae", "val_loss", "val_mae"]
+
+    # BatchNorm statistics and the dropout seed written back by every step: still exact.
+    state = result["state"]
+    assert state["weights_err"] < 1e-5 and state["loss_err"] < 1e-5, state
+    assert state["evaluate_err"] < 1e-5 and state["moving_mean_moved"] > 1e-2, state
 
     # Keras Embedding on the row-sparse path: exact SGD; the ps sent each batch's distinct rows
     # only (its own counters), and the whole table once, to the chief's refresh after fit.

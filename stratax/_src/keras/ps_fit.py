@@ -6,7 +6,8 @@ Keras' loop runs on the chief and calls its step function once per group of
 
 - **train**: the worker pulls the variables (``strategy.read``), computes Keras' loss and
   gradients (``model.compute_loss_and_updates``), pushes the gradients to the parameter servers,
-  which apply ``model.optimizer`` (``strategy.apply_gradients``), and returns the Keras metric
+  which apply ``model.optimizer`` (``strategy.apply_gradients``), writes the new non-trainable
+  state (BatchNorm statistics, dropout seeds: ``strategy.assign``), and returns the Keras metric
   variables computed from a **zero** state for its batch;
 - **test**: Keras' ``test_step`` from a zero metric state, returning the metric variables;
 - **predict**: Keras' ``predict_step``, returning the outputs.
@@ -173,7 +174,7 @@ def replica_function(model: Any, kind: str, strategy: Any) -> Callable[[Any], An
         if tables:  # a first pass finds the rows (its loss is unused and compiled away)
             loss_fn(dense_values, {}, pull_rows(lookups))
         rows = {k: r for k, (r, _) in lookups.items()}
-        (_, (loss, y_pred, _, metrics)), (dense_grads, row_grads) = jax.value_and_grad(
+        (_, (loss, y_pred, new_state, metrics)), (dense_grads, row_grads) = jax.value_and_grad(
             lambda d, r: loss_fn(d, r, gather(r, lookups)), argnums=(0, 1), has_aux=True)(
             dense_values, rows)
         pairs = [*zip(dense_grads, dense, strict=True),
@@ -181,6 +182,8 @@ def replica_function(model: Any, kind: str, strategy: Any) -> Callable[[Any], An
         if replicas > 1:  # synchronous: the servers sum one gradient per worker; average them
             pairs = [(g / replicas, v) for g, v in pairs]
         strategy.apply_gradients(pairs, optimizer, sparse_updates)
+        if non_trainable:  # BatchNorm statistics, dropout seeds: the next step reads these
+            strategy.assign(non_trainable, new_state)
         return seam.update_metrics(model, metrics, loss, x, y, y_pred, weights)[1]
 
     def test(batch: Any) -> Any:

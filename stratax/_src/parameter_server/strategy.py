@@ -203,6 +203,12 @@ class ParameterServerStrategy:
         pairs = [(g, self._on_ps(v)) for g, v in grads_and_vars]
         program.apply_gradients(pairs, optimizer, sparse_updates)
 
+    def assign(self, variables: Any, values: Any) -> None:
+        """Inside ``run``: new values for a pytree of variables (state that is not trained by
+        gradients: BatchNorm statistics, a dropout seed); the worker writes them to the
+        parameter servers after the step's gradients, so its next step reads them."""
+        program.assign(self._on_ps(variables), values)
+
     def refresh_keras_variables(self) -> None:
         """Copies the parameter servers' values into the Keras variables they came from, so
         ``model.get_weights()``, ``model.save()`` and local evaluation see the trained values."""

@@ -196,6 +196,9 @@ class WorkerService(rpc.Dispatcher):
             else:
                 pushes.append((var, None, grad))
         self._ps.push(step_id, pushes, sync, self.task_index)
+        assigned = grads[len(meta["pushes"]):]
+        if assigned:  # new values of non-trained state (BatchNorm statistics, seeds)
+            self._ps.assign([program.variables[n] for n in meta.get("assigns", [])], assigned)
         t3 = time.perf_counter()
         timing["pull"] += t1 - t0
         timing["compute"] += t2 - t1
