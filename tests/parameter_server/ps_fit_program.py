@@ -384,7 +384,12 @@ def main():
     import keras
 
     keras.utils.set_random_seed(0)
-    result = {name: SCENARIOS[name](strategy) for name in names}
+    result, seconds = {}, {}
+    for name in names:
+        start = time.monotonic()
+        result[name] = SCENARIOS[name](strategy)
+        seconds[name] = round(time.monotonic() - start, 1)
+    result["seconds"] = seconds
     print("RESULT " + json.dumps(result), flush=True)
 
 
