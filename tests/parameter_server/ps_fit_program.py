@@ -337,7 +337,16 @@ def errors(strategy):
         while True:
             yield np.zeros((4, 2), np.float32), np.zeros((4, 1), np.float32)
 
+    class OwnStep(keras.Sequential):
+        def train_step(self, state, data):
+            raise AssertionError("never called under ParameterServerStrategy")
+
+    with strategy.scope():
+        own = OwnStep([keras.Input((2,)), keras.layers.Dense(1)])
+        own.compile(optimizer="sgd", loss="mse")
+    x2, y2 = np.zeros((4, 2), np.float32), np.zeros((4, 1), np.float32)
     for name, call in [("generator", lambda: model.fit(generator(), steps_per_epoch=2)),
+                       ("own_train_step", lambda: own.fit(x2, y2, verbose=0)),
                        ("creator_no_steps", lambda: model.fit(sx.DatasetCreator(guide_dataset_fn))),
                        ("train_on_batch", lambda: model.train_on_batch(
                            np.zeros((4, 2), np.float32), np.zeros((4, 1), np.float32)))]:

@@ -79,6 +79,7 @@ def test_fit_evaluate_predict_exact_counts_saves_and_errors(cluster):  # noqa: F
     assert "sx.DatasetCreator(dataset_fn)" in errors["generator"]
     assert "needs `steps_per_epoch`" in errors["creator_no_steps"]
     assert "train_on_batch" in errors["train_on_batch"]
+    assert "OwnStep overrides train_step" in errors["own_train_step"]
 
     # Worker 1 SIGKILLed in the middle of evaluate: the counts still add up to n, exactly the
     # chief's own; the closure that failed there ran on worker 0.
