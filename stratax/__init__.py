@@ -84,6 +84,7 @@ _EXPORTS = {
     "scale_regularization_loss": "stratax._src.strategies.losses",
     "set_cpu_device_count": "stratax._src.startup",
     "tpu": "stratax.tpu",
+    "DatasetCreator": "stratax._src.keras.dataset_creator",
 }
 # Names that need neither JAX nor Keras: using them does not run the install step.
 _LIGHT = frozenset({"cluster_resolver", "launch", "CollectiveTimeoutError", "MixedStrategyError",

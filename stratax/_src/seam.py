@@ -26,6 +26,12 @@ written), what for, and which stratax module relies on it:
   generator). -> ``keras.methods``
 - ``BatchNormalization._moments`` (overridden in a subclass): batch statistics combined over
   the replicas inside ``strategy.run``. -> ``keras.sync_batch_norm``
+- ``JAXTrainer._update_metrics_variables``: Keras' own metric update of a train step (loss
+  tracker and compiled metrics), run on a worker without Keras' local optimizer step.
+  -> ``keras.ps_fit``
+- ``keras.layers.Embedding.call`` (wrapped once; unchanged unless this thread sets a lookup):
+  a plain embedding's ``take`` replaced by the rows a worker pulled (row-sparse path under
+  ``ParameterServerStrategy``). -> ``keras.ps_fit``
 - ``model._initial_epoch`` (written): Keras' own resume hook, the epoch ``fit`` starts at after
   a restore. -> ``keras.backup``
 - ``jax._src.xla_bridge.backends_are_initialized``: whether JAX started (the CPU device count
@@ -43,8 +49,10 @@ any of the hooks above may have moved.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+import threading
 from collections.abc import Callable, Iterator
 from importlib import metadata
 from typing import Any
@@ -228,6 +236,50 @@ def batch_normalization_with_moments(
             return combine(*super()._moments(inputs, mask))
 
     return BatchNormalizationWithMoments
+
+
+def update_metrics(model: Any, metrics_variables: Any, unscaled_loss: Any, x: Any, y: Any,
+                   y_pred: Any, sample_weight: Any) -> tuple[Any, Any]:
+    """``(logs, new metrics_variables)``: Keras' JAX ``train_step`` metric update, statelessly."""
+    return model._update_metrics_variables(metrics_variables, unscaled_loss, x, y, y_pred,
+                                           sample_weight)
+
+
+_embedding_lookup = threading.local()
+
+
+@contextlib.contextmanager
+def embedding_lookups(lookup: Callable[[Any, Any], Any]) -> Iterator[None]:
+    """While active in this thread, a plain ``keras.layers.Embedding`` (not quantized, no
+    LoRA) computes ``lookup(layer, int_ids)`` instead of ``take(layer.embeddings, ids)``;
+    ``lookup`` returns ``None`` to keep Keras' own lookup."""
+    import keras
+
+    embedding = keras.layers.Embedding
+    if not getattr(embedding, _HOOKED, False):
+        original = embedding.call
+
+        @functools.wraps(original)
+        def call(self: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
+            active = getattr(_embedding_lookup, "fn", None)
+            if active is not None and not args and not kwargs and not self.quantization_mode \
+                    and not self.lora_enabled:
+                ids = inputs
+                if keras.backend.standardize_dtype(ids.dtype) not in ("int32", "int64"):
+                    ids = keras.ops.cast(ids, "int32")
+                outputs = active(self, ids)
+                if outputs is not None:
+                    return keras.ops.cast(outputs, self.compute_dtype)
+            return original(self, inputs, *args, **kwargs)
+
+        embedding.call = call
+        setattr(embedding, _HOOKED, True)
+    previous = getattr(_embedding_lookup, "fn", None)
+    _embedding_lookup.fn = lookup
+    try:
+        yield
+    finally:
+        _embedding_lookup.fn = previous
 
 
 def set_initial_epoch(model: Any, epoch: int) -> None:

@@ -117,6 +117,11 @@ class _ArraySource:
     def __len__(self) -> int:
         return -(-self._n // self._batch)
 
+    def split(self) -> tuple[Any, _ArraySource]:
+        """``(arrays, source)``: the arrays, and a source of the same batches' row indices
+        ``(rows,)`` in the same order (for runners whose workers hold the arrays)."""
+        return self._arrays, _ArraySource((np.arange(self._n),), self._batch, self._shuffle)
+
     def batches(self, seed: int, epoch: int, skip: int) -> Iterator[Any]:
         order = _permutation(self._n, seed, epoch) if self._shuffle is True else None
         for index in range(skip, len(self)):
@@ -186,6 +191,11 @@ class GlobalFeed(keras.utils.PyDataset):
         self.prefetch: int | None = prefetch_depth_from_env()
         self.epoch = 0
         self._skip = 0
+
+    def array_split(self) -> tuple[Any, _ArraySource] | None:
+        """For a feed cut from arrays, ``_ArraySource.split``'s ``(arrays, row source)``;
+        ``None`` for other inputs."""
+        return self._source.split() if isinstance(self._source, _ArraySource) else None
 
     @property
     def num_batches(self) -> int | None:
@@ -265,6 +275,11 @@ def _is_array_like(x: Any) -> bool:
 
 def _is_batch_list(x: Any) -> bool:
     return isinstance(x, (list, tuple)) and bool(x) and isinstance(x[0], (tuple, dict))
+
+
+def is_array_input(x: Any) -> bool:
+    """True for arrays (and dicts/lists of them) that ``fit`` cuts into batches itself."""
+    return _is_array_like(x) and not _is_batch_list(x)
 
 
 def _arrays_feed(arrays: tuple[Any, ...], batch_size: int | None, shuffle: bool | str,

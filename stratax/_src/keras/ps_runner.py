@@ -1,31 +1,266 @@
-"""Keras under ``ParameterServerStrategy``: variables in ``scope()``, saves, and ``fit``'s limits.
+"""Keras ``fit``/``evaluate``/``predict`` under ``ParameterServerStrategy``.
 
-Keras variables created under the strategy's scope stay ordinary Keras variables on the chief;
-the strategy moves them to the parameter servers on first use in a scheduled step, and
-``before_save`` copies the trained values back before ``model.save``/``save_weights``. The
-Keras training loop under this strategy (``model.fit``, ``evaluate``, ``predict`` scheduling
-steps on the workers) is not built yet: those calls fail at once with a message that points to
-the custom loop with ``ClusterCoordinator``, which is.
+Keras' own loop (callbacks, History, validation, progress bar) runs on the chief; each group of
+``steps_per_execution`` steps runs as one closure on a worker (``ps_fit``). Inputs:
+
+- numpy arrays (and dicts/lists of them) with ``batch_size``: cut into global batches exactly as
+  under every other strategy (``keras.feed``: shuffle from ``(seed, epoch)``, ``class_weight``,
+  ``sample_weight``, ``validation_split``); the arrays reach each worker once per call as raw
+  tensors and each closure names its batches by row indices (``worker_data``);
+- ``sx.DatasetCreator(dataset_fn)`` (TensorFlow's ``DatasetCreator``): each worker builds its
+  own data by calling ``dataset_fn(input_context)``; ``steps_per_epoch`` (``steps``) required.
+
+Under ``mode="sync"`` every group runs on every worker (worker ``i`` takes part ``i`` of each
+batch of arrays) and the train step averages the workers' gradients.
+
+Keras variables stay ordinary variables on the chief; they are placed on the parameter servers
+when a step is first built, and the trained values (and ``optimizer.iterations``) are copied
+back at the end of ``fit`` and before every save.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import logging
+from collections.abc import Callable, Iterator
 from typing import Any
 
+import jax
+import numpy as np
+
+from stratax._src.keras import feed as feed_lib
+from stratax._src.keras.dataset_creator import DatasetCreator
+from stratax._src.keras.ps_fit import BatchRef, GroupPipeline, check_additive_metrics
 from stratax._src.keras.runner import KerasRunner
+
+logger = logging.getLogger(__name__)
+_KINDS = {"fit": "train", "evaluate": "test", "predict": "predict"}
+_ACCEPTED = (
+    "numpy arrays (or dicts/lists of them) with batch_size, or "
+    "sx.DatasetCreator(dataset_fn) with steps_per_epoch (fit) / steps (evaluate, predict), "
+    "where dataset_fn(input_context) runs on each worker"
+)
+
+
+class _ArrayRows:
+    """Batches of arrays the workers hold, as ``BatchRef``s (row indices), in ``GlobalFeed``'s
+    order; ``peek`` gives the first real batch (to build the model)."""
+
+    def __init__(self, data: Any, arrays: Any, rows: Any) -> None:
+        self.data, self._arrays, self._rows = data, arrays, rows
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def batches(self, seed: int, epoch: int, skip: int) -> Iterator[BatchRef]:
+        for (rows,) in self._rows.batches(seed, epoch, skip):
+            yield BatchRef(self.data, rows)
+
+    def peek(self) -> Any:
+        (rows,) = next(self._rows.batches(0, 0, 0))
+        return jax.tree.map(lambda a: a[rows], self._arrays)
+
+
+class _WorkerBatches:
+    """Endless ``BatchRef``s of a per-worker iterator; ``peek`` gives zeros of its batch shape."""
+
+    def __init__(self, iterator: Any) -> None:
+        self.iterator = iterator
+
+    def batches(self, seed: int, epoch: int, skip: int) -> Iterator[BatchRef]:
+        while True:
+            yield BatchRef(self.iterator)
+
+    def peek(self) -> Any:
+        return jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), self.iterator.element_spec)
+
+
+class _PSFeed(feed_lib.GlobalFeed):
+    """A feed of ``BatchRef``s (recognised when ``fit`` hands its validation feed to
+    ``evaluate``)."""
+
+
+@dataclasses.dataclass
+class _Call:
+    method: str
+    steps: dict[str, int | None]  # kind -> planned steps per epoch
+    data: list[Any]  # ArrayData shipped for this call, released at its end
 
 
 class ParameterServerRunner(KerasRunner):
     """Keras calls of a model under ``ParameterServerStrategy`` (see the module docstring)."""
 
+    def __init__(self, strategy: Any) -> None:
+        super().__init__(strategy)
+        self._calls: list[_Call] = []
+        self._pipelines: dict[tuple[int, str], GroupPipeline] = {}
+
+    # ------------------------------------------------------------------ runner interface
     def prepare(self, method: str, arguments: dict[str, Any]) -> dict[str, Any]:
-        raise RuntimeError(
-            f"model.{method} under ParameterServerStrategy is not available in stratax yet. "
-            "Train with a custom loop: `coordinator = sx.coordinator.ClusterCoordinator("
-            "strategy)`, then `coordinator.schedule(step_fn, args=(iterator,))` and "
-            "`coordinator.join()` (docs/parameter_server.md), and call "
-            "`strategy.refresh_keras_variables()` to read the trained weights."
-        )
+        call = _Call(method, {}, [])
+        try:
+            arguments = self._convert(method, arguments, call)
+        except BaseException:
+            self._release(call)
+            raise
+        self._calls.append(call)
+        return arguments
+
+    def batches(self, local_batches: Iterator[tuple[Any, bool]]) -> Iterator[Any]:
+        for batch, _ in local_batches:
+            yield batch
+
+    def make_step(self, model: Any, kind: str, build: Callable[..., Any],
+                  step_fn: Callable[..., Any]) -> Callable[..., Any]:
+        if kind == "train" and not type(model).train_step.__module__.startswith("keras."):
+            raise ValueError(
+                f"{type(model).__name__} overrides train_step; under ParameterServerStrategy the "
+                "optimizer runs on the parameter servers, so model.fit runs Keras' own train "
+                "step. Write the step as a custom loop (ClusterCoordinator.schedule with "
+                "strategy.run) instead."
+            )
+        if kind != "predict":
+            check_additive_metrics(model)
+        self.strategy.place_variables([*model.trainable_variables,
+                                       *model.non_trainable_variables])
+        pipeline = GroupPipeline(model, kind, self.strategy.cluster_coordinator(),
+                                 depth=self._num_workers(),
+                                 planned_steps=lambda: self._planned_steps(kind))
+        self._pipelines[(id(model), kind)] = pipeline
+        return pipeline
+
+    def call(self, run: Callable[[], Any]) -> Any:
+        method = self._calls[-1].method if self._calls else None
+        if method is None:  # compile, *_on_batch: nothing scheduled by this runner
+            return run()
+        try:
+            result = run()
+        except BaseException:
+            self._abandon()
+            raise
+        self.strategy.cluster_coordinator().join()
+        if method == "fit" and len(self._calls) == 1:
+            self._refresh_models()
+        return result
+
+    def finish(self) -> None:
+        if self._calls:
+            self._release(self._calls.pop())
 
     def before_save(self, model: Any) -> None:
         self.strategy.refresh_keras_variables()
+        if (id(model), "train") in self._pipelines:
+            _set_iterations(self.strategy, model)
+
+    # ------------------------------------------------------------------ internals
+    def _convert(self, method: str, arguments: dict[str, Any], call: _Call) -> dict[str, Any]:
+        x = arguments.get("x")
+        kind = _KINDS[method]
+        steps_name = "steps_per_epoch" if method == "fit" else "steps"
+        if isinstance(x, _PSFeed):  # fit's validation feed, handed to evaluate
+            call.steps[kind] = arguments.get(steps_name) or x.num_batches
+            return arguments
+        if isinstance(x, DatasetCreator):
+            arguments = dict(arguments)
+            arguments["x"] = self._creator_feed(x, method, arguments.get(steps_name), steps_name)
+            if method == "fit":
+                arguments["shuffle"] = False  # each worker's dataset_fn orders its own data
+        elif feed_lib.is_array_input(x):
+            layout = feed_lib.FeedLayout(self.strategy.num_replicas_in_sync)
+            arguments = feed_lib.feed_arguments(method, arguments, layout)
+            arguments["x"] = self._rows_feed(arguments["x"], call)
+        else:
+            raise TypeError(
+                f"model.{method} under ParameterServerStrategy received x of type "
+                f"{type(x).__name__}; it accepts {_ACCEPTED}. Build other inputs on the workers: "
+                "wrap the code that makes the batches in a module-level "
+                "dataset_fn(input_context) and pass sx.DatasetCreator(dataset_fn)."
+            )
+        call.steps[kind] = arguments.get(steps_name) or arguments["x"].num_batches
+        if method == "fit":
+            validation = arguments.get("validation_data")
+            if isinstance(validation, DatasetCreator):
+                validation = self._creator_feed(validation, "fit", arguments.get(
+                    "validation_steps"), "validation_steps")
+            elif isinstance(validation, feed_lib.GlobalFeed):
+                validation = self._rows_feed(validation, call)
+            elif validation is not None:
+                raise TypeError(f"validation_data of type {type(validation).__name__} is not "
+                                f"accepted under ParameterServerStrategy; use {_ACCEPTED}.")
+            arguments["validation_data"] = validation
+            if validation is not None:
+                call.steps["test"] = arguments.get("validation_steps") or validation.num_batches
+            callbacks = arguments.get("callbacks")
+            for callback in callbacks if isinstance(callbacks, list) else ():
+                if isinstance(callback, feed_lib.FeedEpochs):  # it shuffles the rows feed now
+                    callback.feed = arguments["x"]
+        return arguments
+
+    def _rows_feed(self, feed: Any, call: _Call) -> _PSFeed:
+        split = feed.array_split()
+        if split is None:
+            raise TypeError(f"Under ParameterServerStrategy the input must be {_ACCEPTED}.")
+        arrays, rows = split
+        data = self.strategy.cluster_coordinator().array_data(arrays)
+        call.data.append(data)
+        out = _PSFeed(_ArrayRows(data, arrays, rows), feed.layout, seed=feed.seed,
+                      per_worker=True)
+        out.prefetch = 0
+        return out
+
+    def _creator_feed(self, creator: DatasetCreator, method: str, steps: int | None,
+                      steps_name: str) -> _PSFeed:
+        if not steps:
+            raise ValueError(
+                f"model.{method} with a DatasetCreator needs `{steps_name}`: each worker's "
+                f"dataset may be endless, so say how many steps make an epoch, e.g. "
+                f"`model.{method}(sx.DatasetCreator(dataset_fn), ..., {steps_name}=100)`."
+            )
+        coordinator = self.strategy.cluster_coordinator()
+        iterator = iter(coordinator.create_per_worker_dataset(creator.dataset_fn))
+        out = _PSFeed(_WorkerBatches(iterator), feed_lib.FeedLayout(1), per_worker=True)
+        out.prefetch = 0
+        return out
+
+    def _planned_steps(self, kind: str) -> int | None:
+        for call in reversed(self._calls):
+            if kind in call.steps:
+                return call.steps[kind]
+        return None
+
+    def _num_workers(self) -> int:
+        return len(self.strategy.cluster_resolver.cluster_spec().job_tasks("worker"))
+
+    def _abandon(self) -> None:
+        """After a failed or interrupted call: forget groups in flight, wait for them, and
+        clear the coordinator's copy of the error already being raised."""
+        for pipeline in self._pipelines.values():
+            pipeline.discard()
+        with contextlib.suppress(Exception):
+            self.strategy.cluster_coordinator().join()
+
+    def _release(self, call: _Call) -> None:
+        coordinator = self.strategy.cluster_coordinator()
+        for data in call.data:
+            try:
+                coordinator.release_data(data)
+            except Exception as err:  # the call's own error matters more
+                logger.info("could not release %s: %s", data.name, err)
+
+    def _refresh_models(self) -> None:
+        self.strategy.refresh_keras_variables()
+        for (_, kind), pipeline in self._pipelines.items():
+            if kind == "train":
+                _set_iterations(self.strategy, pipeline.model)
+
+
+def _set_iterations(strategy: Any, model: Any) -> None:
+    """``model.optimizer.iterations`` = updates the parameter servers applied (the most of any
+    shard of the model's first trained variable)."""
+    optimizer = getattr(model, "optimizer", None)
+    variables = list(getattr(model, "trainable_variables", ()))
+    if optimizer is None or not variables:
+        return
+    placed = strategy.place_variables(variables[0])  # placed already: by the train step
+    optimizer.iterations.assign(max(strategy.optimizer_iterations(placed)))

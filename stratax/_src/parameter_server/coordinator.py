@@ -176,6 +176,8 @@ class _Closure:
         self.parts: dict[int, list[list[np.ndarray]]] = {}  # worker index -> outputs per run
         self.pinned = False  # synchronous mode: one part per worker, each on its own worker
         self.after: str | None = None  # synchronous mode: the previous closure's last step
+        self.data: Any = None  # an ArrayData whose batches this closure names by rows
+        self.rows: list[np.ndarray] = []
 
     def resolve(self, num_parts: int) -> None:
         """Sets the RemoteValue once every part's outputs arrived."""
@@ -203,9 +205,14 @@ class PerWorkerIterator:
     def __iter__(self) -> PerWorkerIterator:
         return self
 
+    @property
+    def element_spec(self) -> Any:
+        """One batch's structure with ``jax.ShapeDtypeStruct`` leaves (TF's ``element_spec``)."""
+        return structure.build(self._tree, self._specs)
+
     def __next__(self) -> Any:
         closure = recording()
-        if closure.iterator is not None and closure.iterator is not self:
+        if (closure.iterator is not None and closure.iterator is not self) or closure.data:
             raise ValueError("A scheduled function may read one per-worker iterator.")
         closure.iterator = self
         batch = closure.batches
@@ -241,11 +248,18 @@ class ClusterCoordinator:
       >>> it = iter(coordinator.create_per_worker_dataset(dataset_fn))    # doctest: +SKIP
       >>> loss = coordinator.schedule(step_fn, args=(it,))                # doctest: +SKIP
       >>> coordinator.join(); loss.fetch()                                # doctest: +SKIP
+
+    As in TensorFlow there is one coordinator per strategy: constructing another returns the
+    existing one (``model.fit`` schedules through it too).
     """
 
+    def __new__(cls, strategy: Any) -> ClusterCoordinator:
+        existing = getattr(strategy, "_coordinator", None)
+        return existing if isinstance(existing, cls) else super().__new__(cls)
+
     def __init__(self, strategy: Any) -> None:
-        if getattr(strategy, "_coordinator", None) is not None:
-            raise ValueError("This strategy already has a ClusterCoordinator; reuse it.")
+        if getattr(strategy, "_coordinator", None) is self:
+            return  # the strategy's existing coordinator (see __new__)
         self.strategy = strategy
         strategy._coordinator = self
         self._workers = [_Worker(i, c) for i, c in enumerate(strategy._worker_clients)]
@@ -332,6 +346,24 @@ class ClusterCoordinator:
         """A dataset built on each worker by ``dataset_fn(input_context)``, sent by name (see
         ``stratax._src.parameter_server.functions``)."""
         return PerWorkerDataset(self, functions.reference(dataset_fn))
+
+    def array_data(self, tree: Any) -> Any:
+        """Arrays every worker receives once (raw tensors, when a closure first reads them);
+        ``data.batch(rows)`` inside a scheduled function names a batch by its rows (in
+        synchronous mode worker ``i`` takes part ``i`` of them; see ``worker_data``)."""
+        from stratax._src.parameter_server.worker_data import ArrayData
+
+        return ArrayData(tree, shares=len(self._workers) if self._sync else 1)
+
+    def release_data(self, data: Any) -> None:
+        """Makes the workers forget ``array_data`` arrays (after the ``fit`` that used them)."""
+        for worker in self._live_workers():
+            if data.name in worker.iterators:
+                worker.iterators.discard(data.name)
+                try:
+                    worker.client.call("drop_arrays", {"name": data.name})
+                except StrataxError as err:
+                    logger.info("worker %d did not drop %s: %s", worker.index, data.name, err)
 
     def stats(self) -> dict[str, dict[str, float]]:
         """Per worker: closures and steps done, seconds spent waiting for its calls (``wall``)
@@ -477,12 +509,17 @@ class ClusterCoordinator:
         if iterator is not None and iterator.name not in worker.iterators:
             raise StepError(f"Iterator {iterator.name} does not exist on worker {worker.index}; "
                             "create iterators after all workers joined.")
+        data = closure.data
+        if data is not None and data.name not in worker.iterators:
+            worker.client.call("arrays", {"name": data.name}, data.leaves, stream=True)
+            worker.iterators.add(data.name)
         start = time.perf_counter()
         sync = len(self._workers) if closure.pinned else 1
         reply = worker.client.call("run", {
             "closure": f"c{closure.ident}", "iterator": iterator.name if iterator else None,
             "batches": closure.batches, "runs": closure.runs, "sync": sync, "after": closure.after,
-        }, timeout=self.strategy._step_timeout)
+            "data": data.name if data is not None else None,
+        }, closure.rows, timeout=self.strategy._step_timeout)
         outputs, position = [], 0
         for count in reply.meta["counts"]:
             outputs.append(reply.tensors[position:position + count])

@@ -2,7 +2,7 @@
 
 Inside ``strategy.run(fn, args)`` (itself inside a function given to
 ``ClusterCoordinator.schedule``), ``fn`` reads parameter-server variables and hands back
-gradients through three calls, which this module records while tracing ``fn`` on the
+gradients and new state through four calls, which this module records while tracing ``fn`` on the
 coordinator with abstract shapes:
 
 - ``strategy.read(variables)`` -> their current values (any pytree of variables);
@@ -11,7 +11,9 @@ coordinator with abstract shapes:
   path for embeddings);
 - ``strategy.apply_gradients(grads_and_vars, optimizer)`` -> the parameter servers apply
   ``optimizer`` (a Keras optimizer or its config) to those gradients; a gradient for a table
-  read with ``read_rows`` is the gradient of ``rows`` and is pushed row-sparse.
+  read with ``read_rows`` is the gradient of ``rows`` and is pushed row-sparse;
+- ``strategy.assign(variables, values)`` -> new values of untrained state (BatchNorm
+  statistics, seeds), extra outputs of the step that the worker writes after its push.
 
 Three traces per distinct (function, argument shapes): one discovers what ``fn`` reads and
 pushes, one exports the step ``(dense values, rows, positions, batch) -> (gradients, outputs)``,
@@ -56,6 +58,8 @@ class _Recorder:
     position_inputs: Sequence[Any] = ()
     ids_out: list[Any] = dataclasses.field(default_factory=list)
     sparse_calls: int = 0
+    assigns: list[PSVariable] = dataclasses.field(default_factory=list)
+    assign_values: list[Any] = dataclasses.field(default_factory=list)
 
 
 def _recorder(what: str) -> _Recorder:
@@ -131,6 +135,26 @@ def apply_gradients(grads_and_vars: Any, optimizer: Any, sparse_updates: str = "
         recorder.grads.append(grad)
 
 
+def assign(variables: Any, values: Any) -> None:
+    """Records new values for variables (e.g. BatchNorm statistics, a dropout seed); the
+    worker writes them to the parameter servers after the step's push, before its next pull."""
+    recorder = _recorder("assign")
+    targets, new = jax.tree_util.tree_leaves(variables), jax.tree_util.tree_leaves(values)
+    if len(targets) != len(new):
+        raise ValueError(f"strategy.assign got {len(targets)} variables and {len(new)} values.")
+    for var, value in zip(targets, new, strict=True):
+        if not isinstance(var, PSVariable):
+            raise TypeError(f"strategy.assign expects variables created under the strategy, got "
+                            f"{type(var).__name__}.")
+        if tuple(np.shape(value)) != tuple(var.shape):
+            raise ValueError(f"strategy.assign: {var.name!r} has shape {var.shape}, the value "
+                             f"{tuple(np.shape(value))}.")
+        if any(var is v for v in recorder.assigns):
+            raise ValueError(f"{var.name!r} is assigned twice in one step; assign it once.")
+        recorder.assigns.append(var)
+        recorder.assign_values.append(jnp.asarray(value, var.dtype))
+
+
 def optimizer_spec(optimizer: Any) -> dict[str, Any]:
     """``{"class_name", "config"}`` of a Keras optimizer (duck-typed) or such a dict."""
     if isinstance(optimizer, dict):
@@ -195,7 +219,11 @@ def build_program(key: str, fn: Callable[..., Any], arg_specs: Sequence[jax.Shap
         if [id(v) for v, _ in recorder.pushes] != [id(v) for v, _ in discover.pushes]:
             raise ValueError("The replica function pushed different variables on two traces; "
                              "it must not branch on Python state.")
-        return list(recorder.grads), jax.tree_util.tree_leaves(outputs)
+        if [id(v) for v in recorder.assigns] != [id(v) for v in discover.assigns]:
+            raise ValueError("The replica function assigned different variables on two traces; "
+                             "it must not branch on Python state.")
+        # New values of assigned variables follow the gradients (meta "assigns" names them).
+        return [*recorder.grads, *recorder.assign_values], jax.tree_util.tree_leaves(outputs)
 
     step_exp = jax_export.export(jax.jit(step))(dense_specs, row_specs, pos_specs, list(arg_specs))
     ids_bytes = None
@@ -217,7 +245,8 @@ def build_program(key: str, fn: Callable[..., Any], arg_specs: Sequence[jax.Shap
                              f"expected {tuple(expected)}.")
         pushes.append({"var": var.name, "sparse": _index(sparse_vars, var) if sparse else -1})
     variables = list({id(v): v for v in [*discover.dense, *sparse_vars,
-                                         *(v for v, _ in discover.pushes)]}.values())
+                                         *(v for v, _ in discover.pushes),
+                                         *discover.assigns]}.values())
     optimizers: dict[str, tuple[dict[str, Any], list[PSVariable]]] = {}
     for var, spec in discover.pushes:
         text = json.dumps(spec, sort_keys=True)
@@ -228,6 +257,7 @@ def build_program(key: str, fn: Callable[..., Any], arg_specs: Sequence[jax.Shap
         "dense": [v.name for v in discover.dense],
         "sparse": [v.name for v in sparse_vars],
         "pushes": pushes,
+        "assigns": [v.name for v in discover.assigns],
         "num_outputs": out_treedef.num_leaves,
     }
     return Program(key, bytes(step_exp.serialize()), ids_bytes, meta, out_treedef, variables,

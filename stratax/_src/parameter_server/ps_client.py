@@ -124,6 +124,21 @@ class PSClients:
         self.each({ps: push_to(ps) for ps in targets})
 
 
+    def assign(self, variables: Sequence[VarDesc], values: Sequence[np.ndarray]) -> None:
+        """Writes new values (each shard its block of rows), one call per ps."""
+        names: dict[int, list[str]] = defaultdict(list)
+        parts: dict[int, list[np.ndarray]] = defaultdict(list)
+        for var, value in zip(variables, values, strict=True):
+            for ps, key, start, count in var["shards"]:
+                names[ps].append(key)
+                parts[ps].append(value[start:start + count] if len(var["shards"]) > 1 else value)
+
+        def assign_on(ps: int) -> Callable[[rpc.RpcClient], Any]:
+            return lambda c: c.call("assign", {"names": names[ps]}, parts[ps])
+
+        self.each({ps: assign_on(ps) for ps in names})
+
+
 def _row_bytes(var: VarDesc) -> int:
     shape = var["shape"]
     return int(np.prod(shape[1:], dtype=np.int64)) * np.dtype(var["dtype"]).itemsize if shape \

@@ -32,6 +32,8 @@ class _Shard:
     ledger: set[str] = dataclasses.field(default_factory=set)
     duplicates: int = 0
     apply_seconds: float = 0.0
+    whole_pulls: int = 0  # pulls of the whole shard
+    rows_pulled: int = 0  # rows sent by row pulls (the row-sparse path)
     # Synchronous mode: step id -> (workers heard from, gradients received so far).
     pending: dict[str, tuple[set[int], list[tuple[Any, np.ndarray]]]] = dataclasses.field(
         default_factory=dict)
@@ -121,6 +123,10 @@ class ParameterServer(rpc.Dispatcher):
             with shard.lock:
                 self._wait_applied(name, shard, after, deadline)
                 values.append(shard.value.copy() if rows is None else shard.value[rows])
+                if rows is None:
+                    shard.whole_pulls += 1
+                else:
+                    shard.rows_pulled += int(rows.size)
         return rpc.response({}, values)
 
     @staticmethod
@@ -239,6 +245,7 @@ class ParameterServer(rpc.Dispatcher):
                     "iterations": shard.optimizer.iterations if shard.optimizer else 0,
                     "applied_steps": len(shard.ledger), "duplicates": shard.duplicates,
                     "bytes": int(shard.value.nbytes), "apply_seconds": shard.apply_seconds,
+                    "whole_pulls": shard.whole_pulls, "rows_pulled": shard.rows_pulled,
                 }
         return rpc.response({"stats": out})
 

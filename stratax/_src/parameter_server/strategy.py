@@ -203,11 +203,27 @@ class ParameterServerStrategy:
         pairs = [(g, self._on_ps(v)) for g, v in grads_and_vars]
         program.apply_gradients(pairs, optimizer, sparse_updates)
 
+    def assign(self, variables: Any, values: Any) -> None:
+        """Inside ``run``: new values for a pytree of variables (state that is not trained by
+        gradients: BatchNorm statistics, a dropout seed); the worker writes them to the
+        parameter servers after the step's gradients, so its next step reads them."""
+        program.assign(self._on_ps(variables), values)
+
     def refresh_keras_variables(self) -> None:
         """Copies the parameter servers' values into the Keras variables they came from, so
         ``model.get_weights()``, ``model.save()`` and local evaluation see the trained values."""
         for keras_var, ps_var in self._keras.values():
             keras_var.assign(ps_var.numpy())
+
+    def place_variables(self, variables: Any) -> Any:
+        """Places the Keras variables of a pytree on the parameter servers now (they are
+        otherwise placed when a step first uses them) and returns their ``PSVariable`` objects."""
+        return self._on_ps(variables)
+
+    def cluster_coordinator(self) -> coord.ClusterCoordinator:
+        """This strategy's ``ClusterCoordinator`` (created on first use; the program's own, if it
+        made one): ``model.fit`` schedules its steps through it."""
+        return coord.ClusterCoordinator(self)  # one per strategy, as in TensorFlow
 
     def _on_ps(self, variables: Any) -> Any:
         """Maps Keras variables in a pytree to their parameter-server variables (creating them
@@ -266,6 +282,14 @@ class ParameterServerStrategy:
             reply = self._ps.clients[p.ps].call("stats", {"names": [p.key]})
             out.append(int(reply.meta["stats"][p.key]["iterations"]))
         return out
+
+    def shard_stats(self, variable: Any) -> list[dict[str, Any]]:
+        """Per shard of ``variable`` (a ``PSVariable`` or a placed Keras variable), its ps'
+        counters: ``iterations``, ``applied_steps``, ``duplicates``, ``whole_pulls``,
+        ``rows_pulled`` (the row-sparse path), ``bytes``, ``apply_seconds``."""
+        variable = self._on_ps(variable)
+        return [self._ps.clients[p.ps].call("stats", {"names": [p.key]}).meta["stats"][p.key]
+                for p in variable.placements]
 
     def _unique_name(self, name: str) -> str:
         candidate, n = name, 0

@@ -24,6 +24,7 @@ from jax import export as jax_export
 from stratax._src.data.input_context import InputContext
 from stratax._src.parameter_server import functions, rpc, structure, wire
 from stratax._src.parameter_server.ps_client import PSClients
+from stratax._src.parameter_server.worker_data import ArrayStore
 
 
 class _Iterator:
@@ -60,10 +61,12 @@ class WorkerService(rpc.Dispatcher):
         self._ps = PSClients(ps_addresses, timeout)
         self._programs: dict[str, _Program] = {}
         self._iterators: dict[str, _Iterator] = {}
+        self._arrays = ArrayStore()
         self.shutdown_requested = threading.Event()
         self._methods = {"ping": self._ping, "register": self._register,
                          "iterator": self._iterator, "run": self._run,
-                         "shutdown": self._shutdown}
+                         "shutdown": self._shutdown, "arrays": self._put_arrays,
+                         "drop_arrays": self._drop_arrays}
 
     def close(self) -> None:
         self._ps.close()
@@ -84,6 +87,14 @@ class WorkerService(rpc.Dispatcher):
         ids = frame.tensors[1].tobytes() if len(frame.tensors) == 2 else None
         if key not in self._programs:
             self._programs[key] = _Program(meta, step, ids)
+        return rpc.response()
+
+    def _put_arrays(self, frame: wire.Frame) -> bytes:
+        self._arrays.put(wire.require(frame.meta, "name", str), frame.tensors)
+        return rpc.response()
+
+    def _drop_arrays(self, frame: wire.Frame) -> bytes:
+        self._arrays.drop(wire.require(frame.meta, "name", str))
         return rpc.response()
 
     def _iterator(self, frame: wire.Frame) -> bytes:
@@ -110,7 +121,16 @@ class WorkerService(rpc.Dispatcher):
         name = frame.meta.get("iterator")
         count = wire.require(frame.meta, "batches", int)
         start = time.perf_counter()
-        if count:
+        data = frame.meta.get("data")
+        if data is not None:  # batches named by rows of arrays this worker holds
+            if not isinstance(data, str) or len(frame.tensors) != count:
+                raise wire.WireError(f"run with data {data!r} needs one row tensor per batch.")
+            parts = frame.meta.get("sync", 1)
+            if isinstance(parts, int) and parts > 1:  # synchronous: this worker's part
+                batches = self._arrays.batches(data, frame.tensors, self.task_index, parts)
+            else:
+                batches = self._arrays.batches(data, frame.tensors)
+        elif count:
             iterator = self._iterators.get(name) if isinstance(name, str) else None
             if iterator is None:
                 raise KeyError(f"No iterator {name!r} on worker {self.task_index}.")
@@ -176,6 +196,9 @@ class WorkerService(rpc.Dispatcher):
             else:
                 pushes.append((var, None, grad))
         self._ps.push(step_id, pushes, sync, self.task_index)
+        assigned = grads[len(meta["pushes"]):]
+        if assigned:  # new values of non-trained state (BatchNorm statistics, seeds)
+            self._ps.assign([program.variables[n] for n in meta.get("assigns", [])], assigned)
         t3 = time.perf_counter()
         timing["pull"] += t1 - t0
         timing["compute"] += t2 - t1
