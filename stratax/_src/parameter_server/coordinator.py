@@ -33,7 +33,7 @@ import numpy as np
 
 from stratax._src.core.errors import StrataxError, WorkerUnavailableError
 from stratax._src.core.reduce_op import ReduceOp
-from stratax._src.parameter_server import functions, rpc, structure
+from stratax._src.parameter_server import functions, progress, rpc, structure
 from stratax._src.parameter_server.program import Program
 
 logger = logging.getLogger(__name__)
@@ -236,6 +236,13 @@ class _Worker:
 class ClusterCoordinator:
     """Schedules functions on the workers of a ``ParameterServerStrategy``.
 
+    Args:
+      strategy: The ``ParameterServerStrategy``.
+      progress_seconds: Period of the progress line on stderr (per-worker steps/s, the slowest
+        worker and whether it is a straggler; see ``progress``), also written as JSON records
+        to ``$STRATAX_RUN_DIR`` when set; default ``$STRATAX_PS_PROGRESS_SECONDS`` or 10 s;
+        0 turns it off.
+
     Example:
       >>> coordinator = sx.coordinator.ClusterCoordinator(strategy)       # doctest: +SKIP
       >>> it = iter(coordinator.create_per_worker_dataset(dataset_fn))    # doctest: +SKIP
@@ -243,7 +250,8 @@ class ClusterCoordinator:
       >>> coordinator.join(); loss.fetch()                                # doctest: +SKIP
     """
 
-    def __init__(self, strategy: Any) -> None:
+    def __init__(self, strategy: Any, progress_seconds: float | None = None) -> None:
+        every = progress.resolve_every_seconds(progress_seconds)
         if getattr(strategy, "_coordinator", None) is not None:
             raise ValueError("This strategy already has a ClusterCoordinator; reuse it.")
         self.strategy = strategy
@@ -266,6 +274,10 @@ class ClusterCoordinator:
                          for w in self._workers]
         for thread in self._threads:
             thread.start()
+        self.progress = progress.ProgressReporter(
+            lambda: {f"worker {w.index}": (w.alive, w.stats) for w in self._workers},
+            self._pending, sync=self._sync, every_seconds=every)
+        self.progress.start()
 
     # ----- user API -------------------------------------------------------------------------
     def schedule(self, fn: Callable[..., Any], args: Sequence[Any] = (),
@@ -352,6 +364,7 @@ class ClusterCoordinator:
             self._cond.notify_all()
         for thread in self._threads:
             thread.join(timeout=5)
+        self.progress.stop()
 
     # ----- internals ------------------------------------------------------------------------
     def _make_iterator(self, fn_ref: dict[str, Any]) -> PerWorkerIterator:
