@@ -146,8 +146,8 @@ class ProgressReporter:
     Args:
       read: Returns, per worker name, ``(alive, counters)`` with cumulative ``steps``, ``wall``,
         ``pull``, ``data`` and ``push`` seconds (the coordinator's per-worker stats).
-      pending: Returns True while closures are queued (a worker without steps is then slow,
-        not idle).
+      pending: Returns True while closures are queued or running (a worker without steps is
+        then slow, not idle; a window without steps and without work is not counted).
       sync: Synchronous mode (pull time is left out of the time per step).
       every_seconds: Report period; 0 or less: never (``report()`` may still be called).
       run_dir: Where JSON records go; default ``$STRATAX_RUN_DIR``; none: the line only.
@@ -218,6 +218,8 @@ class ProgressReporter:
             deltas = {name: {k: c[k] - self._last.get(name, {}).get(k, 0.0) for k in _COUNTERS}
                       for name, (_, c) in current.items()}
             if seconds <= 0 or not any(d["steps"] > 0 for d in deltas.values()):
+                if not self._pending():  # idle (between joins): the time counts for no one
+                    self._last_time = now
                 return None
             pending = self._pending()
             workers = []
