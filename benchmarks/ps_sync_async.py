@@ -234,7 +234,12 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for rep in range(args.reps):
         for t, m, w, s in runs:
-            result = run_once(t, m, w, s, args)
+            try:
+                result = run_once(t, m, w, s, args)
+            except RuntimeError as err:  # e.g. a free port taken by another job in between
+                print(f"rep {rep} {t} {_label(w, s, m)} failed, running it again once: "
+                      f"{str(err)[-300:]}", flush=True)
+                result = run_once(t, m, w, s, args)
             results.append(result)
             print(f"rep {rep} {t} {_label(w, s, m)}: {result['wall']:.2f} s, "
                   f"{result['updates']} updates, loss {result['trace'][-1][2]:.4f}, "
