@@ -109,5 +109,6 @@ def test_slowed_worker_is_reported_as_the_straggler(cluster, tmp_path):  # noqa:
     assert "worker 1:" in out and "<- slowest, straggler" in out
     records = {w: [json.loads(x) for x in (run_dir / "metrics" / f"{w}.jsonl").open()]
                for w in ("worker_0", "worker_1")}
-    assert sum(r["straggler"] for r in records["worker_1"]) >= 2
-    assert not any(r["slowest"] for r in records["worker_0"] if r["steps_per_s"] > 0)
+    # Every window names worker 1 (one preempted window on a loaded box is tolerated).
+    assert sum(r["straggler"] for r in records["worker_1"]) >= max(2, len(records["worker_1"]) - 1)
+    assert sum(r["slowest"] for r in records["worker_0"]) <= 1
