@@ -6,6 +6,7 @@ import json
 import pytest
 from ps_cluster_helpers import cluster  # noqa: F401 - `cluster` is a fixture
 
+from stratax._src.observe.reader import RunReader
 from stratax._src.parameter_server import progress
 
 
@@ -61,6 +62,9 @@ def test_async_slowest_worker_is_named_in_line_and_records(tmp_path):
     assert records[1]["step_s"] == pytest.approx(1 / 80)
     fast = [json.loads(x) for x in (tmp_path / "metrics" / "worker_0.jsonl").open()]
     assert [r["slowest"] for r in fast] == [0, 0]
+    tasks = RunReader(tmp_path).snapshot()["tasks"]           # what the dashboard shows
+    assert sorted(tasks) == ["worker_0", "worker_1", "worker_2"]
+    assert tasks["worker_2"]["straggler"] and not tasks["worker_0"]["straggler"]
 
 
 def test_sync_leaves_out_the_wait_in_pull(tmp_path):
