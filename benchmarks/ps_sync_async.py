@@ -1,6 +1,6 @@
 """Synchronous vs asynchronous parameter-server training, side by side, with a straggler.
 
-    python -m benchmarks.ps_sync_async --quick     # 1 repetition, ~5 min on 2 busy cores
+    python -m benchmarks.ps_sync_async --quick     # 1 repetition, ~7 min on 2 busy cores
     python -m benchmarks.ps_sync_async             # 3 repetitions, plus 2 workers + straggler
     python -m benchmarks.ps_sync_async --dry-run   # print the plan, run nothing
 
