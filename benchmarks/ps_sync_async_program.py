@@ -114,7 +114,7 @@ def main():
     import jax
     import keras
 
-    workers = len(strategy._worker_clients)
+    workers = len(strategy.cluster_resolver.cluster_spec().job_tasks("worker"))
     coordinator = sx.coordinator.ClusterCoordinator(strategy, progress_seconds=1.0)
     init, per_example, sparse, evaluate, dataset_fn = {"digits": _digits,
                                                        "embedding": _embedding}[task](
