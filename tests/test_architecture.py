@@ -27,6 +27,10 @@ LAYERS = {
     "observe": 7, "launch": 7, "train": 7, "cli": 8,
 }
 PUBLIC_LAYER = 9
+# Modules whose layer is not their package's: observe's pure writers import only the standard
+# library and core (see stratax/_src/observe/__init__.py), so any layer may report through them
+# (the parameter-server coordinator writes its workers' records with them).
+MODULE_LAYERS = {"stratax._src.observe.run_dir": 0, "stratax._src.observe.record": 0}
 
 
 def _module_name(path: Path) -> str:
@@ -66,6 +70,8 @@ def _imports() -> dict[str, set[str]]:
 
 
 def _layer(module: str) -> int:
+    if module in MODULE_LAYERS:
+        return MODULE_LAYERS[module]
     parts = module.split(".")
     if parts[:2] != ["stratax", "_src"] or len(parts) < 3:
         return PUBLIC_LAYER

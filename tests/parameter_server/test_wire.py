@@ -1,4 +1,5 @@
-"""The wire parser: round trips, and malformed frames rejected with no state change."""
+"""The wire parser: round trips, and malformed frames rejected with no state change (the
+10,000-case fuzz against a live server is in ``test_wire_fuzz.py``)."""
 
 import json
 import struct
@@ -98,30 +99,3 @@ class _Dispatcher:
         self._handler = server.handle
         self.name = "ps 0"
 
-
-def test_fuzzed_frames_never_change_state():
-    server, value = _server_with_state()
-    good = wire.encode({"method": "push", "step": "fuzz", "dense": ["v"], "sparse": []},
-                       [np.full((3, 2), np.nan, np.float32)])
-    rng = np.random.default_rng(0)
-    dispatcher = _Dispatcher(server)
-    for case in range(3000):
-        data = bytearray(good)
-        kind = case % 3
-        if kind == 0:
-            data = data[: rng.integers(0, len(data))]
-        elif kind == 1:
-            for _ in range(rng.integers(1, 4)):
-                data[rng.integers(0, 60)] = rng.integers(0, 256)
-        else:
-            data = bytearray(rng.bytes(int(rng.integers(0, 200))))
-        if bytes(data) == good:
-            continue
-        reply = wire.decode(rpc.RpcServer._dispatch(dispatcher, bytes(data)))
-        if reply.meta["ok"]:
-            # A mutation that kept the frame valid (e.g. in the step id) may apply NaNs; any
-            # applied update must then be that of a well-formed request.
-            server, value = _server_with_state()
-            dispatcher = _Dispatcher(server)
-            continue
-        np.testing.assert_array_equal(_value(server), value)

@@ -95,3 +95,6 @@ STRATAX_PS_ROLES = "STRATAX_PS_ROLES"
 # CPU collectives between worker processes: "gloo" (default, TCP) or "mpi" (JAX's MPI
 # collectives through MPItrampoline; see docs/transport.md).
 STRATAX_CPU_COLLECTIVES = "STRATAX_CPU_COLLECTIVES"
+# Seconds between the ClusterCoordinator's progress lines (per-worker steps/s, the slowest
+# worker); default 10, 0 turns them off (stratax._src.parameter_server.progress).
+STRATAX_PS_PROGRESS_SECONDS = "STRATAX_PS_PROGRESS_SECONDS"

@@ -33,7 +33,7 @@ import numpy as np
 
 from stratax._src.core.errors import StrataxError, WorkerUnavailableError
 from stratax._src.core.reduce_op import ReduceOp
-from stratax._src.parameter_server import functions, rpc, structure
+from stratax._src.parameter_server import functions, progress, rpc, structure
 from stratax._src.parameter_server.program import Program
 
 logger = logging.getLogger(__name__)
@@ -243,6 +243,13 @@ class _Worker:
 class ClusterCoordinator:
     """Schedules functions on the workers of a ``ParameterServerStrategy``.
 
+    Args:
+      strategy: The ``ParameterServerStrategy``.
+      progress_seconds: Period of the progress line on stderr (per-worker steps/s, the slowest
+        worker and whether it is a straggler; see ``progress``), also written as JSON records
+        to ``$STRATAX_RUN_DIR`` when set; default ``$STRATAX_PS_PROGRESS_SECONDS`` or 10 s;
+        0 turns it off.
+
     Example:
       >>> coordinator = sx.coordinator.ClusterCoordinator(strategy)       # doctest: +SKIP
       >>> it = iter(coordinator.create_per_worker_dataset(dataset_fn))    # doctest: +SKIP
@@ -253,13 +260,14 @@ class ClusterCoordinator:
     existing one (``model.fit`` schedules through it too).
     """
 
-    def __new__(cls, strategy: Any) -> ClusterCoordinator:
+    def __new__(cls, strategy: Any, progress_seconds: float | None = None) -> ClusterCoordinator:
         existing = getattr(strategy, "_coordinator", None)
         return existing if isinstance(existing, cls) else super().__new__(cls)
 
-    def __init__(self, strategy: Any) -> None:
+    def __init__(self, strategy: Any, progress_seconds: float | None = None) -> None:
         if getattr(strategy, "_coordinator", None) is self:
             return  # the strategy's existing coordinator (see __new__)
+        every = progress.resolve_every_seconds(progress_seconds)
         self.strategy = strategy
         strategy._coordinator = self
         self._workers = [_Worker(i, c) for i, c in enumerate(strategy._worker_clients)]
@@ -280,6 +288,10 @@ class ClusterCoordinator:
                          for w in self._workers]
         for thread in self._threads:
             thread.start()
+        self.progress = progress.ProgressReporter(
+            lambda: {f"worker {w.index}": (w.alive, w.stats) for w in self._workers},
+            self._pending, sync=self._sync, every_seconds=every)
+        self.progress.start()
 
     # ----- user API -------------------------------------------------------------------------
     def schedule(self, fn: Callable[..., Any], args: Sequence[Any] = (),
@@ -384,6 +396,7 @@ class ClusterCoordinator:
             self._cond.notify_all()
         for thread in self._threads:
             thread.join(timeout=5)
+        self.progress.stop()
 
     # ----- internals ------------------------------------------------------------------------
     def _make_iterator(self, fn_ref: dict[str, Any]) -> PerWorkerIterator:
