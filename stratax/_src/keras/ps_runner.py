@@ -33,6 +33,7 @@ from stratax._src.keras import feed as feed_lib
 from stratax._src.keras.dataset_creator import DatasetCreator
 from stratax._src.keras.ps_fit import BatchRef, GroupPipeline, check_additive_metrics
 from stratax._src.keras.runner import KerasRunner
+from stratax._src.parameter_server import worker_data
 
 logger = logging.getLogger(__name__)
 _KINDS = {"fit": "train", "evaluate": "test", "predict": "predict"}
@@ -202,7 +203,7 @@ class ParameterServerRunner(KerasRunner):
         if split is None:
             raise TypeError(f"Under ParameterServerStrategy the input must be {_ACCEPTED}.")
         arrays, rows = split
-        data = self.strategy.cluster_coordinator().array_data(arrays)
+        data = worker_data.array_data(self.strategy.cluster_coordinator(), arrays)
         call.data.append(data)
         out = _PSFeed(_ArrayRows(data, arrays, rows), feed.layout, seed=feed.seed,
                       per_worker=True)

@@ -359,16 +359,13 @@ class ClusterCoordinator:
         ``stratax._src.parameter_server.functions``)."""
         return PerWorkerDataset(self, functions.reference(dataset_fn))
 
-    def array_data(self, tree: Any) -> Any:
-        """Arrays every worker receives once (raw tensors, when a closure first reads them);
-        ``data.batch(rows)`` inside a scheduled function names a batch by its rows (in
-        synchronous mode worker ``i`` takes part ``i`` of them; see ``worker_data``)."""
-        from stratax._src.parameter_server.worker_data import ArrayData
-
-        return ArrayData(tree, shares=len(self._workers) if self._sync else 1)
+    def data_shares(self) -> int:
+        """Parts a batch of ``worker_data.array_data`` splits into: one per worker in
+        synchronous mode (worker ``i`` takes part ``i``), else 1 (a worker reads it whole)."""
+        return len(self._workers) if self._sync else 1
 
     def release_data(self, data: Any) -> None:
-        """Makes the workers forget ``array_data`` arrays (after the ``fit`` that used them)."""
+        """Makes the workers forget ``worker_data.array_data`` arrays (after their ``fit``)."""
         for worker in self._live_workers():
             if data.name in worker.iterators:
                 worker.iterators.discard(data.name)

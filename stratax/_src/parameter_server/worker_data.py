@@ -29,11 +29,11 @@ _names = itertools.count()
 class ArrayData:
     """Arrays held by every worker; ``batch(rows)`` gives placeholders for ``arrays[rows]``.
 
-    Created by ``ClusterCoordinator.array_data(tree)``; the coordinator ships ``leaves`` to a
+    Created by ``array_data(coordinator, tree)``; the coordinator ships ``leaves`` to a
     worker before the first closure that reads them runs there (again after a worker restarts).
 
     Example:
-      >>> data = coordinator.array_data((x, y))                          # doctest: +SKIP
+      >>> data = array_data(coordinator, (x, y))                          # doctest: +SKIP
       >>> def step_fn():                                                  # doctest: +SKIP
       ...     return strategy.run(replica_fn, args=data.batch(np.arange(32)))
     """
@@ -120,3 +120,9 @@ class ArrayStore:
             r = r[part * share:(part + 1) * share]
             out.append([a[r] for a in arrays])
         return out
+
+
+def array_data(coordinator: Any, tree: Any) -> ArrayData:
+    """Arrays every worker of ``coordinator`` receives once (raw tensors, when a closure first
+    reads them); ``data.batch(rows)`` inside a scheduled function names a batch by its rows."""
+    return ArrayData(tree, shares=coordinator.data_shares())
