@@ -55,6 +55,7 @@ class ParameterServer(rpc.Dispatcher):
             "ping": self._ping, "create": self._create, "set_optimizer": self._set_optimizer,
             "pull": self._pull, "push": self._push,
             "assign": self._assign, "stats": self._stats, "shutdown": self._shutdown,
+            "ledger": self._ledger,
         }
 
     def _shard(self, name: str) -> _Shard:
@@ -241,6 +242,16 @@ class ParameterServer(rpc.Dispatcher):
                     "bytes": int(shard.value.nbytes), "apply_seconds": shard.apply_seconds,
                 }
         return rpc.response({"stats": out})
+
+
+    def _ledger(self, frame: wire.Frame) -> bytes:
+        """The step ids applied to each named shard (sorted), to audit exactly-once updates."""
+        out = {}
+        for name in _names(frame.meta):
+            shard = self._shard(name)
+            with shard.lock:
+                out[name] = sorted(shard.ledger)
+        return rpc.response({"ledger": out})
 
 
 def _summed(grads: list[tuple[Any, np.ndarray]]) -> tuple[Any, np.ndarray]:

@@ -267,6 +267,13 @@ class ParameterServerStrategy:
             out.append(int(reply.meta["stats"][p.key]["iterations"]))
         return out
 
+    def applied_steps(self, variable: PSVariable) -> list[list[str]]:
+        """Per shard of ``variable``, the ids (``"c<closure>:<step>"``) of the steps applied
+        to it, sorted: the parameter servers' ledger, to check that no step was applied twice
+        (their count equals ``optimizer_iterations``) or lost."""
+        return [self._ps.clients[p.ps].call("ledger", {"names": [p.key]}).meta["ledger"][p.key]
+                for p in variable.placements]
+
     def _unique_name(self, name: str) -> str:
         candidate, n = name, 0
         while candidate in self._names:

@@ -1,0 +1,69 @@
+"""Kill trials with real processes: a random worker SIGKILLed at a random moment, restarted.
+
+One trial per mode runs by default; ``STRATAX_KILL_TRIALS=10 python -m pytest -m slow
+tests/parameter_server/test_ps_recovery.py`` runs the full count.
+"""
+
+import os
+import random
+import re
+import time
+
+import pytest
+from ps_cluster_helpers import cluster  # noqa: F401 - `cluster` is a fixture
+
+pytestmark = pytest.mark.timeout(900)
+
+
+def _kill_trial(cluster, mode: str, rng: random.Random) -> dict:  # noqa: F811 - fixture
+    cluster.start("ps_kill_trial.py", {"chief": 1, "worker": 2, "ps": 1}, args=(mode,))
+    deadline = time.monotonic() + 120
+    while "STARTED" not in cluster.output("chief0"):
+        assert time.monotonic() < deadline and cluster.procs["chief0"].poll() is None, \
+            cluster.output("chief0")[-3000:]
+        time.sleep(0.05)
+    victim = f"worker{rng.randrange(2)}"
+    time.sleep(rng.uniform(0.0, 1.0))          # pulling, computing, pushing or between steps
+    cluster.kill(victim)
+    time.sleep(rng.uniform(0.0, 1.0))
+    cluster.restart(victim)                     # same address: it rejoins and gets work again
+    code, out = cluster.wait("chief0", timeout=180)
+    assert code == 0, out[-4000:]
+    result = cluster.result()
+    assert f"worker {victim[-1]}" in out and "re-queueing" in out, out[-3000:]
+
+    # Exactly once: the optimizer counted one update per scheduled step, and the ps ledger
+    # holds every step id of every scheduled call once (no gap, no repeat).
+    assert result["iterations"] == [result["scheduled"]], result
+    ledger = result["ledger"]
+    assert len(ledger) == len(set(ledger)) == result["scheduled"]
+    calls: dict[str, set[int]] = {}
+    for step in ledger:
+        call, index = re.fullmatch(r"(c\d+):(\d+)", step).groups()
+        calls.setdefault(call, set()).add(int(index))
+    assert all(indices == {0, 1, 2, 3} for indices in calls.values()), calls
+    assert result["rejoined"] == 1
+    assert result["steps_after_rejoin"][f"worker {victim[-1]}"] > 0, result
+    if mode == "sync":                          # deterministic: equal to the run without a kill
+        assert result["moved"] > 0.1 and result["max_abs_diff"] < 1e-5, result
+    return result
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_kill_trial(cluster, mode):  # noqa: F811 - fixture
+    _kill_trial(cluster, mode, random.Random(f"{mode}-{time.time_ns()}"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_kill_trials(tmp_path, mode):
+    from ps_cluster_helpers import Cluster
+
+    rng = random.Random(f"{mode}-{time.time_ns()}")
+    for trial in range(int(os.environ.get("STRATAX_KILL_TRIALS", "10"))):
+        group = Cluster(tmp_path / f"trial{trial}")
+        group.log_dir.mkdir()
+        try:
+            _kill_trial(group, mode, rng)
+        finally:
+            group.kill_all()
