@@ -66,7 +66,8 @@ def main():
     for _ in range(PHASE2):
         coordinator.schedule(step_fn, args=(iterator,))
     coordinator.join()
-    result = {"scheduled": (PHASE1 + PHASE2) * STEPS, "iterations": strategy.optimizer_iterations(w),
+    result = {"scheduled": (PHASE1 + PHASE2) * STEPS,
+              "iterations": strategy.optimizer_iterations(w),
               "ledger": strategy.applied_steps(w)[0], "rejoined": rejoined(), "phase1_s": phase1_s,
               "steps_after_rejoin": {k: s.get("steps", 0) - before[k]
                                      for k, s in coordinator.stats().items()}}

@@ -67,3 +67,39 @@ def test_kill_trials(tmp_path, mode):
             _kill_trial(group, mode, rng)
         finally:
             group.kill_all()
+
+
+def test_killed_ps_restarts_from_its_snapshot_and_training_continues(cluster, tmp_path):  # noqa: F811
+    every = 10
+    # ps 0 is a generic `stratax server` (it starts in ~1 s; the program's import of JAX
+    # takes several s on a loaded box, longer than the workers' 10 s of retries).
+    cluster.start("ps_snapshot.py", {"chief": 1, "worker": 2, "ps": 1}, generic=("ps0",),
+                  env={"STRATAX_PS_SNAPSHOT_DIR": str(tmp_path / "snap"),
+                       "STRATAX_PS_SNAPSHOT_EVERY": str(every)})
+    deadline = time.monotonic() + 120
+    while "STARTED" not in cluster.output("chief0"):
+        assert time.monotonic() < deadline and cluster.procs["chief0"].poll() is None, \
+            cluster.output("chief0")[-3000:]
+        time.sleep(0.05)
+    rng = random.Random(time.time_ns())
+    time.sleep(rng.uniform(0.2, 1.0))
+    cluster.kill("ps0")
+    cluster.restart("ps0")                     # same address, same snapshot directory
+    while "PHASE2" not in cluster.output("chief0"):
+        assert time.monotonic() < deadline + 60 and cluster.procs["chief0"].poll() is None, \
+            cluster.output("chief0")[-3000:]
+        time.sleep(0.05)
+    cluster.kill("ps0")                        # for good: the error must name it
+    code, out = cluster.wait("chief0", timeout=120)
+    assert code == 0, out[-4000:]
+    result = cluster.result()
+    assert "restored 1 shard(s) from snapshot" in cluster.output("ps0"), cluster.output("ps0")
+    iterations, ledger = result["iterations"][0], result["ledger"]
+    lost = result["scheduled"] - iterations
+    # Lost: the pushes applied after the last snapshot, at most `every`; none applied twice.
+    assert 0 <= lost <= every, result
+    assert len(ledger) == len(set(ledger)) == iterations, result
+    assert re.search(r"ps 0 at 127\.0\.0\.1:\d+", result["error"] or ""), result
+    assert result["error_s"] < 10 + 8, result   # timeout_seconds=10, plus one retried call
+    print(f"phase1 {result['phase1_s']:.1f} s, lost {lost} of {result['scheduled']} steps, "
+          f"stall {result['stall_s']:.1f} s, error after {result['error_s']:.1f} s")

@@ -47,7 +47,7 @@ def _names(meta: dict[str, Any], key: str = "names") -> list[str]:
 class ParameterServer(rpc.Dispatcher):
     """The state and request handler of one ``ps`` task (serve it with ``rpc.RpcServer``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, snapshots: Any = None) -> None:
         self._shards: dict[str, _Shard] = {}
         self._lock = threading.Lock()
         self.shutdown_requested = threading.Event()
@@ -57,6 +57,8 @@ class ParameterServer(rpc.Dispatcher):
             "assign": self._assign, "stats": self._stats, "shutdown": self._shutdown,
             "ledger": self._ledger,
         }
+        if snapshots is not None:  # a ``snapshots.Snapshots``: restore, then snapshot pushes
+            snapshots.attach(self)
 
     def _shard(self, name: str) -> _Shard:
         shard = self._shards.get(name)

@@ -81,8 +81,9 @@ class Server:
         name = f"{self.job_name} {self.task_index}"
         if self.job_name == "ps":
             from stratax._src.parameter_server.ps_server import ParameterServer
+            from stratax._src.parameter_server.snapshots import Snapshots
 
-            self._service = ParameterServer()
+            self._service = ParameterServer(Snapshots.from_env(self.task_index))
         else:
             from stratax._src.parameter_server.worker_server import WorkerService
 
