@@ -9,6 +9,7 @@ import random
 import re
 import time
 
+import numpy as np
 import pytest
 from ps_cluster_helpers import cluster  # noqa: F401 - `cluster` is a fixture
 
@@ -103,3 +104,49 @@ def test_killed_ps_restarts_from_its_snapshot_and_training_continues(cluster, tm
     assert result["error_s"] < 10 + 8, result   # timeout_seconds=10, plus one retried call
     print(f"phase1 {result['phase1_s']:.1f} s, lost {lost} of {result['scheduled']} steps, "
           f"stall {result['stall_s']:.1f} s, error after {result['error_s']:.1f} s")
+
+
+def test_checkpoint_reshards_and_round_trips_through_mirrored(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    from ps_cluster_helpers import HERE, Cluster
+
+    def run_cluster(scenario, ps):
+        group = Cluster(tmp_path / scenario)
+        group.log_dir.mkdir()
+        try:
+            # Generic `stratax server` tasks start in ~1 s (no JAX import on the ps).
+            group.start("ps_checkpoint.py", {"chief": 1, "worker": 1, "ps": ps},
+                        args=(scenario, str(tmp_path)),
+                        generic=("worker0", *(f"ps{i}" for i in range(ps))))
+            code, out = group.wait("chief0", timeout=180)
+            assert code == 0, out[-4000:]
+            return group.result()
+        finally:
+            group.kill_all()
+
+    first = run_cluster("first", ps=2)
+    assert first["shards"] == [2, 2, 2, 1] and first["ps"] == [0, 1]
+    env = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", "PYTEST_CURRENT_TEST")}
+    mirrored = subprocess.run([sys.executable, str(HERE / "ps_checkpoint.py"), "mirrored",
+                               str(tmp_path)], env=env, cwd=HERE, capture_output=True,
+                              text=True, timeout=120)
+    assert mirrored.returncode == 0, mirrored.stdout[-2000:] + mirrored.stderr[-3000:]
+    loaded = json.loads(mirrored.stdout.split("RESULT ", 1)[1])
+    assert loaded["loaded"] == ["sequential/dense/kernel", "sequential/dense/bias",
+                                "sequential/dense_1/kernel", "sequential/dense_1/bias"]
+    second = run_cluster("second", ps=1)
+    assert second["shards"] == [3, 3, 3, 1] and second["ps"] == [0]   # 2 ps -> 1 ps, 3 shards
+    for saved, keras_value, back in zip(first["saved"], loaded["weights"],
+                                        second["from_mirrored"], strict=True):
+        np.testing.assert_array_equal(keras_value, saved)                 # PSS -> Mirrored
+        np.testing.assert_array_equal(back, 2 * np.asarray(saved))        # Mirrored -> PSS
+    # Values and Adam state resharded: training on from the restore equals training on in
+    # the first run (same batches, one worker).
+    for a, b in zip(first["final"], second["final"], strict=True):
+        np.testing.assert_allclose(b, a, rtol=0, atol=1e-6)
+    # Adam's iterations come back with the slots: 8 steps before the checkpoint, 8 after.
+    assert first["iterations"] == [[16, 16], [16, 16], [16, 16], [16]], first["iterations"]
+    assert second["iterations"] == [[16, 16, 16]] * 3 + [[16]], second["iterations"]

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from stratax._src.parameter_server import rpc, wire
+from stratax._src.parameter_server import checkpoint, rpc, wire
 from stratax._src.parameter_server.optimizers import ShardOptimizer
 
 
@@ -56,6 +56,8 @@ class ParameterServer(rpc.Dispatcher):
             "pull": self._pull, "push": self._push,
             "assign": self._assign, "stats": self._stats, "shutdown": self._shutdown,
             "ledger": self._ledger,
+            "export": lambda f: checkpoint.export_shards(self, f),
+            "import": lambda f: checkpoint.import_shards(self, f),
         }
         if snapshots is not None:  # a ``snapshots.Snapshots``: restore, then snapshot pushes
             snapshots.attach(self)

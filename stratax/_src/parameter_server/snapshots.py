@@ -33,6 +33,22 @@ logger = logging.getLogger(__name__)
 VERSION = 1
 
 
+HEADER = "header"  # the npz member holding the JSON header, as uint8 bytes
+
+
+def write_npz(path: Path, header: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
+    """Writes ``arrays`` and the JSON ``header`` to ``path`` atomically: a temp file beside it,
+    flushed to disk, then renamed over it (an interrupted write leaves the old file)."""
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays, **{HEADER: np.frombuffer(json.dumps(header).encode(), np.uint8)})
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(buffer.getbuffer())
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
 class Snapshots:
     """Writes and restores one ps task's snapshot file (``<directory>/ps<task_index>.npz``).
 
@@ -125,16 +141,7 @@ class Snapshots:
                 for slot in entry["slots"]:
                     arrays[f"slot/{i}/{slot}"] = opt.slots[slot].copy()
             shards.append(entry)
-        header = json.dumps({"version": VERSION, "shards": shards}).encode()
-        arrays["header"] = np.frombuffer(header, np.uint8)
-        buffer = io.BytesIO()
-        np.savez(buffer, **arrays)
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        with open(tmp, "wb") as f:
-            f.write(buffer.getbuffer())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
+        write_npz(self.path, {"version": VERSION, "shards": shards}, arrays)
         self.written += 1
         logger.info("snapshot of %d shard(s) written to %s in %.3f s", len(shards), self.path,
                     time.perf_counter() - start)
@@ -143,7 +150,7 @@ class Snapshots:
         from stratax._src.parameter_server.ps_server import _Shard
 
         with np.load(self.path, allow_pickle=False) as data:
-            header = json.loads(data["header"].tobytes())
+            header = json.loads(data[HEADER].tobytes())
             if header.get("version") != VERSION:
                 raise ValueError(f"Snapshot {self.path} has version {header.get('version')!r}, "
                                  f"this stratax reads {VERSION}; delete it to start afresh.")
