@@ -2,8 +2,9 @@
 
 - ``first`` (chief + 1 worker + 2 ps, FixedShardsPartitioner(2)): trains CALLS calls, saves
   ``ckpt1.npz``, trains CALLS more; reports the final weights.
-- ``mirrored`` (one process, MirroredStrategy): loads ``ckpt1.npz`` into the Keras model,
-  doubles the weights and saves ``ckpt2.npz``.
+- ``mirrored`` (one process, MirroredStrategy): loads ``ckpt1.npz`` into the Keras model and
+  its Adam, saves ``ckpt2.npz`` with the weights doubled, then trains on the batches ``first``
+  trained on after its checkpoint (Keras' own Adam).
 - ``second`` (chief + 1 worker + 1 ps, FixedShardsPartitioner(3)): restores ``ckpt2.npz``
   (values from Keras), then ``ckpt1.npz`` (values and Adam state, resharded 2 -> 3 shards),
   trains CALLS calls; each ``train`` builds a new per-worker iterator, so these read the
@@ -66,15 +67,29 @@ def train(strategy, coordinator, model, optimizer, calls):
 def main():
     scenario, directory = sys.argv[1], Path(sys.argv[2])
     if scenario == "mirrored":
+        import keras
+
         strategy = sx.MirroredStrategy()
         with strategy.scope():
             model = build_model()
-        loaded = sx.checkpoint.load_variables(directory / "ckpt1.npz", model.weights)
-        before = weights(v.numpy() for v in model.weights)
-        for v in model.weights:
-            v.assign(v.numpy() * 2)
-        sx.checkpoint.save_variables(directory / "ckpt2.npz", model.weights)
-        print("RESULT " + json.dumps({"loaded": loaded, "weights": before}), flush=True)
+            optimizer = keras.optimizers.Adam(0.05)
+            model.compile(optimizer=optimizer, loss="mse")
+        variables = model.trainable_variables
+        loaded = sx.checkpoint.load_variables(directory / "ckpt1.npz", variables, optimizer)
+        before = [v.numpy() for v in variables]
+        iterations = int(optimizer.iterations.numpy())
+        for v, value in zip(variables, before, strict=True):
+            v.assign(value * 2)
+        sx.checkpoint.save_variables(directory / "ckpt2.npz", variables, optimizer)
+        for v, value in zip(variables, before, strict=True):
+            v.assign(value)
+        batches = dataset_fn(None)        # the batches `first` trained on after its checkpoint
+        for _ in range(CALLS * STEPS):
+            model.train_on_batch(*next(batches))
+        print("RESULT " + json.dumps({"loaded": loaded, "weights": weights(before),
+                                      "iterations": iterations,
+                                      "trained": weights(v.numpy() for v in variables)}),
+              flush=True)
         return
     import keras
 

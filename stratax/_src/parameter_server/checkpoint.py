@@ -7,7 +7,9 @@ JSON header; no pickle), atomically. Because nothing in it depends on the placem
 ``strategy.restore_checkpoint(path)`` restores it with any number of parameter servers and any
 partitioner: each new shard takes its rows of the values and slots (resharding on load).
 ``save_variables``/``load_variables`` write and read the same file from Keras variables (any
-strategy, e.g. ``MirroredStrategy``), matched by name (a Keras variable's ``path``).
+strategy, e.g. ``MirroredStrategy``), matched by name (a Keras variable's ``path``), with a
+Keras ``SGD``/``Adam``'s slots and iterations when given the optimizer (the ps applies Keras'
+formulas, so the state means the same on both sides).
 
 Iterations: each shard counts its own updates (row-sparse pushes touch only some shards), so
 the file keeps one count per saved shard, by rows; a new shard takes the count of the saved
@@ -27,6 +29,7 @@ import numpy as np
 
 from stratax._src.parameter_server import rpc, wire
 from stratax._src.parameter_server.optimizers import ShardOptimizer
+from stratax._src.parameter_server.program import optimizer_spec
 from stratax._src.parameter_server.snapshots import HEADER, write_npz
 
 FORMAT, VERSION = "stratax-variables", 1
@@ -143,31 +146,81 @@ def restore(strategy: Any, path: str | os.PathLike, variables: Sequence[Any]) ->
     return [var.name for var in variables]
 
 
-def save_variables(path: str | os.PathLike, variables: Sequence[Any]) -> None:
+# Keras' names of the optimizer slots the ps keeps as "m" and "v" (Keras creates them with
+# ``add_variable_from_reference(var, name)``: path ``<optimizer>/<var path with _>_<name>``).
+_KERAS_SLOTS = {"Adam": {"m": "momentum", "v": "velocity"}, "SGD": {"m": "momentum"}}
+
+
+def save_variables(path: str | os.PathLike, variables: Sequence[Any],
+                   optimizer: Any = None) -> None:
     """Writes Keras variables (any strategy; named by their ``path``) in the checkpoint format,
-    without optimizer state. ``strategy.restore_checkpoint`` reads it.
+    with ``optimizer``'s state for them when given (a built Keras ``SGD`` or ``Adam``).
+    ``strategy.restore_checkpoint`` reads it.
 
     Example:
-      >>> sx.checkpoint.save_variables("model.npz", model.weights)   # doctest: +SKIP
+      >>> sx.checkpoint.save_variables("model.npz", model.trainable_variables,
+      ...                              model.optimizer)                        # doctest: +SKIP
     """
+    key, slots_of = _keras_optimizer(optimizer, variables)
     entries, arrays = [], {}
     for i, var in enumerate(variables):
         value = np.asarray(var.numpy())
         arrays[f"value/{i}"] = value
+        slots = slots_of(var)
+        for name, slot in slots.items():
+            arrays[f"slot/{i}/{name}"] = np.asarray(slot.numpy())
+        iterations = int(np.asarray(optimizer.iterations.numpy())) if optimizer else 0
         entries.append({"name": var.path, "shape": list(value.shape), "dtype": value.dtype.name,
-                        "optimizer": None, "slots": [], "iterations": []})
+                        "optimizer": key if optimizer else None, "slots": sorted(slots),
+                        "iterations": [[0, value.shape[0] if value.shape else 1, iterations]]})
     _write(path, entries, arrays)
 
 
-def load_variables(path: str | os.PathLike, variables: Sequence[Any]) -> list[str]:
+def load_variables(path: str | os.PathLike, variables: Sequence[Any],
+                   optimizer: Any = None) -> list[str]:
     """Assigns Keras variables (matched by ``path``) from a checkpoint written under any
-    strategy and placement (e.g. ``ParameterServerStrategy``'s ``save_checkpoint``); returns
-    the names loaded. Optimizer state is not loaded into Keras."""
+    strategy and placement (e.g. ``ParameterServerStrategy.save_checkpoint``), and, when
+    ``optimizer`` (a Keras ``SGD`` or ``Adam``) is given, its slots and iterations; returns the
+    names loaded."""
     entries, data = _read(path)
+    if optimizer is not None and not optimizer.built:
+        optimizer.build(list(variables))
+    key, slots_of = _keras_optimizer(optimizer, variables)
     for var in variables:
-        index, _ = _find(entries, var.path, tuple(var.shape), path)
+        index, entry = _find(entries, var.path, tuple(var.shape), path)
         var.assign(data[f"value/{index}"])
+        if optimizer is None:
+            continue
+        if entry["optimizer"] is None or json.loads(entry["optimizer"])["spec"]["class_name"] \
+                != json.loads(key)["spec"]["class_name"]:
+            raise ValueError(f"Checkpoint {str(path)!r} has no {type(optimizer).__name__} state "
+                             f"for {var.path!r}; load it without `optimizer`.")
+        for name, slot in slots_of(var).items():
+            slot.assign(data[f"slot/{index}/{name}"])
+        optimizer.iterations.assign(_iterations_at(entry["iterations"], 0))
     return [var.path for var in variables]
+
+
+def _keras_optimizer(optimizer: Any, variables: Sequence[Any]) -> tuple[str, Any]:
+    """The ps' key of a Keras optimizer and a function giving a variable's slots by ps name."""
+    if optimizer is None:
+        return "", lambda var: {}
+    spec = optimizer_spec(optimizer)
+    template = ShardOptimizer(spec, np.zeros((1,), np.float32))  # checks it is SGD/Adam
+    names = {k: v for k, v in _KERAS_SLOTS[template.name].items() if k in template.slots}
+    by_path = {v.path: v for v in optimizer.variables}
+
+    def slots_of(var: Any) -> dict[str, Any]:
+        prefix = var.path.replace("/", "_")
+        found = {ps_name: [v for p, v in by_path.items() if p.endswith(f"/{prefix}_{keras}")]
+                 for ps_name, keras in names.items()}
+        missing = [k for k, v in found.items() if len(v) != 1]
+        if missing:
+            raise ValueError(f"{type(optimizer).__name__} has no single {missing} slot for "
+                             f"{var.path!r}; build it on these variables first.")
+        return {k: v[0] for k, v in found.items()}
+
+    return json.dumps({"spec": spec, "sparse": "lazy"}, sort_keys=True), slots_of
 
 
 def _call(method: str, meta: dict[str, Any], tensors: Sequence[np.ndarray] = ()) -> Any:
