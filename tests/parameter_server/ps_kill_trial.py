@@ -27,8 +27,8 @@ def dataset_fn(ctx):
 
 
 def main():
-    mode = sys.argv[1]
-    strategy = sx.ParameterServerStrategy(mode=mode, timeout_seconds=30)
+    mode, timeout = sys.argv[1], float(sys.argv[2]) if len(sys.argv) > 2 else 30.0
+    strategy = sx.ParameterServerStrategy(mode=mode, timeout_seconds=timeout)
     import jax
     import jax.numpy as jnp
 
@@ -56,7 +56,12 @@ def main():
     start = time.monotonic()
     for _ in range(PHASE1 - 1):
         coordinator.schedule(step_fn, args=(iterator,))
-    coordinator.join()
+    try:
+        coordinator.join()
+    except sx.WorkerUnavailableError as err:   # the victim was not restarted
+        print("RESULT " + json.dumps({"error": str(err), "after_s": time.monotonic() - start}),
+              flush=True)
+        return
     phase1_s = time.monotonic() - start
     deadline = time.monotonic() + 60
     rejoined = lambda: sum(s.get("rejoined", 0) for s in coordinator.stats().values())  # noqa: E731

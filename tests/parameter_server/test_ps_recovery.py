@@ -16,13 +16,18 @@ from ps_cluster_helpers import cluster  # noqa: F401 - `cluster` is a fixture
 pytestmark = pytest.mark.timeout(900)
 
 
-def _kill_trial(cluster, mode: str, rng: random.Random) -> dict:  # noqa: F811 - fixture
-    cluster.start("ps_kill_trial.py", {"chief": 1, "worker": 2, "ps": 1}, args=(mode,))
+def _start(cluster, *args) -> None:  # noqa: F811 - fixture
+    cluster.start("ps_kill_trial.py", {"chief": 1, "worker": 2, "ps": 1}, args=args,
+                  generic=("ps0",))
     deadline = time.monotonic() + 120
     while "STARTED" not in cluster.output("chief0"):
         assert time.monotonic() < deadline and cluster.procs["chief0"].poll() is None, \
             cluster.output("chief0")[-3000:]
         time.sleep(0.05)
+
+
+def _kill_trial(cluster, mode: str, rng: random.Random) -> dict:  # noqa: F811 - fixture
+    _start(cluster, mode)
     victim = f"worker{rng.randrange(2)}"
     time.sleep(rng.uniform(0.0, 1.0))          # pulling, computing, pushing or between steps
     cluster.kill(victim)
@@ -68,6 +73,18 @@ def test_kill_trials(tmp_path, mode):
             _kill_trial(group, mode, rng)
         finally:
             group.kill_all()
+
+
+@pytest.mark.slow
+def test_sync_worker_not_restarted_fails_naming_it(cluster):  # noqa: F811 - fixture
+    _start(cluster, "sync", "6")
+    cluster.kill("worker1")
+    code, out = cluster.wait("chief0", timeout=120)
+    assert code == 0, out[-4000:]
+    result = cluster.result()
+    assert re.search(r"worker 1 at 127\.0\.0\.1:\d+ died and was not restarted within 6 s",
+                     result["error"]), result
+    assert result["after_s"] < 6 + 10, result      # the limit, plus the wait that noticed it
 
 
 def test_killed_ps_restarts_from_its_snapshot_and_training_continues(cluster, tmp_path):  # noqa: F811
