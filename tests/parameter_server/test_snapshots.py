@@ -64,12 +64,15 @@ def test_interrupted_snapshot_keeps_the_previous_one(tmp_path, monkeypatch):
 def test_snapshot_settings_are_checked(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="every=0"):
         Snapshots(tmp_path, task_index=0, every=0)
+    assert Snapshots.configured(0) is None                      # nothing asked for
+    assert Snapshots.configured(2, str(tmp_path), 5).path.name == "ps2.npz"
     monkeypatch.setenv("STRATAX_PS_SNAPSHOT_DIR", str(tmp_path))
     monkeypatch.setenv("STRATAX_PS_SNAPSHOT_EVERY", "ten")
     with pytest.raises(ValueError, match="'ten'"):
-        Snapshots.from_env(0)
+        Snapshots.configured(0)
+    assert Snapshots.configured(0, every=3).every == 3          # the argument wins
     monkeypatch.setenv("STRATAX_PS_SNAPSHOT_EVERY", "7")
-    assert Snapshots.from_env(1).every == 7 and Snapshots.from_env(1).path.name == "ps1.npz"
+    assert Snapshots.configured(1).every == 7 and Snapshots.configured(1).path.name == "ps1.npz"
 
 
 def test_checkpoint_files_check_names_shapes_and_format(tmp_path):

@@ -79,17 +79,21 @@ class Snapshots:
         self._push: Any = None
 
     @classmethod
-    def from_env(cls, task_index: int) -> Snapshots | None:
-        """Snapshots configured by ``STRATAX_PS_SNAPSHOT_DIR`` (and ``..._EVERY``, default
-        100), or None when the directory is unset."""
-        directory = os.environ.get(env.STRATAX_PS_SNAPSHOT_DIR)
+    def configured(cls, task_index: int, directory: str | None = None,
+                   every: int | None = None) -> Snapshots | None:
+        """Snapshots in ``directory`` every ``every`` pushes; each unset argument falls back to
+        ``STRATAX_PS_SNAPSHOT_DIR`` / ``STRATAX_PS_SNAPSHOT_EVERY`` (default 100). None when no
+        directory is given either way."""
+        directory = directory or os.environ.get(env.STRATAX_PS_SNAPSHOT_DIR)
         if not directory:
             return None
-        every = os.environ.get(env.STRATAX_PS_SNAPSHOT_EVERY, "100")
-        if not every.isdigit():
-            raise ValueError(f"{env.STRATAX_PS_SNAPSHOT_EVERY}={every!r} must be a positive "
-                             "integer (pushes between snapshots).")
-        return cls(directory, task_index, int(every))
+        if every is None:
+            text = os.environ.get(env.STRATAX_PS_SNAPSHOT_EVERY, "100")
+            if not text.isdigit():
+                raise ValueError(f"{env.STRATAX_PS_SNAPSHOT_EVERY}={text!r} must be a positive "
+                                 "integer (pushes between snapshots).")
+            every = int(text)
+        return cls(directory, task_index, every)
 
     def attach(self, server: Any) -> None:
         """Restores ``server`` (a ``ParameterServer``) from the snapshot file if there is one,
