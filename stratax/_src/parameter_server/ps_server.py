@@ -247,7 +247,6 @@ class ParameterServer(rpc.Dispatcher):
                 }
         return rpc.response({"stats": out})
 
-
     def _ledger(self, frame: wire.Frame) -> bytes:
         """The step ids applied to each named shard (sorted), to audit exactly-once updates."""
         out = {}
