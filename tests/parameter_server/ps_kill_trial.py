@@ -1,13 +1,18 @@
 """One kill trial: chief + 2 workers + 1 ps, ``sync`` or ``async`` (argv[1]).
 
 The chief prints STARTED once the programs are compiled; the test then SIGKILLs a random
-worker at a random moment and restarts it. The chief trains PHASE1 calls, waits (bounded) for
-the restarted worker to rejoin, trains PHASE2 more calls, and prints a RESULT line: the ps
-ledger, ``optimizer.iterations``, and in sync mode the largest difference from the same SGD
-steps computed in this process on the same global batches (what a run without a kill gives).
+worker at a random moment and restarts it (or, with ``KILL_ONCE_MARKER`` set, worker 1 kills
+itself once at its 200th batch and ``stratax launch --max-restarts`` restarts it). The chief
+trains PHASE1 calls, waits (bounded) for the restarted worker to rejoin, trains PHASE2 more
+calls, and prints a RESULT line: the ps ledger, ``optimizer.iterations``, and in sync mode the
+largest difference from the same SGD steps computed in this process on the same global batches
+(what a run without a kill gives).
 """
 
+import itertools
 import json
+import os
+import signal
 import sys
 import time
 import types
@@ -21,7 +26,13 @@ BATCH, DIM, STEPS, PHASE1, PHASE2, LR = 16, 8, 4, 150, 6, 0.02
 
 def dataset_fn(ctx):
     rng = np.random.default_rng(7 + ctx.input_pipeline_id)
-    while True:
+    marker = os.environ.get("KILL_ONCE_MARKER")  # `stratax launch` test: worker 1 dies once
+    on_worker = json.loads(os.environ.get("TF_CONFIG", "{}")).get("task", {}).get("type")
+    marker = marker if on_worker == "worker" else None
+    for step in itertools.count():
+        if marker and ctx.input_pipeline_id == 1 and step == 200 and not os.path.exists(marker):
+            open(marker, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)
         x = rng.normal(size=(BATCH, DIM)).astype(np.float32)
         yield x, x @ np.linspace(-1, 1, DIM, dtype=np.float32)[:, None] + 0.5
 

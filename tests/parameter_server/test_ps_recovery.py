@@ -87,6 +87,31 @@ def test_sync_worker_not_restarted_fails_naming_it(cluster):  # noqa: F811 - fix
     assert result["after_s"] < 6 + 10, result      # the limit, plus the wait that noticed it
 
 
+@pytest.mark.slow
+def test_launch_restarts_a_dead_sync_worker_alone(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    from ps_cluster_helpers import HERE
+
+    marker = tmp_path / "killed"
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("STRATAX_") and k not in ("TF_CONFIG", "PYTEST_CURRENT_TEST")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "stratax._src.cli", "launch", "--workers", "2", "--ps", "1",
+         "--max-restarts", "1", "--timeout", "200", str(HERE / "ps_kill_trial.py"), "sync"],
+        env={**env, "KILL_ONCE_MARKER": str(marker)}, capture_output=True, text=True,
+        timeout=230, check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert marker.exists() and "restarting worker 0 alone" not in out
+    assert re.search(r"restarting worker 1 alone \(task restart 1 of 1\)", out), out[-3000:]
+    result = json.loads(out.split("RESULT ", 1)[1].splitlines()[0])
+    assert result["iterations"] == [result["scheduled"]] and result["rejoined"] == 1, result
+    assert result["max_abs_diff"] < 1e-5, result
+
+
 def test_killed_ps_restarts_from_its_snapshot_and_training_continues(cluster, tmp_path):  # noqa: F811
     every = 10
     # ps 0 is a generic `stratax server` (it starts in ~1 s; the program's import of JAX
