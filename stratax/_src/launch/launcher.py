@@ -309,8 +309,9 @@ class _Launcher:
         self._task_restarts += 1
         failure = _failure_of(worker, self._task_restarts)
         self._record_failure(failure)
-        self._notice(f"{failure.describe()}; restarting {role} {config['task']['index']} alone "
-                     f"(task restart {self._task_restarts} of {self._config.max_restarts}).")
+        self._notice(f"{failure.describe()}; restarting it alone, the parameter-server job's "
+                     f"{role} {config['task']['index']} (task restart {self._task_restarts} of "
+                     f"{self._config.max_restarts}).")
         group.restart_one(worker, self._task_restarts)
         return True
 
