@@ -38,7 +38,7 @@ def dataset_fn(ctx):
 
 
 def main():
-    mode, timeout = sys.argv[1], float(sys.argv[2]) if len(sys.argv) > 2 else 30.0
+    mode, timeout = sys.argv[1], float(sys.argv[2]) if len(sys.argv) > 2 else 60.0
     strategy = sx.ParameterServerStrategy(mode=mode, timeout_seconds=timeout)
     import jax
     import jax.numpy as jnp
