@@ -9,7 +9,8 @@ Consistency: while a snapshot is taken no push is applied (pushes wait for it), 
 shard's value, slots and ledger agree. A ps restarted at its address with the same directory
 loads the file before it listens; pushes retried by the workers (see ``recovery``) are then
 applied unless the restored ledger has them. What is lost: the pushes applied after the last
-completed snapshot, at most ``every`` (the coordinator does not re-run them).
+completed snapshot, at most ``every`` (the coordinator does not re-run them). Asynchronous
+mode only: a synchronous step's partial sum is not in the snapshot (a warning says so).
 """
 
 from __future__ import annotations
@@ -77,6 +78,7 @@ class Snapshots:
         self._writing = False
         self._server: Any = None
         self._push: Any = None
+        self._warned_sync = False
 
     @classmethod
     def configured(cls, task_index: int, directory: str | None = None,
@@ -105,6 +107,11 @@ class Snapshots:
         server._methods["push"] = self._guarded_push
 
     def _guarded_push(self, frame: wire.Frame) -> bytes:
+        if frame.meta.get("sync", 1) != 1 and not self._warned_sync:
+            self._warned_sync = True
+            logger.warning("ps snapshots do not hold synchronous steps' partial sums: a ps "
+                           "restarted from %s stalls synchronous training (until the "
+                           "timeout); restore a checkpoint instead", self.path)
         with self._cond:
             while self._writing:
                 self._cond.wait()
