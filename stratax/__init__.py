@@ -38,6 +38,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "partitioners": "stratax.partitioners",
     "coordinator": "stratax.coordinator",
+    "checkpoint": "stratax.checkpoint",
     "ShardedVariable": "stratax._src.parameter_server.variables",
     "PSVariable": "stratax._src.parameter_server.variables",
     "Server": "stratax._src.parameter_server.server",

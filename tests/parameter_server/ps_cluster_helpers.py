@@ -34,9 +34,10 @@ class Cluster:
         self._commands: dict[str, tuple[list[str], dict[str, str]]] = {}
         self._logs = []
 
-    def start(self, program: str, jobs: dict[str, int], args=(), skip=(), generic=()):
+    def start(self, program: str, jobs: dict[str, int], args=(), skip=(), generic=(), env=None):
         """Starts every task but those in ``skip``; tasks named in ``generic`` (e.g.
-        ``"ps0"``) run ``stratax server`` instead of the program."""
+        ``"ps0"``) run ``stratax server`` instead of the program; ``env`` is added to every
+        task's environment."""
         spec = {job: [f"127.0.0.1:{free_port()}" for _ in range(n)] for job, n in jobs.items()}
         base = {k: v for k, v in os.environ.items()
                 if not k.startswith("STRATAX_") and k not in ("TF_CONFIG", "PYTEST_CURRENT_TEST")}
@@ -45,11 +46,11 @@ class Cluster:
                 name = f"{job}{index}"
                 if name in skip:
                     continue
-                env = dict(base, PYTHONUNBUFFERED="1", TF_CONFIG=json.dumps(
+                task_env = dict(base, **(env or {}), PYTHONUNBUFFERED="1", TF_CONFIG=json.dumps(
                     {"cluster": spec, "task": {"type": job, "index": index}}))
                 command = ([sys.executable, "-m", "stratax._src.cli", "server"] if name in generic
                            else [sys.executable, str(HERE / program), *args])
-                self._commands[name] = (command, env)
+                self._commands[name] = (command, task_env)
                 self._launch(name)
         return spec
 

@@ -95,6 +95,10 @@ STRATAX_PS_ROLES = "STRATAX_PS_ROLES"
 # CPU collectives between worker processes: "gloo" (default, TCP) or "mpi" (JAX's MPI
 # collectives through MPItrampoline; see docs/transport.md).
 STRATAX_CPU_COLLECTIVES = "STRATAX_CPU_COLLECTIVES"
+# Parameter-server snapshots (docs/parameter_server.md, Failures): a directory where each ps
+# writes `ps<index>.npz` every STRATAX_PS_SNAPSHOT_EVERY pushes, and reloads it on restart.
+STRATAX_PS_SNAPSHOT_DIR = "STRATAX_PS_SNAPSHOT_DIR"
+STRATAX_PS_SNAPSHOT_EVERY = "STRATAX_PS_SNAPSHOT_EVERY"
 # Seconds between the ClusterCoordinator's progress lines (per-worker steps/s, the slowest
 # worker); default 10, 0 turns them off (stratax._src.parameter_server.progress).
 STRATAX_PS_PROGRESS_SECONDS = "STRATAX_PS_PROGRESS_SECONDS"

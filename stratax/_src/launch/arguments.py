@@ -36,7 +36,9 @@ def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
                         help="jax.distributed coordinator address (global rank 0). Default on "
                              "one node: 127.0.0.1 and a free port; required with --nnodes > 1")
     parser.add_argument("--max-restarts", "--max_restarts", type=int, default=0, metavar="K",
-                        help="restart the whole group up to K times after a worker fails")
+                        help="restart the whole group up to K times after a worker fails; "
+                             "with --ps, a failed worker or ps task is restarted alone (up to "
+                             "K times) and rejoins the running chief")
     parser.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
                         help="wall-clock limit for the whole launch, restarts included")
     parser.add_argument("--grace-period", type=float, default=5.0, metavar="SECONDS",

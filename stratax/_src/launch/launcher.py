@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import logging
 import os
 import signal
@@ -200,6 +201,7 @@ class _Launcher:
         self._force = threading.Event()  # a second signal: skip the grace period
         self._group: WorkerGroup | None = None
         self._events = events
+        self._task_restarts = 0  # single parameter-server tasks restarted (see _monitor)
 
     def run(self, handle_signals: bool) -> LaunchResult:
         started = time.monotonic()
@@ -275,7 +277,7 @@ class _Launcher:
     def _monitor(self, group: WorkerGroup,
                  deadline: float | None) -> tuple[str, Worker | None]:
         """Waits for the group's end: ``success``, ``failed`` + worker, ``timeout``, ``signal``."""
-        exits = 0
+        finished: set[int] = set()  # pids that exited with code 0
         while True:
             if self._stop.is_set():
                 return "signal", None
@@ -287,11 +289,31 @@ class _Launcher:
             worker = group.next_exit(wait)
             if worker is None:
                 continue
-            exits += 1
             if worker.returncode != 0:
+                if self._restart_ps_task(group, worker):
+                    continue
                 return "failed", worker
-            if exits == len(group.workers):
+            finished.add(worker.pid)
+            if all(w.pid in finished for w in group.workers):
                 return "success", None
+
+    def _restart_ps_task(self, group: WorkerGroup, worker: Worker) -> bool:
+        """Under ``--ps``, restarts a failed ``worker`` or ``ps`` task alone (same address and
+        TF_CONFIG), up to ``max_restarts`` times: the running chief takes it back (see
+        docs/parameter_server.md, Failures). Returns False for the chief or when none is left."""
+        config = json.loads(worker.spec.env.get(env_names.TF_CONFIG, "{}"))
+        role = config.get("task", {}).get("type")
+        if (not worker.spec.env.get(env_names.STRATAX_PS_ROLES) or role not in ("worker", "ps")
+                or self._task_restarts >= self._config.max_restarts or self._stop.is_set()):
+            return False
+        self._task_restarts += 1
+        failure = _failure_of(worker, self._task_restarts)
+        self._record_failure(failure)
+        self._notice(f"{failure.describe()}; restarting it alone, the parameter-server job's "
+                     f"{role} {config['task']['index']} (task restart {self._task_restarts} of "
+                     f"{self._config.max_restarts}).")
+        group.restart_one(worker, self._task_restarts)
+        return True
 
     def _result(self, started: float, restart: int, failures: list[TaskFailure], *,
                 timed_out: bool = False, interrupted: bool = False) -> LaunchResult:

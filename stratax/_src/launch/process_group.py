@@ -20,7 +20,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Sequence
-from typing import TextIO
+from typing import Any, TextIO
 
 from stratax._src.launch.child_env import WorkerSpec
 from stratax._src.launch.output import WorkerOutput
@@ -80,6 +80,7 @@ class WorkerGroup:
         self._waiters: list[threading.Thread] = []
         self._torn_down = False
         self._signalled_at: float | None = None  # when teardown first signalled the group
+        self._start_args: tuple[Any, ...] = ()  # what `start` was given, for restart_one
 
     @classmethod
     def start(
@@ -101,6 +102,7 @@ class WorkerGroup:
         """
         group = cls()
         write_lock = threading.Lock()
+        group._start_args = (cmd, stdout, stderr, write_lock, log_dir, capture_output, cwd)
         try:
             for spec in specs:
                 group._start_one(cmd, spec, stdout, stderr, write_lock, log_dir,
@@ -153,6 +155,18 @@ class WorkerGroup:
         waiter.start()
         self._waiters.append(waiter)
         logger.debug("Started %s as pid %d: %s", spec.name, worker.pid, list(cmd))
+
+    def restart_one(self, worker: Worker, restart_count: int) -> Worker:
+        """Starts ``worker``'s spec again (same command and environment) in place of the
+        exited ``worker``; returns the new one."""
+        if not worker.exited.is_set():
+            raise RuntimeError(f"{worker.spec.name} (pid {worker.pid}) is still running.")
+        cmd, stdout, stderr, write_lock, log_dir, capture_output, cwd = self._start_args
+        index = self.workers.index(worker)
+        self._start_one(cmd, worker.spec, stdout, stderr, write_lock, log_dir, restart_count,
+                        capture_output, cwd)
+        self.workers[index] = self.workers.pop()
+        return self.workers[index]
 
     def _wait(self, worker: Worker) -> None:
         worker.returncode = worker.process.wait()

@@ -33,7 +33,7 @@ import numpy as np
 
 from stratax._src.core.errors import StrataxError, WorkerUnavailableError
 from stratax._src.core.reduce_op import ReduceOp
-from stratax._src.parameter_server import functions, progress, rpc, structure
+from stratax._src.parameter_server import functions, progress, recovery, rpc, structure
 from stratax._src.parameter_server.program import Program
 
 logger = logging.getLogger(__name__)
@@ -238,6 +238,8 @@ class _Worker:
         self.programs: set[str] = set()
         self.iterators: set[str] = set()
         self.stats = collections.Counter()
+        self.consumed = collections.Counter()  # iterator name -> batches of finished closures
+        self.died_at: float | None = None
 
 
 class ClusterCoordinator:
@@ -444,17 +446,19 @@ class ClusterCoordinator:
                 closure = pinned.popleft() if pinned else self._queue.popleft()
                 self._inflight += 1
             try:
-                self._run(worker, closure)
+                recovery.run_detecting_restart(self._run, worker, closure)
             except WorkerUnavailableError as err:
-                logger.warning("%s; re-queueing closure %d on the other workers",
-                               err, closure.ident)
+                logger.warning("%s; re-queueing closure %d %s", err, closure.ident,
+                               "for its restart" if closure.pinned else "on the other workers")
                 worker.alive = False
+                worker.died_at = time.monotonic()
                 with self._cond:
                     self._inflight -= 1
                     if closure.pinned:
-                        # A synchronous step needs every worker; it cannot move elsewhere.
-                        self._fail(closure, err)
-                        self._cancel_queued(StepError(f"Cancelled: {err}"))
+                        # A synchronous step needs this worker's gradient, on this worker's
+                        # data: it waits for the task to be restarted (see _revive).
+                        if closure.remote.status is RemoteValueStatus.PENDING:
+                            pinned.appendleft(closure)
                     elif any(w.alive for w in self._workers):
                         self._queue.appendleft(closure)
                     else:
@@ -467,6 +471,8 @@ class ClusterCoordinator:
                     return
                 continue
             except Exception as err:
+                if recovery.retry_sync_share(self, worker, closure, err):
+                    continue
                 error = err if isinstance(err, StrataxError) else StepError(
                     f"worker {worker.index} at {worker.client.address}: "
                     f"{type(err).__name__}: {err}")
@@ -483,13 +489,20 @@ class ClusterCoordinator:
 
     def _revive(self, worker: _Worker) -> bool:
         """Waits for a dead worker to answer again (a restarted task at the same address),
-        rebuilds its iterators from the start of their ``dataset_fn`` and takes it back;
-        returns False when the coordinator stops first."""
+        rebuilds its iterators (asynchronous mode: from the start of their ``dataset_fn``;
+        synchronous mode: past the batches of its finished steps, see ``recovery``) and takes
+        it back; returns False when the coordinator stops first."""
         while not self._stop.wait(1.0):
+            if self._sync:
+                recovery.expire_sync_shares(self, worker)
             try:
                 worker.client.call("ping", timeout=2.0)
                 for name, fn_ref in list(self._iterator_refs.items()):
-                    worker.client.call("iterator", {"iterator": name, "fn": fn_ref})
+                    # Synchronous mode: skip the batches of the steps already done, so the
+                    # re-run steps read the batches the dead task would have read.
+                    skip = worker.consumed[name] if self._sync else 0
+                    worker.client.call("iterator", {"iterator": name, "fn": fn_ref,
+                                                    "skip": skip})
             except StrataxError:
                 continue
             worker.programs = set()
@@ -535,6 +548,8 @@ class ClusterCoordinator:
             outputs.append(reply.tensors[position:position + count])
             position += count
         worker.stats["closures"] += 1
+        if iterator is not None:
+            worker.consumed[iterator.name] += closure.batches
         worker.stats["steps"] += len(closure.runs)
         worker.stats["wall"] += time.perf_counter() - start
         for key, seconds in reply.meta.get("timing", {}).items():

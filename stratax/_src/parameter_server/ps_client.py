@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from stratax._src.parameter_server import rpc
+from stratax._src.parameter_server import recovery, rpc
 
 VarDesc = dict[str, Any]
 # A push: (variable, distinct global rows or None for dense, gradient).
@@ -37,11 +37,18 @@ class PSClients:
             client.close()
 
     def each(self, calls: dict[int, Callable[[rpc.RpcClient], Any]]) -> dict[int, Any]:
-        """Runs ``calls[ps](client)`` for each ps concurrently; returns results by ps."""
+        """Runs ``calls[ps](client)`` for each ps concurrently; returns results by ps. A ps
+        that does not answer is retried with backoff for up to ``timeout`` seconds (a ps
+        restarting from its snapshot; a repeated push is applied once)."""
+        calls = {ps: self._retrying(call, self.clients[ps]) for ps, call in calls.items()}
         if len(calls) <= 1:
-            return {ps: call(self.clients[ps]) for ps, call in calls.items()}
-        pending = {ps: self._pool.submit(call, self.clients[ps]) for ps, call in calls.items()}
+            return {ps: call() for ps, call in calls.items()}
+        pending = {ps: self._pool.submit(call) for ps, call in calls.items()}
         return {ps: future.result() for ps, future in pending.items()}
+
+    def _retrying(self, call: Callable[[rpc.RpcClient], Any],
+                  client: rpc.RpcClient) -> Callable[[], Any]:
+        return lambda: recovery.with_retries(lambda: call(client), client.name, self.timeout)
 
     def pull(self, variables: Sequence[VarDesc], rows: Sequence[np.ndarray | None] | None = None,
              after: str | None = None) -> list[np.ndarray]:

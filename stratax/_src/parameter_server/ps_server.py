@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from stratax._src.parameter_server import rpc, wire
+from stratax._src.parameter_server import checkpoint, rpc, wire
 from stratax._src.parameter_server.optimizers import ShardOptimizer
 
 
@@ -49,7 +49,7 @@ def _names(meta: dict[str, Any], key: str = "names") -> list[str]:
 class ParameterServer(rpc.Dispatcher):
     """The state and request handler of one ``ps`` task (serve it with ``rpc.RpcServer``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, snapshots: Any = None) -> None:
         self._shards: dict[str, _Shard] = {}
         self._lock = threading.Lock()
         self.shutdown_requested = threading.Event()
@@ -57,7 +57,12 @@ class ParameterServer(rpc.Dispatcher):
             "ping": self._ping, "create": self._create, "set_optimizer": self._set_optimizer,
             "pull": self._pull, "push": self._push,
             "assign": self._assign, "stats": self._stats, "shutdown": self._shutdown,
+            "ledger": self._ledger,
+            "export": lambda f: checkpoint.export_shards(self, f),
+            "import": lambda f: checkpoint.import_shards(self, f),
         }
+        if snapshots is not None:  # a ``snapshots.Snapshots``: restore, then snapshot pushes
+            snapshots.attach(self)
 
     def _shard(self, name: str) -> _Shard:
         shard = self._shards.get(name)
@@ -248,6 +253,15 @@ class ParameterServer(rpc.Dispatcher):
                     "whole_pulls": shard.whole_pulls, "rows_pulled": shard.rows_pulled,
                 }
         return rpc.response({"stats": out})
+
+    def _ledger(self, frame: wire.Frame) -> bytes:
+        """The step ids applied to each named shard (sorted), to audit exactly-once updates."""
+        out = {}
+        for name in _names(frame.meta):
+            shard = self._shard(name)
+            with shard.lock:
+                out[name] = sorted(shard.ledger)
+        return rpc.response({"ledger": out})
 
 
 def _summed(grads: list[tuple[Any, np.ndarray]]) -> tuple[Any, np.ndarray]:

@@ -35,6 +35,10 @@ class Server:
       protocol: ``"grpc"`` (the only transport; accepted for TensorFlow compatibility).
       start: Start serving immediately.
       timeout_seconds: Deadline of a worker's calls to the parameter servers.
+      snapshot_dir: A ``ps`` task writes ``ps<index>.npz`` there every ``snapshot_every``
+        pushes and reloads it when restarted (default: ``STRATAX_PS_SNAPSHOT_DIR``; unset = no
+        snapshots).
+      snapshot_every: Pushes between snapshots (default: ``STRATAX_PS_SNAPSHOT_EVERY``, 100).
 
     Example:
       >>> server = sx.Server({"ps": ["127.0.0.1:2222"], "worker": ["127.0.0.1:2223"]},
@@ -44,7 +48,8 @@ class Server:
 
     def __init__(self, server_or_cluster_def: Any, job_name: str | None = None,
                  task_index: int | None = None, protocol: str | None = None,
-                 config: Any = None, start: bool = True, timeout_seconds: float = 60.0) -> None:
+                 config: Any = None, start: bool = True, timeout_seconds: float = 60.0,
+                 snapshot_dir: str | None = None, snapshot_every: int | None = None) -> None:
         del config  # TensorFlow's session config has no meaning here
         if isinstance(server_or_cluster_def, ClusterResolver):
             job_name = job_name or server_or_cluster_def.task_type
@@ -62,6 +67,7 @@ class Server:
         self.task_index = int(task_index)
         self.address = spec.task_address(job_name, self.task_index)
         self._timeout = timeout_seconds
+        self._snapshot = (snapshot_dir, snapshot_every)
         self._thread: threading.Thread | None = None
         self._service: Any = None
         self._rpc: rpc.RpcServer | None = None
@@ -81,8 +87,10 @@ class Server:
         name = f"{self.job_name} {self.task_index}"
         if self.job_name == "ps":
             from stratax._src.parameter_server.ps_server import ParameterServer
+            from stratax._src.parameter_server.snapshots import Snapshots
 
-            self._service = ParameterServer()
+            self._service = ParameterServer(Snapshots.configured(self.task_index,
+                                                                *self._snapshot))
         else:
             from stratax._src.parameter_server.worker_server import WorkerService
 

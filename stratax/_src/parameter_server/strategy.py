@@ -22,8 +22,8 @@ import numpy as np
 
 from stratax._src.cluster.resolver import ClusterResolver
 from stratax._src.core.context import strategy_scope
+from stratax._src.parameter_server import checkpoint, functions, program
 from stratax._src.parameter_server import coordinator as coord
-from stratax._src.parameter_server import functions, program
 from stratax._src.parameter_server.partitioners import shard_offsets, shard_sizes
 from stratax._src.parameter_server.ps_client import PSClients
 from stratax._src.parameter_server.rpc import RpcClient
@@ -289,6 +289,28 @@ class ParameterServerStrategy:
         ``rows_pulled`` (the row-sparse path), ``bytes``, ``apply_seconds``."""
         variable = self._on_ps(variable)
         return [self._ps.clients[p.ps].call("stats", {"names": [p.key]}).meta["stats"][p.key]
+                for p in variable.placements]
+
+    def save_checkpoint(self, path: str, variables: Sequence[Any] | None = None) -> None:
+        """Writes ``variables`` (default: all) to ``path`` (``.npz``), unsharded, with their
+        optimizer state, atomically; it restores with any number of parameter servers and any
+        partitioner, and into Keras under any strategy (``sx.checkpoint.load_variables``)."""
+        checkpoint.save(self, path, self._checkpointed(variables))
+
+    def restore_checkpoint(self, path: str, variables: Sequence[Any] | None = None) -> list[str]:
+        """Loads ``path`` (from ``save_checkpoint`` or ``sx.checkpoint.save_variables``) into
+        ``variables`` (default: all; Keras variables are matched by ``path``), resharding to
+        this strategy's placement; returns the names restored."""
+        return checkpoint.restore(self, path, self._checkpointed(variables))
+
+    def _checkpointed(self, variables: Sequence[Any] | None) -> list[PSVariable]:
+        return list(self._variables if variables is None else self._on_ps(list(variables)))
+
+    def applied_steps(self, variable: PSVariable) -> list[list[str]]:
+        """Per shard of ``variable``, the ids (``"c<closure>:<step>"``) of the steps applied
+        to it, sorted: the parameter servers' ledger, to check that no step was applied twice
+        (their count equals ``optimizer_iterations``) or lost."""
+        return [self._ps.clients[p.ps].call("ledger", {"names": [p.key]}).meta["ledger"][p.key]
                 for p in variable.placements]
 
     def _unique_name(self, name: str) -> str:

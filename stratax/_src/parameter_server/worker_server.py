@@ -34,6 +34,8 @@ class _Iterator:
         self._it = iter(dataset)
         self._peeked: list[Any] = [next(self._it)]
         self.lock = threading.Lock()
+        # The batches of the last closure read, so a re-sent closure reads the same ones.
+        self._last: tuple[str, list[list[np.ndarray]]] | None = None
 
     def spec(self) -> tuple[Any, list[np.ndarray]]:
         return structure.describe(self._peeked[0])
@@ -41,6 +43,13 @@ class _Iterator:
     def next(self) -> list[np.ndarray]:
         element = self._peeked.pop() if self._peeked else next(self._it)
         return [np.asarray(leaf) for leaf in structure.describe(element)[1]]
+
+    def take(self, closure: str, count: int) -> list[list[np.ndarray]]:
+        """``count`` batches for ``closure``; the same ones again if it is sent again (a
+        synchronous share re-run after waiting for a dead worker)."""
+        if self._last is None or self._last[0] != closure:
+            self._last = (closure, [self.next() for _ in range(count)])
+        return self._last[1]
 
 
 class _Program:
@@ -100,6 +109,9 @@ class WorkerService(rpc.Dispatcher):
     def _iterator(self, frame: wire.Frame) -> bytes:
         name = wire.require(frame.meta, "iterator", str)
         fn = functions.resolve(wire.require(frame.meta, "fn", dict))
+        skip = frame.meta.get("skip", 0)
+        if type(skip) is not int or skip < 0:
+            raise wire.WireError(f"Field 'skip' must be a non-negative int, got {skip!r}.")
         context = InputContext(num_input_pipelines=self.num_workers,
                                input_pipeline_id=self.task_index, num_replicas_in_sync=1)
         try:
@@ -108,8 +120,10 @@ class WorkerService(rpc.Dispatcher):
             takes_context = True
         dataset = fn(context) if takes_context else fn()
         iterator = _Iterator(dataset)
-        self._iterators[name] = iterator
         tree, leaves = iterator.spec()
+        for _ in range(skip):  # a restarted worker resumes its data where its steps ended
+            iterator.next()
+        self._iterators[name] = iterator
         specs = [[np.asarray(x).dtype.name, list(np.shape(x))] for x in leaves]
         return rpc.response({"structure": tree, "specs": specs})
 
@@ -135,7 +149,7 @@ class WorkerService(rpc.Dispatcher):
             if iterator is None:
                 raise KeyError(f"No iterator {name!r} on worker {self.task_index}.")
             with iterator.lock:
-                batches = [iterator.next() for _ in range(count)]
+                batches = iterator.take(closure, count)
         timing["data"] += time.perf_counter() - start
         sync = wire.require(frame.meta, "sync", int)
         previous = frame.meta.get("after")

@@ -1,0 +1,272 @@
+"""Checkpoints that change shape: full, unsharded variables with their optimizer state.
+
+``strategy.save_checkpoint(path)`` gathers every variable from the parameter servers (shards
+concatenated along axis 0) with its optimizer slots (Adam's ``m``/``v``, momentum's ``m``,
+gathered the same way) and iteration counts, and writes one ``.npz`` file (raw arrays plus a
+JSON header; no pickle), atomically. Because nothing in it depends on the placement,
+``strategy.restore_checkpoint(path)`` restores it with any number of parameter servers and any
+partitioner: each new shard takes its rows of the values and slots (resharding on load).
+``save_variables``/``load_variables`` write and read the same file from Keras variables (any
+strategy, e.g. ``MirroredStrategy``), matched by name (a Keras variable's ``path``), with a
+Keras ``SGD``/``Adam``'s slots and iterations when given the optimizer (the ps applies Keras'
+formulas, so the state means the same on both sides).
+
+Iterations: each shard counts its own updates (row-sparse pushes touch only some shards), so
+the file keeps one count per saved shard, by rows; a new shard takes the count of the saved
+shard holding its first row. The ledger of step ids is not saved: a restore starts a new run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from stratax._src.parameter_server import rpc, wire
+from stratax._src.parameter_server.optimizers import ShardOptimizer
+from stratax._src.parameter_server.program import optimizer_spec
+from stratax._src.parameter_server.snapshots import HEADER, write_npz
+
+FORMAT, VERSION = "stratax-variables", 1
+
+
+# ----- on the parameter server ------------------------------------------------------------
+def export_shards(server: Any, frame: wire.Frame) -> bytes:
+    """ps method ``export``: per named shard, its value then its optimizer slots (sorted by
+    name); the header gives each shard's optimizer key, iterations and slot names."""
+    meta, tensors = [], []
+    for name in wire.require(frame.meta, "names", list):
+        shard = server._shard(name)
+        with shard.lock:
+            opt = shard.optimizer
+            slots = sorted(opt.slots) if opt else []
+            meta.append({"optimizer": shard.optimizer_key or None, "slots": slots,
+                         "iterations": opt.iterations if opt else 0})
+            tensors += [shard.value.copy(), *(opt.slots[s].copy() for s in slots)]
+    return rpc.response({"shards": meta}, tensors)
+
+
+def import_shards(server: Any, frame: wire.Frame) -> bytes:
+    """ps method ``import``: sets the named shards' values and (when given) optimizer state;
+    everything is checked before any shard changes."""
+    names = wire.require(frame.meta, "names", list)
+    states = wire.require(frame.meta, "shards", list)
+    if len(states) != len(names):
+        raise wire.WireError(f"import got {len(names)} names and {len(states)} shard states.")
+    plan, position = [], 0
+    for name, state in zip(names, states, strict=True):
+        shard = server._shard(name)
+        slots = wire.require(state, "slots", list)
+        tensors = frame.tensors[position:position + 1 + len(slots)]
+        position += 1 + len(slots)
+        if len(tensors) != 1 + len(slots) or any(t.shape != shard.value.shape for t in tensors):
+            raise wire.WireError(f"import: {name!r} needs {1 + len(slots)} tensors of shape "
+                                 f"{shard.value.shape}.")
+        optimizer, key = None, state.get("optimizer")
+        if key is not None:
+            parsed = json.loads(wire.require(state, "optimizer", str))
+            optimizer = ShardOptimizer(parsed["spec"], shard.value, parsed["sparse"])
+            if sorted(optimizer.slots) != sorted(slots):
+                raise wire.WireError(f"import: {name!r} has slots {slots}, its optimizer "
+                                     f"{sorted(optimizer.slots)}.")
+            optimizer.iterations = int(wire.require(state, "iterations", int))
+            for slot, value in zip(slots, tensors[1:], strict=True):
+                optimizer.slots[slot][...] = value
+        plan.append((shard, tensors[0], optimizer, key))
+    if position != len(frame.tensors):
+        raise wire.WireError(f"import got {len(frame.tensors)} tensors, expected {position}.")
+    for shard, value, optimizer, key in plan:
+        with shard.lock:
+            shard.value[...] = value
+            if optimizer is not None:
+                shard.optimizer, shard.optimizer_key = optimizer, key
+    return rpc.response()
+
+
+# ----- on the coordinator -----------------------------------------------------------------
+def save(strategy: Any, path: str | os.PathLike, variables: Sequence[Any]) -> None:
+    """Writes ``variables`` (``PSVariable``s) with their optimizer state to ``path``."""
+    by_ps: dict[int, list[str]] = defaultdict(list)
+    for var in variables:
+        for p in var.placements:
+            by_ps[p.ps].append(p.key)
+    replies = strategy._ps.each({ps: _call("export", {"names": names})
+                                 for ps, names in by_ps.items()})
+    shards: dict[str, tuple[dict[str, Any], list[np.ndarray]]] = {}
+    for ps, names in by_ps.items():
+        reply, position = replies[ps], 0
+        for name, state in zip(names, reply.meta["shards"], strict=True):
+            count = 1 + len(state["slots"])
+            shards[name] = (state, reply.tensors[position:position + count])
+            position += count
+    entries, arrays = [], {}
+    for i, var in enumerate(variables):
+        parts = [shards[p.key] for p in var.placements]
+        states = [state for state, _ in parts]
+        keys = {state["optimizer"] for state in states}
+        if len(keys) > 1:
+            raise ValueError(f"The shards of {var.name!r} have different optimizers {keys}.")
+        arrays[f"value/{i}"] = _join([tensors[0] for _, tensors in parts], var.shape)
+        for j, slot in enumerate(states[0]["slots"]):
+            arrays[f"slot/{i}/{slot}"] = _join([tensors[1 + j] for _, tensors in parts],
+                                               var.shape)
+        entries.append({"name": var.name, "shape": list(var.shape), "dtype": var.dtype.name,
+                        "optimizer": states[0]["optimizer"], "slots": states[0]["slots"],
+                        "iterations": [[p.start, p.rows, s["iterations"]]
+                                       for p, s in zip(var.placements, states, strict=True)]})
+    _write(path, entries, arrays)
+
+
+def restore(strategy: Any, path: str | os.PathLike, variables: Sequence[Any]) -> list[str]:
+    """Loads ``path`` into ``variables`` (``PSVariable``s, matched by name), resharding to
+    their current placement; returns the names restored. A variable saved without optimizer
+    state (``save_variables``) keeps the optimizer state its shards have. Raises on a missing
+    name or a shape mismatch, naming both."""
+    entries, data = _read(path)
+    calls: dict[int, tuple[list[str], list[dict[str, Any]], list[np.ndarray]]] = defaultdict(
+        lambda: ([], [], []))
+    for var in variables:
+        index, entry = _find(entries, var.name, tuple(var.shape), path)
+        value = data[f"value/{index}"]
+        slots = {s: data[f"slot/{index}/{s}"] for s in entry["slots"]}
+        for p in var.placements:
+            rows = slice(p.start, p.start + p.rows) if var.shape else slice(None)
+            names, states, tensors = calls[p.ps]
+            names.append(p.key)
+            states.append({"optimizer": entry["optimizer"], "slots": list(slots),
+                           "iterations": _iterations_at(entry["iterations"], p.start)})
+            tensors += [value[rows], *(slot[rows] for slot in slots.values())]
+    strategy._ps.each({ps: _call("import", {"names": names, "shards": states}, tensors)
+                       for ps, (names, states, tensors) in calls.items()})
+    return [var.name for var in variables]
+
+
+# Keras' names of the optimizer slots the ps keeps as "m" and "v" (Keras creates them with
+# ``add_variable_from_reference(var, name)``: path ``<optimizer>/<var path with _>_<name>``).
+_KERAS_SLOTS = {"Adam": {"m": "momentum", "v": "velocity"}, "SGD": {"m": "momentum"}}
+
+
+def save_variables(path: str | os.PathLike, variables: Sequence[Any],
+                   optimizer: Any = None) -> None:
+    """Writes Keras variables (any strategy; named by their ``path``) in the checkpoint format,
+    with ``optimizer``'s state for them when given (a built Keras ``SGD`` or ``Adam``).
+    ``strategy.restore_checkpoint`` reads it.
+
+    Example:
+      >>> sx.checkpoint.save_variables("model.npz", model.trainable_variables,
+      ...                              model.optimizer)                        # doctest: +SKIP
+    """
+    key, slots_of = _keras_optimizer(optimizer, variables)
+    entries, arrays = [], {}
+    for i, var in enumerate(variables):
+        value = np.asarray(var.numpy())
+        arrays[f"value/{i}"] = value
+        slots = slots_of(var)
+        for name, slot in slots.items():
+            arrays[f"slot/{i}/{name}"] = np.asarray(slot.numpy())
+        iterations = int(np.asarray(optimizer.iterations.numpy())) if optimizer else 0
+        entries.append({"name": var.path, "shape": list(value.shape), "dtype": value.dtype.name,
+                        "optimizer": key if optimizer else None, "slots": sorted(slots),
+                        "iterations": [[0, value.shape[0] if value.shape else 1, iterations]]})
+    _write(path, entries, arrays)
+
+
+def load_variables(path: str | os.PathLike, variables: Sequence[Any],
+                   optimizer: Any = None) -> list[str]:
+    """Assigns Keras variables (matched by ``path``) from a checkpoint written under any
+    strategy and placement (e.g. ``ParameterServerStrategy.save_checkpoint``), and, when
+    ``optimizer`` (a Keras ``SGD`` or ``Adam``) is given, its slots and iterations; returns the
+    names loaded."""
+    entries, data = _read(path)
+    if optimizer is not None and not optimizer.built:
+        optimizer.build(list(variables))
+    key, slots_of = _keras_optimizer(optimizer, variables)
+    for var in variables:
+        index, entry = _find(entries, var.path, tuple(var.shape), path)
+        var.assign(data[f"value/{index}"])
+        if optimizer is None:
+            continue
+        if entry["optimizer"] is None or json.loads(entry["optimizer"])["spec"]["class_name"] \
+                != json.loads(key)["spec"]["class_name"]:
+            raise ValueError(f"Checkpoint {str(path)!r} has no {type(optimizer).__name__} state "
+                             f"for {var.path!r}; load it without `optimizer`.")
+        for name, slot in slots_of(var).items():
+            slot.assign(data[f"slot/{index}/{name}"])
+        optimizer.iterations.assign(_iterations_at(entry["iterations"], 0))
+    return [var.path for var in variables]
+
+
+def _keras_optimizer(optimizer: Any, variables: Sequence[Any]) -> tuple[str, Any]:
+    """The ps' key of a Keras optimizer and a function giving a variable's slots by ps name."""
+    if optimizer is None:
+        return "", lambda var: {}
+    spec = optimizer_spec(optimizer)
+    template = ShardOptimizer(spec, np.zeros((1,), np.float32))  # checks it is SGD/Adam
+    names = {k: v for k, v in _KERAS_SLOTS[template.name].items() if k in template.slots}
+    by_path = {v.path: v for v in optimizer.variables}
+
+    def slots_of(var: Any) -> dict[str, Any]:
+        prefix = var.path.replace("/", "_")
+        found = {ps_name: [v for p, v in by_path.items() if p.endswith(f"/{prefix}_{keras}")]
+                 for ps_name, keras in names.items()}
+        missing = [k for k, v in found.items() if len(v) != 1]
+        if missing:
+            raise ValueError(f"{type(optimizer).__name__} has no single {missing} slot for "
+                             f"{var.path!r}; build it on these variables first.")
+        return {k: v[0] for k, v in found.items()}
+
+    return json.dumps({"spec": spec, "sparse": "lazy"}, sort_keys=True), slots_of
+
+
+def _call(method: str, meta: dict[str, Any], tensors: Sequence[np.ndarray] = ()) -> Any:
+    return lambda client: client.call(method, meta, list(tensors), stream=True)
+
+
+# ----- the file -----------------------------------------------------------------------------
+def _write(path: str | os.PathLike, entries: list[dict[str, Any]],
+           arrays: dict[str, np.ndarray]) -> None:
+    path = Path(path)
+    if path.suffix != ".npz":
+        raise ValueError(f"Checkpoint path {str(path)!r} must end with '.npz'.")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_npz(path, {"format": FORMAT, "version": VERSION, "variables": entries}, arrays)
+
+
+def _read(path: str | os.PathLike) -> tuple[list[dict[str, Any]], dict[str, np.ndarray]]:
+    with np.load(path, allow_pickle=False) as npz:
+        data = {k: np.array(npz[k]) for k in npz.files}
+    header = json.loads(data.pop(HEADER).tobytes())
+    if header.get("format") != FORMAT or header.get("version") != VERSION:
+        raise ValueError(f"{str(path)!r} is not a stratax variables checkpoint (version "
+                         f"{VERSION}); its header says {header.get('format')!r} "
+                         f"{header.get('version')!r}.")
+    return header["variables"], data
+
+
+def _find(entries: list[dict[str, Any]], name: str, shape: tuple[int, ...],
+          path: Any) -> tuple[int, dict[str, Any]]:
+    for index, entry in enumerate(entries):
+        if entry["name"] == name:
+            if tuple(entry["shape"]) != shape:
+                raise ValueError(f"Checkpoint {str(path)!r} has {name!r} with shape "
+                                 f"{tuple(entry['shape'])}, the variable has {shape}.")
+            return index, entry
+    raise ValueError(f"Checkpoint {str(path)!r} has no variable {name!r}; it has "
+                     f"{[e['name'] for e in entries]}.")
+
+
+def _join(parts: list[np.ndarray], shape: tuple[int, ...]) -> np.ndarray:
+    return parts[0] if len(parts) == 1 or not shape else np.concatenate(parts, axis=0)
+
+
+def _iterations_at(blocks: list[list[int]], row: int) -> int:
+    for start, rows, iterations in blocks:
+        if start <= row < start + max(rows, 1):
+            return int(iterations)
+    return int(blocks[0][2]) if blocks else 0
+

@@ -1,0 +1,107 @@
+"""Recovery of synchronous steps from a dead worker, and retries of calls to a restarting ps.
+
+Synchronous mode needs every worker's gradient for each step, computed on that worker's own
+batches, so a dead worker's share cannot move to a survivor without moving its data. Instead
+the share waits for the task to be restarted at its address (by a supervisor, ``stratax
+launch``'s restarts or by hand): the coordinator rebuilds the restarted task's iterators,
+skips the batches of the steps it had finished, and re-sends its unfinished closure. Pushes
+the dead task made before dying are kept by the parameter servers (a worker's gradient for a
+step is taken once), so the re-run adds exactly the missing gradients and the result equals
+the run without the failure. Survivors whose pull gave up waiting for the dead worker's
+gradient re-run their share (the worker re-reads the same batches, see ``worker_server``).
+If the task does not come back within ``timeout_seconds``, its pending steps fail with an
+error naming it, so ``join()`` never waits forever.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from stratax._src.core.errors import WorkerUnavailableError
+from stratax._src.parameter_server.rpc import RemoteError
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+# What a worker answers when asked for an iterator or program it does not have: it was
+# restarted (the coordinator checks both exist before sending a closure).
+_LOST_STATE = ("No iterator", "is not registered on worker")
+_SYNC_WAIT = "still waiting for gradients"  # the ps' error when a synchronous pull gives up
+
+
+def _rejoin_limit(coordinator: Any) -> float:
+    return float(coordinator.strategy._timeout)
+
+
+def retry_sync_share(coordinator: Any, worker: Any, closure: Any, error: BaseException) -> bool:
+    """Re-queues a survivor's synchronous share that failed waiting for a worker that died
+    recently (within the rejoin limit); returns False when the error is another one."""
+    if not closure.pinned or _SYNC_WAIT not in str(error):
+        return False
+    now = time.monotonic()
+    with coordinator._cond:
+        recent = [w for w in coordinator._workers
+                  if w.died_at is not None and now - w.died_at < _rejoin_limit(coordinator)]
+        if not recent or closure.remote.status.value != "pending":
+            return False
+        coordinator._inflight -= 1
+        coordinator._pinned[worker.index].appendleft(closure)
+        coordinator._cond.notify_all()
+    logger.warning("worker %d: synchronous closure %d waits for %s; running it again",
+                   worker.index, closure.ident,
+                   ", ".join(f"worker {w.index} at {w.client.address}" for w in recent))
+    return True
+
+
+def expire_sync_shares(coordinator: Any, worker: Any) -> None:
+    """Fails the synchronous steps waiting for dead ``worker`` once it has been down longer
+    than the rejoin limit (``timeout_seconds``), naming it; called while waiting for it."""
+    limit = _rejoin_limit(coordinator)
+    if worker.died_at is None or time.monotonic() - worker.died_at < limit:
+        return
+    with coordinator._cond:
+        if not coordinator._pinned[worker.index]:
+            return
+        error = WorkerUnavailableError(
+            f"Synchronous training needs every worker: worker {worker.index} at "
+            f"{worker.client.address} died and was not restarted within {limit:g} s "
+            "(timeout_seconds); restart it at the same address (e.g. under a supervisor) or "
+            "use mode='async', which continues on the remaining workers.")
+        for closure in list(coordinator._pinned[worker.index]):
+            coordinator._fail(closure, error)
+        coordinator._cancel_queued(error)
+        coordinator._cond.notify_all()
+    worker.died_at = time.monotonic()
+
+
+def run_detecting_restart(run: Callable[[Any, Any], None], worker: Any, closure: Any) -> None:
+    """``run(worker, closure)``, turning the error of a worker restarted since the coordinator
+    last saw it (it lost its iterators or programs) into ``WorkerUnavailableError``, so the
+    closure is re-queued and the task taken back like a worker that died visibly."""
+    try:
+        run(worker, closure)
+    except RemoteError as err:
+        if not any(lost in str(err) for lost in _LOST_STATE):
+            raise
+        raise WorkerUnavailableError(
+            f"worker {worker.index} at {worker.client.address} was restarted and lost its "
+            f"state ({err})") from None
+
+
+def with_retries(call: Callable[[], T], name: str, timeout: float) -> T:
+    """Runs ``call`` again, with backoff (0.2 s doubling to 2 s), while it fails with
+    ``WorkerUnavailableError`` (a parameter server restarting) for at most ``timeout``
+    seconds; then raises the last error, which names the server."""
+    deadline = time.monotonic() + timeout
+    delay = 0.2
+    while True:
+        try:
+            return call()
+        except WorkerUnavailableError:
+            if time.monotonic() + delay > deadline:
+                raise
+            logger.warning("%s does not answer; retrying in %.1f s", name, delay)
+            time.sleep(delay)
+            delay = min(2 * delay, 2.0)

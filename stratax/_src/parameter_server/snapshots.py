@@ -1,0 +1,181 @@
+"""Parameter-server snapshots: a ps writes its shards every N pushes and reloads them on restart.
+
+A snapshot holds, per shard, the value, the optimizer (its spec, slots and iterations) and the
+ledger of applied step ids, in one ``.npz`` file (raw arrays plus a JSON header; no pickle).
+It is written atomically: to ``ps<i>.npz.tmp``, flushed to disk, then renamed over
+``ps<i>.npz``, so a ps killed while writing leaves the previous snapshot intact.
+
+Consistency: while a snapshot is taken no push is applied (pushes wait for it), so every
+shard's value, slots and ledger agree. A ps restarted at its address with the same directory
+loads the file before it listens; pushes retried by the workers (see ``recovery``) are then
+applied unless the restored ledger has them. What is lost: the pushes applied after the last
+completed snapshot, at most ``every`` (the coordinator does not re-run them). Asynchronous
+mode only: a synchronous step's partial sum is not in the snapshot (a warning says so).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from stratax._src.core import env
+from stratax._src.parameter_server import wire
+from stratax._src.parameter_server.optimizers import ShardOptimizer
+
+logger = logging.getLogger(__name__)
+VERSION = 1
+
+
+HEADER = "header"  # the npz member holding the JSON header, as uint8 bytes
+
+
+def write_npz(path: Path, header: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
+    """Writes ``arrays`` and the JSON ``header`` to ``path`` atomically: a temp file beside it,
+    flushed to disk, then renamed over it (an interrupted write leaves the old file)."""
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays, **{HEADER: np.frombuffer(json.dumps(header).encode(), np.uint8)})
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(buffer.getbuffer())
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class Snapshots:
+    """Writes and restores one ps task's snapshot file (``<directory>/ps<task_index>.npz``).
+
+    Args:
+      directory: Where snapshots go (created if missing); shared by the ps tasks of a cluster.
+      task_index: This ps task's index, which names its file.
+      every: Take a snapshot after every ``every`` pushes (at most ``every`` applied steps are
+        lost when the ps dies).
+
+    Example:
+      >>> ps = ParameterServer(snapshots=Snapshots("/ckpt/ps", task_index=0, every=100))
+      ... # doctest: +SKIP
+    """
+
+    def __init__(self, directory: str | os.PathLike, task_index: int, every: int) -> None:
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise ValueError(f"Snapshot interval every={every!r} must be a positive number of "
+                             f"pushes, e.g. {env.STRATAX_PS_SNAPSHOT_EVERY}=100.")
+        self.path = Path(directory) / f"ps{task_index}.npz"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.every = every
+        self.written = 0  # snapshots written by this process
+        self._cond = threading.Condition()
+        self._active = 0  # pushes being applied
+        self._since = 0   # pushes since the last snapshot
+        self._writing = False
+        self._server: Any = None
+        self._push: Any = None
+        self._warned_sync = False
+
+    @classmethod
+    def configured(cls, task_index: int, directory: str | None = None,
+                   every: int | None = None) -> Snapshots | None:
+        """Snapshots in ``directory`` every ``every`` pushes; each unset argument falls back to
+        ``STRATAX_PS_SNAPSHOT_DIR`` / ``STRATAX_PS_SNAPSHOT_EVERY`` (default 100). None when no
+        directory is given either way."""
+        directory = directory or os.environ.get(env.STRATAX_PS_SNAPSHOT_DIR)
+        if not directory:
+            return None
+        if every is None:
+            text = os.environ.get(env.STRATAX_PS_SNAPSHOT_EVERY, "100")
+            if not text.isdigit():
+                raise ValueError(f"{env.STRATAX_PS_SNAPSHOT_EVERY}={text!r} must be a positive "
+                                 "integer (pushes between snapshots).")
+            every = int(text)
+        return cls(directory, task_index, every)
+
+    def attach(self, server: Any) -> None:
+        """Restores ``server`` (a ``ParameterServer``) from the snapshot file if there is one,
+        and takes a snapshot every ``every`` pushes from now on."""
+        self._server = server
+        if self.path.exists():
+            self._restore()
+        self._push = server._methods["push"]
+        server._methods["push"] = self._guarded_push
+
+    def _guarded_push(self, frame: wire.Frame) -> bytes:
+        if frame.meta.get("sync", 1) != 1 and not self._warned_sync:
+            self._warned_sync = True
+            logger.warning("ps snapshots do not hold synchronous steps' partial sums: a ps "
+                           "restarted from %s stalls synchronous training (until the "
+                           "timeout); restore a checkpoint instead", self.path)
+        with self._cond:
+            while self._writing:
+                self._cond.wait()
+            self._active += 1
+        try:
+            return self._push(frame)
+        finally:
+            with self._cond:
+                self._active -= 1
+                self._since += 1
+                due = self._since >= self.every and not self._writing
+                if due:
+                    self._writing, self._since = True, 0
+                    while self._active:
+                        self._cond.wait()
+                self._cond.notify_all()
+            if due:
+                try:
+                    self.write()
+                finally:
+                    with self._cond:
+                        self._writing = False
+                        self._cond.notify_all()
+
+    def write(self) -> None:
+        """Writes every shard to the snapshot file, atomically (temp file, fsync, rename)."""
+        start = time.perf_counter()
+        arrays: dict[str, np.ndarray] = {}
+        shards = []
+        for i, (name, shard) in enumerate(sorted(self._server._shards.items())):
+            with shard.lock:
+                arrays[f"value/{i}"] = shard.value.copy()
+                opt = shard.optimizer
+                entry = {"name": name, "optimizer": shard.optimizer_key or None,
+                         "iterations": opt.iterations if opt else 0,
+                         "slots": sorted(opt.slots) if opt else [],
+                         "ledger": sorted(shard.ledger), "duplicates": shard.duplicates}
+                for slot in entry["slots"]:
+                    arrays[f"slot/{i}/{slot}"] = opt.slots[slot].copy()
+            shards.append(entry)
+        write_npz(self.path, {"version": VERSION, "shards": shards}, arrays)
+        self.written += 1
+        logger.info("snapshot of %d shard(s) written to %s in %.3f s", len(shards), self.path,
+                    time.perf_counter() - start)
+
+    def _restore(self) -> None:
+        from stratax._src.parameter_server.ps_server import _Shard
+
+        with np.load(self.path, allow_pickle=False) as data:
+            header = json.loads(data[HEADER].tobytes())
+            if header.get("version") != VERSION:
+                raise ValueError(f"Snapshot {self.path} has version {header.get('version')!r}, "
+                                 f"this stratax reads {VERSION}; delete it to start afresh.")
+            for i, entry in enumerate(header["shards"]):
+                shard = _Shard(np.array(data[f"value/{i}"]))
+                if entry["optimizer"]:
+                    key = json.loads(entry["optimizer"])
+                    shard.optimizer = ShardOptimizer(key["spec"], shard.value, key["sparse"])
+                    shard.optimizer_key = entry["optimizer"]
+                    shard.optimizer.iterations = int(entry["iterations"])
+                    for slot in entry["slots"]:
+                        shard.optimizer.slots[slot][...] = data[f"slot/{i}/{slot}"]
+                shard.ledger = set(entry["ledger"])
+                shard.duplicates = int(entry["duplicates"])
+                self._server._shards[entry["name"]] = shard
+        logger.warning("restored %d shard(s) from snapshot %s (steps applied after it are lost)",
+                       len(header["shards"]), self.path)

@@ -1,0 +1,9 @@
+"""Checkpoints that change shape (see docs/parameter_server.md, Checkpoints).
+
+``ParameterServerStrategy.save_checkpoint`` / ``restore_checkpoint`` write and read them on the
+parameter servers; these functions do the same for Keras variables under any strategy.
+"""
+
+from stratax._src.parameter_server.checkpoint import load_variables, save_variables
+
+__all__ = ["load_variables", "save_variables"]

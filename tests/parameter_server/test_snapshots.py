@@ -1,0 +1,104 @@
+"""ps snapshots and checkpoint files in one process: atomic writes, round trips, bad input."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from stratax._src.parameter_server import wire
+from stratax._src.parameter_server.ps_server import ParameterServer
+from stratax._src.parameter_server.snapshots import Snapshots
+
+
+def _call(server, method, meta, tensors=()):
+    reply = wire.decode(server.handle(wire.decode(wire.encode({"method": method, **meta},
+                                                              list(tensors)))))
+    assert reply.meta["ok"], reply.meta
+    return reply
+
+
+def _trained_server(tmp_path, every, snapshots=None):
+    server = ParameterServer(snapshots or Snapshots(tmp_path, task_index=0, every=every))
+    _call(server, "create", {"names": ["w"]}, [np.ones((3, 2), np.float32)])
+    _call(server, "set_optimizer", {"names": ["w"], "sparse_updates": "lazy",
+                                    "spec": {"class_name": "Adam",
+                                             "config": {"learning_rate": 0.1}}})
+    for step in range(5):
+        _call(server, "push", {"step": f"c0:{step}", "dense": ["w"], "sparse": []},
+              [np.full((3, 2), step + 1.0, np.float32)])
+    return server
+
+
+def test_snapshot_every_n_pushes_restores_values_slots_and_ledger(tmp_path):
+    server = _trained_server(tmp_path, every=2)       # snapshots after pushes 2 and 4
+    restored = ParameterServer(Snapshots(tmp_path, task_index=0, every=2))
+    shard, old = restored._shards["w"], server._shards["w"]
+    assert shard.ledger == {f"c0:{i}" for i in range(4)}            # push 5 came after
+    assert shard.optimizer.iterations == 4 and old.optimizer.iterations == 5
+    # Re-applying the lost push 5 on the restored ps gives the original state exactly.
+    _call(restored, "push", {"step": "c0:4", "dense": ["w"], "sparse": []},
+          [np.full((3, 2), 5.0, np.float32)])
+    np.testing.assert_array_equal(shard.value, old.value)
+    for slot in ("m", "v"):
+        np.testing.assert_array_equal(shard.optimizer.slots[slot], old.optimizer.slots[slot])
+
+
+def test_interrupted_snapshot_keeps_the_previous_one(tmp_path, monkeypatch):
+    snapshots = Snapshots(tmp_path, task_index=0, every=2)
+    _trained_server(tmp_path, every=2, snapshots=snapshots)
+    before = (tmp_path / "ps0.npz").read_bytes()
+
+    def crash(fd):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "fsync", crash)    # the temp file is written, not yet renamed
+    with pytest.raises(OSError, match="disk full"):
+        snapshots.write()
+    assert (tmp_path / "ps0.npz.tmp").exists()
+    assert (tmp_path / "ps0.npz").read_bytes() == before
+    restored = ParameterServer(Snapshots(tmp_path, task_index=0, every=2))
+    assert restored._shards["w"].optimizer.iterations == 4
+
+
+def test_snapshot_settings_are_checked(tmp_path, monkeypatch):
+    with pytest.raises(ValueError, match="every=0"):
+        Snapshots(tmp_path, task_index=0, every=0)
+    assert Snapshots.configured(0) is None                      # nothing asked for
+    assert Snapshots.configured(2, str(tmp_path), 5).path.name == "ps2.npz"
+    monkeypatch.setenv("STRATAX_PS_SNAPSHOT_DIR", str(tmp_path))
+    monkeypatch.setenv("STRATAX_PS_SNAPSHOT_EVERY", "ten")
+    with pytest.raises(ValueError, match="'ten'"):
+        Snapshots.configured(0)
+    assert Snapshots.configured(0, every=3).every == 3          # the argument wins
+    monkeypatch.setenv("STRATAX_PS_SNAPSHOT_EVERY", "7")
+    assert Snapshots.configured(1).every == 7 and Snapshots.configured(1).path.name == "ps1.npz"
+
+
+def test_checkpoint_files_check_names_shapes_and_format(tmp_path):
+    from stratax._src.parameter_server.checkpoint import load_variables, save_variables
+
+    class Var:
+        def __init__(self, path, value):
+            self.path, self.value = path, np.asarray(value, np.float32)
+            self.shape = self.value.shape
+
+        def numpy(self):
+            return self.value
+
+        def assign(self, value):
+            self.value = np.array(value)
+
+    save_variables(tmp_path / "a.npz", [Var("k", [[1, 2], [3, 4]]), Var("b", [5])])
+    target = Var("k", np.zeros((2, 2)))
+    assert load_variables(tmp_path / "a.npz", [target]) == ["k"]
+    np.testing.assert_array_equal(target.value, [[1, 2], [3, 4]])
+    with pytest.raises(ValueError, match=r"'k' with shape \(2, 2\), the variable has \(3,\)"):
+        load_variables(tmp_path / "a.npz", [Var("k", np.zeros(3))])
+    with pytest.raises(ValueError, match="no variable 'x'; it has \\['k', 'b'\\]"):
+        load_variables(tmp_path / "a.npz", [Var("x", np.zeros(3))])
+    with pytest.raises(ValueError, match=r"must end with '\.npz'"):
+        save_variables(tmp_path / "a.h5", [target])
+    np.savez(tmp_path / "other.npz", header=np.frombuffer(json.dumps({"x": 1}).encode(), np.uint8))
+    with pytest.raises(ValueError, match="not a stratax variables checkpoint"):
+        load_variables(tmp_path / "other.npz", [target])
