@@ -49,6 +49,8 @@ def _names(meta: dict[str, Any], key: str = "names") -> list[str]:
 class ParameterServer(rpc.Dispatcher):
     """The state and request handler of one ``ps`` task (serve it with ``rpc.RpcServer``)."""
 
+    shard_type = _Shard  # what ``snapshots`` restores shards into
+
     def __init__(self, snapshots: Any = None) -> None:
         self._shards: dict[str, _Shard] = {}
         self._lock = threading.Lock()

@@ -158,15 +158,13 @@ class Snapshots:
                     time.perf_counter() - start)
 
     def _restore(self) -> None:
-        from stratax._src.parameter_server.ps_server import _Shard
-
         with np.load(self.path, allow_pickle=False) as data:
             header = json.loads(data[HEADER].tobytes())
             if header.get("version") != VERSION:
                 raise ValueError(f"Snapshot {self.path} has version {header.get('version')!r}, "
                                  f"this stratax reads {VERSION}; delete it to start afresh.")
             for i, entry in enumerate(header["shards"]):
-                shard = _Shard(np.array(data[f"value/{i}"]))
+                shard = self._server.shard_type(np.array(data[f"value/{i}"]))
                 if entry["optimizer"]:
                     key = json.loads(entry["optimizer"])
                     shard.optimizer = ShardOptimizer(key["spec"], shard.value, key["sparse"])
