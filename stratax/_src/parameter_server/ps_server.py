@@ -86,7 +86,10 @@ class ParameterServer(rpc.Dispatcher):
                     )
             for name, value in zip(names, frame.tensors, strict=False):
                 if name not in self._shards:
-                    self._shards[name] = _Shard(np.array(value))
+                    # A streamed frame's tensors are writable views of its own buffer: keep
+                    # them (no second copy of a large table); a unary frame's are copied.
+                    kept = value.flags.writeable and value.flags.aligned
+                    self._shards[name] = _Shard(value if kept else np.array(value))
         return rpc.response()
 
     def _set_optimizer(self, frame: wire.Frame) -> bytes:

@@ -167,18 +167,25 @@ class RpcServer:
     def _stream(self, chunks: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
         if not self._authorized(context):
             context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong stratax token")
+        # A growing writable buffer (glibc grows large ones in place with mremap): decoded
+        # tensors are views of it, which a server may keep (a created variable) as they are.
         data = bytearray()
         for chunk in chunks:
             data += chunk
             if len(data) > wire.MAX_FRAME_BYTES:
                 context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "frame too large")
-        yield from _chunks(self._dispatch(bytes(data)))
+        yield from _chunks([self._dispatch(data)])
 
 
-def _chunks(data: bytes) -> Iterator[bytes]:
-    view = memoryview(data)
-    for start in range(0, max(len(view), 1), CHUNK_BYTES):
-        yield bytes(view[start:start + CHUNK_BYTES])
+def _chunks(parts: list[bytes | memoryview]) -> Iterator[bytes]:
+    """The buffers of a frame cut into chunks of at most ``CHUNK_BYTES`` (one copy per chunk,
+    never of the whole frame)."""
+    if not parts:
+        yield b""
+    for part in parts:
+        view = memoryview(part).cast("B")
+        for start in range(0, max(len(view), 1), CHUNK_BYTES):
+            yield bytes(view[start:start + CHUNK_BYTES])
 
 
 class RpcClient:
@@ -214,14 +221,15 @@ class RpcClient:
           WorkerUnavailableError: The server did not answer within the deadline or is down.
           RemoteError: The server answered with an error.
         """
-        request = wire.encode({"method": method, **(meta or {})}, tensors)
+        parts = wire.encode_parts({"method": method, **(meta or {})}, tensors)
         deadline = self.timeout if timeout is None else timeout
         metadata = ((_TOKEN_KEY, self._token),) if self._token else None
         try:
-            if stream or len(request) > CHUNK_BYTES:
-                data = b"".join(self._stream(_chunks(request), timeout=deadline,
+            if stream or sum(len(p) for p in parts) > CHUNK_BYTES:
+                data = b"".join(self._stream(_chunks(parts), timeout=deadline,
                                              metadata=metadata))
             else:
+                request = parts[0] if len(parts) == 1 else b"".join(parts)
                 data = self._unary(request, timeout=deadline, metadata=metadata)
         except grpc.RpcError as err:
             code = err.code() if hasattr(err, "code") else None
