@@ -32,7 +32,7 @@ HERE = Path(__file__).parent
 RESULTS = HERE / "results"
 WORKLOADS = ("mlp_adam", "emb_sgd", "emb_lazy_adam", "emb_dense_adam")
 SYSTEMS = ("stratax", "tf")
-PROGRAMS = {"stratax": "ps_program.py", "tf": "ps_tf_program.py"}
+PROGRAMS = {"stratax": "ps_program.py", "base": "ps_program.py", "tf": "ps_tf_program.py"}
 
 
 def _free_port() -> int:
@@ -42,12 +42,16 @@ def _free_port() -> int:
 
 
 def run_once(workload: str, spe: int, calls: int, workers: int, ps: int, timeout: float,
-             system: str = "stratax", python: str = sys.executable) -> dict:
-    """One fresh cluster of ``system`` running ``workload``; the chief's ``RESULT`` dict."""
+             system: str = "stratax", python: str = sys.executable,
+             pythonpath: str | None = None) -> dict:
+    """One fresh cluster of ``system`` running ``workload``; the chief's ``RESULT`` dict.
+    ``pythonpath`` runs another stratax tree (``--baseline``)."""
     spec = {"chief": [f"127.0.0.1:{_free_port()}"],
             "worker": [f"127.0.0.1:{_free_port()}" for _ in range(workers)],
             "ps": [f"127.0.0.1:{_free_port()}" for _ in range(ps)]}
     env = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG",)}
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath
     procs = []
     try:
         for job, addresses in spec.items():
@@ -104,9 +108,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--systems", default=",".join(SYSTEMS))
     parser.add_argument("--timeout", type=float, default=600)
     parser.add_argument("--name", default="", help="suffix of the result files")
+    parser.add_argument("--baseline", default="",
+                        help="another stratax source tree (e.g. `git archive` of an older "
+                             "commit) run as system 'base' beside this one: before/after")
     args = parser.parse_args(argv)
     systems = args.systems.split(",")
+    if args.baseline:
+        systems.insert(1, "base")
     pythons = _interpreters(systems)
+    pythons["base"] = sys.executable
     rows, raw = [], []
     loads = [os.getloadavg()[0]]
     for workload in args.workloads.split(","):
@@ -118,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
                         continue
                     loads.append(os.getloadavg()[0])
                     result = run_once(workload, spe, max(args.steps // spe, 1), args.workers,
-                                      args.ps, args.timeout, system, pythons[system])
+                                      args.ps, args.timeout, system, pythons[system],
+                                      args.baseline if system == "base" else None)
                     result["system"] = system
                     print(f"{system} {workload} spe {spe} rep {rep}: "
                           f"{result['steps_per_s']:.1f} steps/s {result.get('ms_per_step', '')}",
@@ -132,8 +143,9 @@ def main(argv: list[str] | None = None) -> int:
             if sx_rates:
                 median = statistics.median(sx_rates)
                 middle = min(runs["stratax"], key=lambda r: abs(r["steps_per_s"] - median))
+            base_rates = [r["steps_per_s"] for r in runs.get("base", [])]
             rows.append((workload, spe, sx_rates, tf_rates,
-                         middle["ms_per_step"] if middle else None))
+                         middle["ms_per_step"] if middle else None, base_rates))
     loads.append(os.getloadavg()[0])
     name = f"ps_w{args.workers}_p{args.ps}{args.name}"
     if args.workloads != ",".join(WORKLOADS) or args.spe != "1,10":
@@ -143,18 +155,27 @@ def main(argv: list[str] | None = None) -> int:
     header = ("| workload | steps/call | stratax steps/s median (min-max) | TF PSS steps/s median "
               "(min-max) | stratax / TF | ms/step: data / pull / compute / push (worker) / "
               "apply (ps) |")
+    if args.baseline:
+        header = header.replace("| stratax / TF |", f"| stratax / TF | baseline "
+                                f"({args.baseline}) steps/s median (min-max) | "
+                                "stratax / baseline |")
     lines = [title, "",
              f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; 1-min load average "
              f"{min(loads):.1f}-{max(loads):.1f} before the runs (a shared 2-core machine). "
-             "Repetitions of the two systems interleaved, each in a fresh cluster.", "",
-             header, "| --- | --- | --- | --- | --- | --- |"]
-    for workload, spe, sx_rates, tf_rates, ms in rows:
+             "Repetitions of the systems interleaved, each in a fresh cluster.", "",
+             header, "|" + " --- |" * (header.count("|") - 1)]
+    for workload, spe, sx_rates, tf_rates, ms, base_rates in rows:
         ratio = (f"{statistics.median(sx_rates) / statistics.median(tf_rates):.2f}x"
                  if sx_rates and tf_rates else "-")
         breakdown = ("-" if ms is None else f"{ms['data']:.2f} / {ms['pull']:.2f} / "
                      f"{ms['compute']:.2f} / {ms['push']:.2f} / {ms['ps_apply']:.2f}")
-        lines.append(f"| {workload} | {spe} | {_cell(sx_rates)} | {_cell(tf_rates)} | {ratio} | "
-                     f"{breakdown} |")
+        base = ""
+        if args.baseline:
+            gain = (f"{statistics.median(sx_rates) / statistics.median(base_rates):.2f}x"
+                    if sx_rates and base_rates else "-")
+            base = f" {_cell(base_rates)} | {gain} |"
+        lines.append(f"| {workload} | {spe} | {_cell(sx_rates)} | {_cell(tf_rates)} | {ratio} |"
+                     f"{base} {breakdown} |")
     lines += ["", ("TensorFlow (tf-keras) has one Adam for an embedding's sparse gradient: it "
                    "decays both moments of every row each step (dense cost, like stratax's "
                    "`sparse_updates=\"dense\"`); its emb_lazy_adam and emb_dense_adam rows run "

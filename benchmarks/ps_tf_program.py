@@ -21,8 +21,8 @@ import time
 os.environ["TF_USE_LEGACY_KERAS"] = "1"
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
+import numpy as np
+import tensorflow as tf
 
 BATCH, IDS_PER_EXAMPLE, VOCAB, DIM = 256, 20, 100_000, 64
 
@@ -95,7 +95,7 @@ def main():
         with tf.GradientTape() as tape:
             loss = loss_fn(*batch)
         grads = tape.gradient(loss, variables)
-        optimizer.apply_gradients(zip(grads, variables))
+        optimizer.apply_gradients(zip(grads, variables, strict=True))
         return loss
 
     @tf.function
