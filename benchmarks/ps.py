@@ -127,9 +127,17 @@ def main(argv: list[str] | None = None) -> int:
                     if not pythons.get(system):
                         continue
                     loads.append(os.getloadavg()[0])
-                    result = run_once(workload, spe, max(args.steps // spe, 1), args.workers,
-                                      args.ps, args.timeout, system, pythons[system],
-                                      args.baseline if system == "base" else None)
+                    for attempt in (1, 2):  # a free port taken by another process: retry once
+                        try:
+                            result = run_once(workload, spe, max(args.steps // spe, 1),
+                                              args.workers, args.ps, args.timeout, system,
+                                              pythons[system],
+                                              args.baseline if system == "base" else None)
+                            break
+                        except RuntimeError as err:
+                            if attempt == 2:
+                                raise
+                            print(f"retrying once: {str(err)[:300]}", flush=True)
                     result["system"] = system
                     print(f"{system} {workload} spe {spe} rep {rep}: "
                           f"{result['steps_per_s']:.1f} steps/s {result.get('ms_per_step', '')}",
