@@ -148,7 +148,11 @@ class WorkerService(rpc.Dispatcher):
             if sync == 1 and index + 1 < len(steps):
                 # Asynchronous: push this step and pull the next one's values in one call per
                 # ps (the next step's rows are known: its batch is already here).
-                reads = self._reads(*steps[index + 1])
+                try:
+                    reads = self._reads(*steps[index + 1])
+                except Exception:
+                    self._ps.push(step_id, pushes, sync, self.task_index)  # as if unfused
+                    raise
                 values = self._ps.push(step_id, pushes, sync, self.task_index,
                                        pull=(reads.variables, reads.rows))
             else:
