@@ -6,8 +6,13 @@
 Each configuration runs in a fresh cluster; per-worker batch 256; steps/s counts every step of
 every worker after a warm-up of 4 scheduled calls. The per-step breakdown (milliseconds of
 worker time per step, summed over workers: data, pull, compute, push; and ps time applying the
-optimizer) comes from the workers' and the ps' own timers. TensorFlow's figures are the ones
-measured on this machine earlier (``/work/shared/FINDINGS.md``), not re-run here.
+optimizer) comes from the workers' and the ps' own timers.
+
+TensorFlow's ``ParameterServerStrategy`` (``ps_tf_program.py``: tf-keras, the TF guide's
+custom loop, ``tf.distribute.Server`` on workers and ps) runs the same workloads on the same
+cluster shape in the same invocation, repetitions interleaved with stratax's, from the
+TensorFlow virtual environment (``benchmarks/.venvs/tf-cpu``, see ``envs.py``; ``--systems
+stratax`` skips it). The ratio column is stratax's median over TF's median.
 """
 
 from __future__ import annotations
@@ -20,15 +25,14 @@ import socket
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 HERE = Path(__file__).parent
 RESULTS = HERE / "results"
 WORKLOADS = ("mlp_adam", "emb_sgd", "emb_lazy_adam", "emb_dense_adam")
-# TF 2.21 ParameterServerStrategy, chief + 2 workers + 1 ps, this machine (FINDINGS.md).
-TF_STEPS_PER_S = {("mlp_adam", 1): 186, ("mlp_adam", 10): 258, ("emb_sgd", 1): 184,
-                  ("emb_sgd", 10): 265, ("emb_dense_adam", 1): 43, ("emb_dense_adam", 10): 43,
-                  ("emb_lazy_adam", 1): 43, ("emb_lazy_adam", 10): 43}
+SYSTEMS = ("stratax", "tf")
+PROGRAMS = {"stratax": "ps_program.py", "base": "ps_program.py", "tf": "ps_tf_program.py"}
 
 
 def _free_port() -> int:
@@ -37,11 +41,17 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_once(workload: str, spe: int, calls: int, workers: int, ps: int, timeout: float) -> dict:
+def run_once(workload: str, spe: int, calls: int, workers: int, ps: int, timeout: float,
+             system: str = "stratax", python: str = sys.executable,
+             pythonpath: str | None = None) -> dict:
+    """One fresh cluster of ``system`` running ``workload``; the chief's ``RESULT`` dict.
+    ``pythonpath`` runs another stratax tree (``--baseline``)."""
     spec = {"chief": [f"127.0.0.1:{_free_port()}"],
             "worker": [f"127.0.0.1:{_free_port()}" for _ in range(workers)],
             "ps": [f"127.0.0.1:{_free_port()}" for _ in range(ps)]}
     env = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG",)}
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath
     procs = []
     try:
         for job, addresses in spec.items():
@@ -49,7 +59,7 @@ def run_once(workload: str, spe: int, calls: int, workers: int, ps: int, timeout
                 task_env = dict(env, TF_CONFIG=json.dumps(
                     {"cluster": spec, "task": {"type": job, "index": index}}))
                 procs.append(subprocess.Popen(
-                    [sys.executable, str(HERE / "ps_program.py"), workload, str(spe), str(calls)],
+                    [python, str(HERE / PROGRAMS[system]), workload, str(spe), str(calls)],
                     env=task_env, stdout=subprocess.PIPE if job == "chief" else subprocess.DEVNULL,
                     stderr=subprocess.STDOUT, text=True, start_new_session=True))
         out, _ = procs[0].communicate(timeout=timeout)
@@ -61,10 +71,30 @@ def run_once(workload: str, spe: int, calls: int, workers: int, ps: int, timeout
         for proc in procs:
             if proc.poll() is None:
                 try:
-                    proc.wait(timeout=10)
+                    # TensorFlow's servers never return from join(); stratax's exit by
+                    # themselves once the chief is done.
+                    proc.wait(timeout=0.1 if system == "tf" else 10)
                 except subprocess.TimeoutExpired:
                     os.killpg(proc.pid, signal.SIGKILL)
                     proc.wait(timeout=10)
+
+
+def _interpreters(systems: list[str]) -> dict[str, str | None]:
+    pythons: dict[str, str | None] = {"stratax": sys.executable}
+    if "tf" in systems:
+        from benchmarks.envs import tf_interpreter
+
+        found = tf_interpreter("cpu", install=False)
+        if found.python is None:
+            print(f"TensorFlow skipped: {found.reason}", flush=True)
+        pythons["tf"] = found.python
+    return pythons
+
+
+def _cell(rates: list[float]) -> str:
+    if not rates:
+        return "-"
+    return f"{statistics.median(rates):.1f} ({min(rates):.1f}-{max(rates):.1f})"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -75,41 +105,91 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=300, help="timed steps per run")
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--spe", default="1,10")
+    parser.add_argument("--systems", default=",".join(SYSTEMS))
     parser.add_argument("--timeout", type=float, default=600)
+    parser.add_argument("--name", default="", help="suffix of the result files")
+    parser.add_argument("--baseline", default="",
+                        help="another stratax source tree (e.g. `git archive` of an older "
+                             "commit) run as system 'base' beside this one: before/after")
     args = parser.parse_args(argv)
+    systems = args.systems.split(",")
+    if args.baseline:
+        systems.insert(1, "base")
+    pythons = _interpreters(systems)
+    pythons["base"] = sys.executable
     rows, raw = [], []
+    loads = [os.getloadavg()[0]]
     for workload in args.workloads.split(","):
         for spe in (int(s) for s in args.spe.split(",")):
-            runs = []
+            runs: dict[str, list[dict]] = {s: [] for s in systems}
             for rep in range(args.reps):
-                result = run_once(workload, spe, max(args.steps // spe, 1), args.workers, args.ps,
-                                  args.timeout)
-                print(f"{workload} spe {spe} rep {rep}: {result['steps_per_s']:.1f} steps/s "
-                      f"{result['ms_per_step']}", flush=True)
-                runs.append(result)
-            raw.extend(runs)
-            rates = [r["steps_per_s"] for r in runs]
-            median = statistics.median(rates)
-            middle = min(runs, key=lambda r: abs(r["steps_per_s"] - median))
-            tf = TF_STEPS_PER_S.get((workload, spe)) if (args.workers, args.ps) == (2, 1) else None
-            rows.append((workload, spe, median, min(rates), max(rates), tf, middle["ms_per_step"]))
-    name = f"ps_w{args.workers}_p{args.ps}"
+                for system in systems:
+                    if not pythons.get(system):
+                        continue
+                    loads.append(os.getloadavg()[0])
+                    for attempt in (1, 2):  # a free port taken by another process: retry once
+                        try:
+                            result = run_once(workload, spe, max(args.steps // spe, 1),
+                                              args.workers, args.ps, args.timeout, system,
+                                              pythons[system],
+                                              args.baseline if system == "base" else None)
+                            break
+                        except RuntimeError as err:
+                            if attempt == 2:
+                                raise
+                            print(f"retrying once: {str(err)[:300]}", flush=True)
+                    result["system"] = system
+                    print(f"{system} {workload} spe {spe} rep {rep}: "
+                          f"{result['steps_per_s']:.1f} steps/s {result.get('ms_per_step', '')}",
+                          flush=True)
+                    runs[system].append(result)
+            for system in systems:
+                raw.extend(runs[system])
+            sx_rates = [r["steps_per_s"] for r in runs.get("stratax", [])]
+            tf_rates = [r["steps_per_s"] for r in runs.get("tf", [])]
+            middle = None
+            if sx_rates:
+                median = statistics.median(sx_rates)
+                middle = min(runs["stratax"], key=lambda r: abs(r["steps_per_s"] - median))
+            base_rates = [r["steps_per_s"] for r in runs.get("base", [])]
+            rows.append((workload, spe, sx_rates, tf_rates,
+                         middle["ms_per_step"] if middle else None, base_rates))
+    loads.append(os.getloadavg()[0])
+    name = f"ps_w{args.workers}_p{args.ps}{args.name}"
     if args.workloads != ",".join(WORKLOADS) or args.spe != "1,10":
         name += "_subset"  # a partial run never overwrites the full table
     title = (f"# ParameterServerStrategy: chief + {args.workers} workers + {args.ps} ps "
              f"(127.0.0.1, batch 256 per worker, median of {args.reps})")
-    header = ("| workload | steps/call | steps/s median (min-max) | TF PSS steps/s | ratio | "
-              "ms/step: data / pull / compute / push (worker) / apply (ps) |")
+    header = ("| workload | steps/call | stratax steps/s median (min-max) | TF PSS steps/s median "
+              "(min-max) | stratax / TF | ms/step: data / pull / compute / push (worker) / "
+              "apply (ps) |")
+    if args.baseline:
+        header = header.replace("| stratax / TF |", f"| stratax / TF | baseline "
+                                f"({args.baseline}) steps/s median (min-max) | "
+                                "stratax / baseline |")
     lines = [title, "",
-             f"Load average at the end: {os.getloadavg()[0]:.1f} (a shared 2-core machine).", "",
-             header, "| --- | --- | --- | --- | --- | --- |"]
-    for workload, spe, median, low, high, tf, ms in rows:
-        ratio = f"{median / tf:.2f}x" if tf else "-"
-        lines.append(f"| {workload} | {spe} | {median:.1f} ({low:.1f}-{high:.1f}) | "
-                     f"{tf or '-'} | {ratio} | {ms['data']:.2f} / {ms['pull']:.2f} / "
-                     f"{ms['compute']:.2f} / {ms['push']:.2f} / {ms['ps_apply']:.2f} |")
-    lines += ["", ("TF's Embedding+Adam figure (43) is Keras 3's dense Adam on the whole table; "
-                   "it is the reference for both emb_lazy_adam and emb_dense_adam.")]
+             f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; 1-min load average "
+             f"{min(loads):.1f}-{max(loads):.1f} before the runs (a shared 2-core machine). "
+             "Repetitions of the systems interleaved, each in a fresh cluster.", "",
+             header, "|" + " --- |" * (header.count("|") - 1)]
+    for workload, spe, sx_rates, tf_rates, ms, base_rates in rows:
+        ratio = (f"{statistics.median(sx_rates) / statistics.median(tf_rates):.2f}x"
+                 if sx_rates and tf_rates else "-")
+        breakdown = ("-" if ms is None else f"{ms['data']:.2f} / {ms['pull']:.2f} / "
+                     f"{ms['compute']:.2f} / {ms['push']:.2f} / {ms['ps_apply']:.2f}")
+        base = ""
+        if args.baseline:
+            gain = (f"{statistics.median(sx_rates) / statistics.median(base_rates):.2f}x"
+                    if sx_rates and base_rates else "-")
+            base = f" {_cell(base_rates)} | {gain} |"
+        lines.append(f"| {workload} | {spe} | {_cell(sx_rates)} | {_cell(tf_rates)} | {ratio} |"
+                     f"{base} {breakdown} |")
+    lines += ["", ("TensorFlow (tf-keras) has one Adam for an embedding's sparse gradient: it "
+                   "decays both moments of every row each step (dense cost, like stratax's "
+                   "`sparse_updates=\"dense\"`); its emb_lazy_adam and emb_dense_adam rows run "
+                   "that same program. The breakdown is of the stratax run nearest the median: "
+                   "worker milliseconds per step summed over workers, and the ps' optimizer "
+                   "time per step.")]
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{name}.md").write_text("\n".join(lines) + "\n")
     (RESULTS / f"{name}.json").write_text(json.dumps(raw, indent=1) + "\n")

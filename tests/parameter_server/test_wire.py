@@ -84,6 +84,13 @@ def _value(server):
      [np.array([0.5]), np.ones((1, 2), np.float32)]),
     ({"method": "assign", "names": ["v"]}, [np.ones((3, 3), np.float32)]),
     ({"method": "nope"}, []),
+    # A push that also pulls: a bad pull part rejects the whole request before the update.
+    ({"method": "push", "step": "s", "dense": ["v"], "sparse": [],
+      "pull": {"names": [], "row_names": ["v"]}}, [np.ones((3, 2), np.float32), np.array([3])]),
+    ({"method": "push", "step": "s", "dense": ["v"], "sparse": [],
+      "pull": {"names": ["w"], "row_names": []}}, [np.ones((3, 2), np.float32)]),
+    ({"method": "push", "step": "s", "dense": ["v"], "sparse": [], "sync": 2,
+      "pull": {"names": ["v"], "row_names": []}}, [np.ones((3, 2), np.float32)]),
 ])
 def test_bad_requests_leave_the_server_unchanged(meta, tensors):
     server, value = _server_with_state()
@@ -99,3 +106,21 @@ class _Dispatcher:
         self._handler = server.handle
         self.name = "ps 0"
 
+
+def test_push_with_pull_returns_the_values_after_the_update():
+    server, value = _server_with_state()
+    grad = np.ones((3, 2), np.float32)
+    reply = wire.decode(server.handle(wire.decode(wire.encode(
+        {"method": "push", "step": "s1", "dense": ["v"], "sparse": [],
+         "pull": {"names": ["v"], "row_names": ["v"]}}, [grad, np.array([2, 0])]))))
+    whole, rows = reply.tensors
+    np.testing.assert_array_equal(whole, value - 1.0)           # SGD, learning rate 1
+    np.testing.assert_array_equal(rows, (value - 1.0)[[2, 0]])
+    assert reply.meta["applied"] == 1
+
+
+def test_tensors_are_aligned_views_writable_only_in_a_bytearray():
+    frame = wire.encode({"method": "x" * 7}, [np.arange(5, dtype=np.float64), np.ones(3)])
+    for data, writable in ((frame, False), (bytearray(frame), True)):
+        for tensor in wire.decode(data).tensors:
+            assert tensor.flags.aligned and tensor.flags.writeable is writable

@@ -116,7 +116,6 @@ class ShardOptimizer:
             value[index] += m_new
 
     def _adam(self, value: np.ndarray, grad: np.ndarray, rows: np.ndarray | None) -> None:
-        index = slice(None) if rows is None else rows
         t = self.iterations + 1
         lr = self.lr * math.sqrt(1 - self.beta_2 ** t) / (1 - self.beta_1 ** t)
         m, v = self.slots["m"], self.slots["v"]
@@ -132,11 +131,21 @@ class ShardOptimizer:
             step *= lr
             value -= step
             return
-        m_rows = m[index]
-        v_rows = v[index]
-        m_rows += (grad - m_rows) * (1 - self.beta_1)
-        v_rows += (np.square(grad) - v_rows) * (1 - self.beta_2)
-        if rows is not None:
-            m[rows] = m_rows
-            v[rows] = v_rows
-        value[index] -= (lr * m_rows / (np.sqrt(v_rows) + self.epsilon)).astype(self._dtype)
+        # Lazy rows: in place on gathered copies, one temporary (cost follows the rows).
+        m_rows = np.take(m, rows, axis=0)   # faster than m[rows] for a gather of rows
+        m_rows -= grad
+        m_rows *= self.beta_1
+        m_rows += grad                       # beta_1 * m + (1 - beta_1) * g
+        square = np.square(grad)
+        v_rows = np.take(v, rows, axis=0)
+        v_rows -= square
+        v_rows *= self.beta_2
+        v_rows += square                     # beta_2 * v + (1 - beta_2) * g^2
+        m[rows] = m_rows
+        v[rows] = v_rows
+        step = np.sqrt(v_rows, out=square)
+        step += self.epsilon
+        np.divide(m_rows, step, out=step)
+        step *= lr
+        np.subtract(np.take(value, rows, axis=0), step, out=step)
+        value[rows] = step

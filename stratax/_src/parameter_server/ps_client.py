@@ -55,57 +55,31 @@ class PSClients:
         """Values of ``variables``, one call per ps: whole (shards concatenated along axis 0)
         where ``rows[i]`` is None, else ``var[rows[i]]`` for sorted distinct global rows. With
         ``after``, once synchronous step ``after`` is applied to each shard."""
-        rows = list(rows) if rows is not None else [None] * len(variables)
-        whole: dict[int, list[str]] = defaultdict(list)
-        sliced: dict[int, list[str]] = defaultdict(list)
-        local: dict[int, list[np.ndarray]] = defaultdict(list)
-        nbytes: dict[int, int] = defaultdict(int)
-        plan = []
-        for var, wanted in zip(variables, rows, strict=True):
-            pieces = []
-            for ps, key, start, count in var["shards"]:
-                if wanted is None:
-                    whole[ps].append(key)
-                    nbytes[ps] += _row_bytes(var) * max(count, 1)
-                    pieces.append((ps, False, len(whole[ps]) - 1, None))
-                    continue
-                mask = (None if len(var["shards"]) == 1
-                        else (wanted >= start) & (wanted < start + count))
-                if mask is not None and not mask.any():
-                    continue
-                chosen = wanted if mask is None else wanted[mask]
-                sliced[ps].append(key)
-                local[ps].append((chosen - start).astype(np.int64))
-                nbytes[ps] += chosen.size * _row_bytes(var)
-                pieces.append((ps, True, len(sliced[ps]) - 1, mask))
-            plan.append((var, wanted, pieces))
+        plan = _PullPlan(variables, rows)
 
         def pull_from(ps: int) -> Callable[[rpc.RpcClient], list[np.ndarray]]:
-            meta = {"names": whole[ps], "row_names": sliced[ps], "after": after,
+            meta = {**plan.meta(ps), "after": after,
                     "wait_s": 0.8 * self.timeout}  # the ps gives up before the call deadline
-            big = nbytes[ps] > rpc.CHUNK_BYTES
-            return lambda c: c.call("pull", meta, local[ps], stream=big).tensors
+            big = plan.nbytes[ps] > rpc.CHUNK_BYTES
+            return lambda c: c.call("pull", meta, plan.local[ps], stream=big).tensors
 
-        got = self.each({ps: pull_from(ps) for ps in set(whole) | set(sliced)})
-        values = []
-        for var, wanted, pieces in plan:
-            parts = [got[ps][len(whole[ps]) + i if is_rows else i] for ps, is_rows, i, _ in pieces]
-            if wanted is None:
-                values.append(parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0))
-            elif len(pieces) == 1 and pieces[0][3] is None:
-                values.append(parts[0])
-            else:
-                out = np.empty((wanted.size, *tuple(var["shape"][1:])), np.dtype(var["dtype"]))
-                for (_, _, _, mask), part in zip(pieces, parts, strict=False):
-                    out[mask] = part
-                values.append(out)
-        return values
+        return plan.assemble(self.each({ps: pull_from(ps) for ps in plan.targets()}))
 
-    def push(self, step: str, pushes: Sequence[Push], sync: int = 1, worker: int = 0) -> None:
+    def push(self, step: str, pushes: Sequence[Push], sync: int = 1, worker: int = 0,
+             pull: tuple[Sequence[VarDesc], Sequence[np.ndarray | None]] | None = None
+             ) -> list[np.ndarray] | None:
         """Sends gradients; each ps applies step ``step`` to each of its shards at most once.
 
         With ``sync`` > 1 the ps sums the gradients of ``sync`` distinct workers for the step
-        and applies them as one update when the last arrives."""
+        and applies them as one update when the last arrives.
+
+        With ``pull=(variables, rows)`` (asynchronous mode) each ps also returns, in the same
+        call, those variables' values read right after applying this push (as ``pull`` would:
+        one round trip per ps instead of two); the values are returned.
+        """
+        if pull is not None and sync > 1:
+            raise ValueError("push(pull=...) is for asynchronous steps; a synchronous step pulls "
+                             "once every worker's gradient is applied (pull(after=...)).")
         dense: dict[int, list[str]] = defaultdict(list)
         dense_t: dict[int, list[np.ndarray]] = defaultdict(list)
         sparse: dict[int, list[str]] = defaultdict(list)
@@ -117,18 +91,83 @@ class PSClients:
                     dense_t[ps].append(
                         grad[start:start + count] if len(var["shards"]) > 1 else grad)
                     continue
+                if len(var["shards"]) == 1:
+                    sparse[ps].append(key)
+                    sparse_t[ps].extend([rows, grad])
+                    continue
                 mask = (rows >= start) & (rows < start + count)
                 if mask.any():
                     sparse[ps].append(key)
-                    sparse_t[ps].extend([(rows[mask] - start).astype(np.int64), grad[mask]])
-        targets = set(dense) | set(sparse)
+                    sparse_t[ps].extend([rows[mask] - start, grad[mask]])
+        plan = _PullPlan(*pull) if pull is not None else None
+        targets = set(dense) | set(sparse) | (plan.targets() if plan else set())
 
         def push_to(ps: int) -> Callable[[rpc.RpcClient], Any]:
             meta = {"step": step, "dense": dense[ps], "sparse": sparse[ps], "sync": sync,
                     "worker": worker}
-            return lambda c: c.call("push", meta, dense_t[ps] + sparse_t[ps])
+            tensors = dense_t[ps] + sparse_t[ps]
+            if plan is None:
+                return lambda c: c.call("push", meta, tensors)
+            meta["pull"] = plan.meta(ps)
+            big = plan.nbytes[ps] > rpc.CHUNK_BYTES
+            return lambda c: c.call("push", meta, tensors + plan.local[ps], stream=big).tensors
 
-        self.each({ps: push_to(ps) for ps in targets})
+        got = self.each({ps: push_to(ps) for ps in targets})
+        return plan.assemble(got) if plan is not None else None
+
+
+class _PullPlan:
+    """Which shards (whole) and which rows of which shards to read from each ps, and how to
+    put the replies back together into one value per variable."""
+
+    def __init__(self, variables: Sequence[VarDesc],
+                 rows: Sequence[np.ndarray | None] | None) -> None:
+        rows = list(rows) if rows is not None else [None] * len(variables)
+        self.whole: dict[int, list[str]] = defaultdict(list)
+        self.sliced: dict[int, list[str]] = defaultdict(list)
+        self.local: dict[int, list[np.ndarray]] = defaultdict(list)
+        self.nbytes: dict[int, int] = defaultdict(int)
+        self.plan = []
+        for var, wanted in zip(variables, rows, strict=True):
+            pieces = []
+            for ps, key, start, count in var["shards"]:
+                if wanted is None:
+                    self.whole[ps].append(key)
+                    self.nbytes[ps] += _row_bytes(var) * max(count, 1)
+                    pieces.append((ps, False, len(self.whole[ps]) - 1, None))
+                    continue
+                mask = (None if len(var["shards"]) == 1
+                        else (wanted >= start) & (wanted < start + count))
+                if mask is not None and not mask.any():
+                    continue
+                chosen = wanted if mask is None else wanted[mask] - start
+                self.sliced[ps].append(key)
+                self.local[ps].append(chosen)
+                self.nbytes[ps] += chosen.size * _row_bytes(var)
+                pieces.append((ps, True, len(self.sliced[ps]) - 1, mask))
+            self.plan.append((var, wanted, pieces))
+
+    def targets(self) -> set[int]:
+        return set(self.whole) | set(self.sliced)
+
+    def meta(self, ps: int) -> dict[str, Any]:
+        return {"names": self.whole[ps], "row_names": self.sliced[ps]}
+
+    def assemble(self, got: dict[int, list[np.ndarray]]) -> list[np.ndarray]:
+        values = []
+        whole = self.whole
+        for var, wanted, pieces in self.plan:
+            parts = [got[ps][len(whole[ps]) + i if is_rows else i] for ps, is_rows, i, _ in pieces]
+            if wanted is None:
+                values.append(parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0))
+            elif len(pieces) == 1 and pieces[0][3] is None:
+                values.append(parts[0])
+            else:
+                out = np.empty((wanted.size, *tuple(var["shape"][1:])), np.dtype(var["dtype"]))
+                for (_, _, _, mask), part in zip(pieces, parts, strict=False):
+                    out[mask] = part
+                values.append(out)
+        return values
 
 
     def assign(self, variables: Sequence[VarDesc], values: Sequence[np.ndarray]) -> None:

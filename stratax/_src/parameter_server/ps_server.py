@@ -95,7 +95,10 @@ class ParameterServer(rpc.Dispatcher):
                     )
             for name, value in zip(names, frame.tensors, strict=False):
                 if name not in self._shards:
-                    self._shards[name] = _Shard(np.array(value))
+                    # A streamed frame's tensors are writable views of its own buffer: keep
+                    # them (no second copy of a large table); a unary frame's are copied.
+                    kept = value.flags.writeable and value.flags.aligned
+                    self._shards[name] = _Shard(value if kept else np.array(value))
         return rpc.response()
 
     def _set_optimizer(self, frame: wire.Frame) -> bytes:
@@ -117,14 +120,24 @@ class ParameterServer(rpc.Dispatcher):
     def _pull(self, frame: wire.Frame) -> bytes:
         """Whole shards named in ``names``, then the rows (one index tensor each) of the shards
         in ``row_names``; with ``after``, once that synchronous step is applied."""
-        names = _names(frame.meta)
-        row_names = _names(frame.meta, "row_names") if "row_names" in frame.meta else []
-        if len(row_names) != len(frame.tensors):
+        wanted = self._pull_plan(frame.meta, frame.tensors)
+        after, deadline = self._after(frame.meta)
+        return rpc.response({}, self._read(wanted, after, deadline))
+
+    def _pull_plan(self, meta: dict[str, Any], tensors: list[np.ndarray]
+                   ) -> list[tuple[str, _Shard, np.ndarray | None]]:
+        """Validates a pull request (``names``, ``row_names`` and one index tensor each)."""
+        names = _names(meta)
+        row_names = _names(meta, "row_names") if "row_names" in meta else []
+        if len(row_names) != len(tensors):
             raise wire.WireError("pull needs one row-index tensor per name in 'row_names'.")
         wanted = [(n, self._shard(n), None) for n in names]
         wanted += [(n, self._shard(n), self._rows(n, self._shard(n), r))
-                   for n, r in zip(row_names, frame.tensors, strict=False)]
-        after, deadline = self._after(frame.meta)
+                   for n, r in zip(row_names, tensors, strict=False)]
+        return wanted
+
+    def _read(self, wanted: list[tuple[str, _Shard, np.ndarray | None]], after: str | None,
+              deadline: float) -> list[np.ndarray]:
         values = []
         for name, shard, rows in wanted:
             with shard.lock:
@@ -134,7 +147,7 @@ class ParameterServer(rpc.Dispatcher):
                     shard.whole_pulls += 1
                 else:
                     shard.rows_pulled += int(rows.size)
-        return rpc.response({}, values)
+        return values
 
     @staticmethod
     def _after(meta: dict[str, Any]) -> tuple[str | None, float]:
@@ -177,9 +190,16 @@ class ParameterServer(rpc.Dispatcher):
                     f"Field {key!r} must be a small non-negative int, got {value!r}.")
         dense = _names(frame.meta, "dense")
         sparse = _names(frame.meta, "sparse")
-        if len(frame.tensors) != len(dense) + 2 * len(sparse):
+        count = len(dense) + 2 * len(sparse)
+        pull = frame.meta.get("pull")
+        if pull is not None and (not isinstance(pull, dict) or sync > 1):
+            raise wire.WireError(f"Field 'pull' must be an object (names, row_names) and only "
+                                 f"on asynchronous pushes, got {pull!r} with sync={sync}.")
+        if len(frame.tensors) < count or (pull is None and len(frame.tensors) != count):
             raise wire.WireError("push needs one gradient per dense name and (rows, grads) per "
                                  "sparse name.")
+        # Asynchronous push-and-pull: the values read right after this update, in one call.
+        wanted = self._pull_plan(pull, frame.tensors[count:]) if pull is not None else None
         updates = []
         for name, grad in zip(dense, frame.tensors, strict=False):
             shard = self._shard(name)
@@ -187,7 +207,7 @@ class ParameterServer(rpc.Dispatcher):
                 raise wire.WireError(f"Gradient for {name!r} has shape {grad.shape}, the variable "
                                      f"{shard.value.shape}.")
             updates.append((name, shard, None, grad))
-        tail = frame.tensors[len(dense):]
+        tail = frame.tensors[len(dense):count]
         for i, name in enumerate(sparse):
             shard = self._shard(name)
             rows, grad = self._rows(name, shard, tail[2 * i]), tail[2 * i + 1]
@@ -226,7 +246,8 @@ class ParameterServer(rpc.Dispatcher):
                 shard.ledger.add(step)
                 shard.lock.notify_all()
                 applied += 1
-        return rpc.response({"applied": applied, "skipped": len(updates) - applied})
+        values = self._read(wanted, None, 0.0) if wanted is not None else []
+        return rpc.response({"applied": applied, "skipped": len(updates) - applied}, values)
 
     def _assign(self, frame: wire.Frame) -> bytes:
         names = _names(frame.meta)

@@ -85,6 +85,7 @@ class Server:
             return
         host, port = parse_address(self.address, f"{self.job_name}[{self.task_index}]")
         name = f"{self.job_name} {self.task_index}"
+        rpc.keep_buffers_in_heap()
         if self.job_name == "ps":
             from stratax._src.parameter_server.ps_server import ParameterServer
             from stratax._src.parameter_server.snapshots import Snapshots

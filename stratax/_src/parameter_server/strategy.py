@@ -250,7 +250,7 @@ class ParameterServerStrategy:
         """
         if callable(initial_value):
             initial_value = initial_value()
-        value = np.array(initial_value, dtype=dtype)
+        value = np.asarray(initial_value, dtype=dtype)  # no copy: tables may be large
         if value.dtype == np.float64 and dtype is None:
             value = value.astype(np.float32)
         name = self._unique_name(name or "Variable")

@@ -65,6 +65,13 @@ def encode(meta: Mapping[str, Any] | None = None, tensors: Sequence[Any] = ()) -
     Raises:
       WireError: a tensor's dtype is not on the allow-list, or the frame is too large.
     """
+    return b"".join(encode_parts(meta, tensors))
+
+
+def encode_parts(meta: Mapping[str, Any] | None = None,
+                 tensors: Sequence[Any] = ()) -> list[bytes | memoryview]:
+    """``encode``'s frame as a list of buffers (prefix and header, then a view of each
+    tensor's bytes), so a large frame can be sent in chunks without being copied whole."""
     arrays = [np.asarray(t) for t in tensors]
     arrays = [a if a.flags.c_contiguous else np.ascontiguousarray(a) for a in arrays]
     specs = []
@@ -80,18 +87,23 @@ def encode(meta: Mapping[str, Any] | None = None, tensors: Sequence[Any] = ()) -
         specs.append({"dtype": name, "shape": list(array.shape)})
     header = json.dumps({"meta": dict(meta or {}), "tensors": specs}, separators=(",", ":"))
     header_bytes = header.encode("utf-8")
+    # Trailing spaces (valid JSON) put the payload at a multiple of 64 bytes from the frame's
+    # start, so decoded tensors are aligned views in an aligned buffer.
+    header_bytes += b" " * (-(_PREFIX.size + len(header_bytes)) % 64)
     if len(header_bytes) > MAX_HEADER_BYTES:
         raise WireError(f"Frame header of {len(header_bytes)} bytes exceeds {MAX_HEADER_BYTES}.")
-    parts = [_PREFIX.pack(MAGIC, VERSION, len(header_bytes)), header_bytes]
-    parts.extend(memoryview(a.reshape(-1).view(np.uint8)) for a in arrays)
-    frame = b"".join(parts)
-    if len(frame) > MAX_FRAME_BYTES:
-        raise WireError(f"Frame of {len(frame)} bytes exceeds the limit of {MAX_FRAME_BYTES}.")
-    return frame
+    parts: list[bytes | memoryview] = [
+        _PREFIX.pack(MAGIC, VERSION, len(header_bytes)) + header_bytes]
+    parts.extend(memoryview(a.reshape(-1).view(np.uint8)) for a in arrays if a.size)
+    total = sum(len(p) for p in parts)
+    if total > MAX_FRAME_BYTES:
+        raise WireError(f"Frame of {total} bytes exceeds the limit of {MAX_FRAME_BYTES}.")
+    return parts
 
 
 def decode(data: bytes | bytearray | memoryview) -> Frame:
-    """Parses and validates a frame; the arrays are read-only views of ``data`` (no copy).
+    """Parses and validates a frame; the arrays are views of ``data`` (no copy), writable only
+    when ``data`` is (a ``bytearray``).
 
     Raises:
       WireError: any field is missing, of the wrong type, out of bounds or inconsistent.

@@ -5,12 +5,14 @@ how many batches to take, and the runs: each run is an exported program and whic
 leaves it takes. For each run the worker (1) runs the id program if the step reads embedding
 rows, (2) pulls, in one call per ps, the variables it reads and only the distinct rows of the
 tables, (3) runs the step, (4) pushes gradients with the step id ``"<closure>:<run>"`` (the
-parameter servers apply each step id once), and returns the outputs. No user Python runs to
-execute a step.
+parameter servers apply each step id once), and returns the outputs. In asynchronous mode the
+push of a run and the pull of the closure's next run travel in one call per ps (the next
+batch is already here, so its rows are known). No user Python runs to execute a step.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import threading
 import time
@@ -23,7 +25,7 @@ from jax import export as jax_export
 
 from stratax._src.data.input_context import InputContext
 from stratax._src.parameter_server import functions, rpc, structure, wire
-from stratax._src.parameter_server.ps_client import PSClients
+from stratax._src.parameter_server.ps_client import PSClients, Push
 from stratax._src.parameter_server.worker_data import ArrayStore
 
 
@@ -157,23 +159,57 @@ class WorkerService(rpc.Dispatcher):
             raise wire.WireError(f"Field 'after' must be a step id, got {previous!r}.")
         outputs: list[np.ndarray] = []
         counts = []
-        for index, run in enumerate(runs):
+        steps = []
+        for run in runs:
             program = self._programs.get(run.get("program")) if isinstance(run, dict) else None
             if program is None:
                 raise KeyError(f"Program {run!r} is not registered on worker {self.task_index}.")
-            leaves = [batches[b][leaf] for b, leaf in run["args"]]
-            # Synchronous mode: read what the previous step of this closure wrote, once every
-            # worker's gradient for it is applied.
-            after = (f"{closure}:{index - 1}" if index else previous) if sync > 1 else None
-            result = self._run_one(program, leaves, f"{closure}:{index}", timing, sync, after)
+            steps.append((program, [batches[b][leaf] for b, leaf in run["args"]]))
+        reads, values = None, None
+        for index, (program, leaves) in enumerate(steps):
+            t0 = time.perf_counter()
+            if values is None:
+                reads = self._reads(program, leaves)
+                # Synchronous mode: read what the previous step of this closure wrote, once
+                # every worker's gradient for it is applied.
+                after = (f"{closure}:{index - 1}" if index else previous) if sync > 1 else None
+                values = self._ps.pull(reads.variables, reads.rows, after)
+            t1 = time.perf_counter()
+            grads, result = self._compute(program, reads, values, leaves)
+            t2 = time.perf_counter()
+            pushes = self._pushes(program, reads, grads)
+            step_id = f"{closure}:{index}"
+            # New values of non-trained state (BatchNorm statistics, seeds) are written after
+            # the push, so a step that has some does not fuse the next step's pull into it.
+            assigned = grads[len(program.meta["pushes"]):]
+            if sync == 1 and index + 1 < len(steps) and not assigned:
+                # Asynchronous: push this step and pull the next one's values in one call per
+                # ps (the next step's rows are known: its batch is already here).
+                try:
+                    reads = self._reads(*steps[index + 1])
+                except Exception:
+                    self._ps.push(step_id, pushes, sync, self.task_index)  # as if unfused
+                    raise
+                values = self._ps.push(step_id, pushes, sync, self.task_index,
+                                       pull=(reads.variables, reads.rows))
+            else:
+                self._ps.push(step_id, pushes, sync, self.task_index)
+                values = None
+            if assigned:
+                self._ps.assign([program.variables[n] for n in program.meta.get("assigns", [])],
+                                assigned)
+            t3 = time.perf_counter()
+            timing["pull"] += t1 - t0
+            timing["compute"] += t2 - t1
+            timing["push"] += t3 - t2
             counts.append(len(result))
             outputs.extend(result)
         return rpc.response({"counts": counts, "timing": timing}, outputs)
 
-    def _run_one(self, program: _Program, leaves: list[np.ndarray], step_id: str,
-                 timing: dict[str, float], sync: int, after: str | None) -> list[np.ndarray]:
+    def _reads(self, program: _Program, leaves: list[np.ndarray]) -> _Reads:
+        """What a step reads: its dense variables whole and, for each table read with
+        ``read_rows``, the distinct rows its batch looks up (from the id program)."""
         meta = program.meta
-        t0 = time.perf_counter()
         positions, uniques = [], []
         if program.ids is not None:
             ids_list = [np.asarray(x) for x in program.ids(leaves)]
@@ -188,34 +224,39 @@ class WorkerService(rpc.Dispatcher):
                 uniques.append(unique)
                 positions.append(inverse.reshape(ids.shape).astype(np.int32))
         variables = [program.variables[n] for n in [*meta["dense"], *meta["sparse"]]]
-        pulled = self._ps.pull(variables, [None] * len(meta["dense"]) + uniques, after)
-        dense = pulled[:len(meta["dense"])]
+        return _Reads(variables, [None] * len(meta["dense"]) + uniques, uniques, positions)
+
+    @staticmethod
+    def _compute(program: _Program, reads: _Reads, values: list[np.ndarray],
+                 leaves: list[np.ndarray]) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """Runs the compiled step on the pulled values; returns (gradients, outputs)."""
+        num_dense = len(program.meta["dense"])
         rows = []
-        for unique, position, values in zip(uniques, positions, pulled[len(meta["dense"]):],
-                                            strict=False):
-            padded = np.zeros((max(position.size, 1), *values.shape[1:]), values.dtype)
-            padded[:unique.size] = values
+        for position, row_values in zip(reads.positions, values[num_dense:], strict=False):
+            padded = np.zeros((max(position.size, 1), *row_values.shape[1:]), row_values.dtype)
+            padded[:row_values.shape[0]] = row_values
             rows.append(padded)
-        t1 = time.perf_counter()
-        grads, outputs = program.step(dense, rows, positions, leaves)
-        grads = [np.asarray(g) for g in grads]
-        outputs = [np.asarray(o) for o in outputs]
-        t2 = time.perf_counter()
+        grads, outputs = program.step(values[:num_dense], rows, reads.positions, leaves)
+        return [np.asarray(g) for g in grads], [np.asarray(o) for o in outputs]
+
+    @staticmethod
+    def _pushes(program: _Program, reads: _Reads, grads: list[np.ndarray]) -> list[Push]:
+        """The step's gradients as pushes: row-sparse (distinct rows, their gradients) for
+        tables read with ``read_rows``, whole otherwise."""
         pushes = []
-        for push, grad in zip(meta["pushes"], grads, strict=False):
+        for push, grad in zip(program.meta["pushes"], grads, strict=False):
             var = program.variables[push["var"]]
             if push["sparse"] >= 0:
-                unique = uniques[push["sparse"]]
+                unique = reads.uniques[push["sparse"]]
                 pushes.append((var, unique, grad[:unique.size]))
             else:
                 pushes.append((var, None, grad))
-        self._ps.push(step_id, pushes, sync, self.task_index)
-        assigned = grads[len(meta["pushes"]):]
-        if assigned:  # new values of non-trained state (BatchNorm statistics, seeds)
-            self._ps.assign([program.variables[n] for n in meta.get("assigns", [])], assigned)
-        t3 = time.perf_counter()
-        timing["pull"] += t1 - t0
-        timing["compute"] += t2 - t1
-        timing["push"] += t3 - t2
-        return outputs
+        return pushes
 
+
+@dataclasses.dataclass
+class _Reads:
+    variables: list[dict[str, Any]]
+    rows: list[np.ndarray | None]          # per variable: None (whole) or distinct rows
+    uniques: list[np.ndarray]              # per table read with read_rows
+    positions: list[np.ndarray]            # per table: index of each id in its distinct rows

@@ -1,0 +1,242 @@
+"""A table larger than a worker may hold: 4M x 64 float32 (1 GiB) over 2 ps, workers capped.
+
+    python -m benchmarks.ps_big_table                          # 4,000,000 x 64, workers <= 512 MiB
+    python -m benchmarks.ps_big_table --rows 200000 --worker-mib 320 --steps 100
+    python -m benchmarks.ps_big_table --hold-table             # a worker reading it all fails
+
+Starts chief + 2 workers + 2 ps on 127.0.0.1 (this file is every task's program). The chief
+creates the table partitioned in 2 shards (one per ps) and a small dense head, then trains
+with the custom loop's row-sparse path (``strategy.read_rows`` + ``apply_gradients``): each
+step a worker pulls only the distinct rows its batch looks up (256 x 20 ids, Zipf-distributed
+over the table, hot rows spread over both shards) and pushes their gradients.
+
+Each worker process runs under a hard memory cap: ``RLIMIT_DATA`` set before it starts (it
+bounds the private writable memory: heap and anonymous mappings, which is what numpy, gRPC
+and XLA's buffers use; ``RLIMIT_AS`` cannot be used because XLA reserves large virtual
+ranges it never touches). With ``--hold-table`` the step reads the table whole
+(``strategy.read``), and the worker fails to pull it under the cap: proof the cap is real.
+
+Reports each process's peak RSS as the kernel measured it (``ru_maxrss`` from ``wait4``),
+steps/s over the timed steps, and the loss of the first and last 20 steps. Prints
+``RESULT {json}`` and writes ``benchmarks/results/ps_big_table.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).parent
+BATCH, IDS_PER_EXAMPLE, HEAD = 256, 20, 16
+STACK_BYTES = 1 << 20
+
+
+def _args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.ps_big_table",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=int, default=4_000_000)
+    parser.add_argument("--dim", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=300, help="timed steps (scheduled calls)")
+    parser.add_argument("--worker-mib", type=int, default=512, help="each worker's memory cap")
+    parser.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd",
+                        help="adam keeps 2 slots per row on the ps (3x the ps memory)")
+    parser.add_argument("--hold-table", action="store_true",
+                        help="read the table whole in the step: the capped worker must fail")
+    parser.add_argument("--timeout", type=float, default=900)
+    parser.add_argument("--out", default=str(HERE / "results" / "ps_big_table.json"))
+    return parser.parse_args(argv)
+
+
+# ----- every task: the training program ------------------------------------------------------
+ARGS = _args(sys.argv[1:]) if os.environ.get("TF_CONFIG") else None
+
+
+def dataset_fn(input_context):
+    """Runs on each worker (sent by name): Zipf ids scattered over the table, and a label
+    that a rule on the ids decides (rows whose id is a multiple of 7 are "liked")."""
+    rng = np.random.default_rng(input_context.input_pipeline_id)
+    rows = ARGS.rows
+    while True:
+        rank = np.minimum(rng.zipf(1.1, size=(BATCH, IDS_PER_EXAMPLE)), rows) - 1
+        ids = ((rank * 2_654_435_761) % rows).astype(np.int32)    # hot ids on both shards
+        labels = ((ids % 7 == 0).sum(axis=1, keepdims=True) >= 1).astype(np.float32)
+        yield ids, labels
+
+
+def _peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def task_main() -> None:
+    import stratax as sx
+
+    strategy = sx.ParameterServerStrategy(
+        variable_partitioner=sx.partitioners.FixedShardsPartitioner(num_shards=2),
+        timeout_seconds=60)
+    # Only the chief gets here: worker and ps tasks serve inside the constructor.
+    import jax
+    import jax.numpy as jnp
+    import keras
+
+    coordinator = sx.coordinator.ClusterCoordinator(strategy)
+    rng = np.random.default_rng(0)
+    start = time.perf_counter()
+    value = rng.standard_normal(size=(ARGS.rows, ARGS.dim), dtype=np.float32)
+    value *= 0.05
+    table = strategy.create_variable(value, name="embedding")
+    del value
+    create_s = time.perf_counter() - start
+    head = [strategy.create_variable(rng.normal(scale=0.1, size=s).astype(np.float32), name=n)
+            for n, s in [("d1/kernel", (ARGS.dim, HEAD)), ("d1/bias", (HEAD,)),
+                         ("d2/kernel", (HEAD, 1)), ("d2/bias", (1,))]]
+    optimizer = (keras.optimizers.SGD(0.5) if ARGS.optimizer == "sgd"
+                 else keras.optimizers.Adam(0.01))
+
+    def loss_fn(rows, params, positions, labels):
+        k1, b1, k2, b2 = params
+        features = jnp.take(rows, positions, axis=0).mean(axis=1)
+        logits = jax.nn.relu(features @ k1 + b1) @ k2 + b2
+        return jnp.mean(jnp.maximum(logits, 0) - logits * labels
+                        + jnp.log1p(jnp.exp(-jnp.abs(logits))))
+
+    def replica_fn(ids, labels):
+        if ARGS.hold_table:
+            positions = ids
+            rows = strategy.read(table)
+            loss, (g_rows, g_head) = jax.value_and_grad(loss_fn, argnums=(0, 1))(
+                rows, strategy.read(head), positions, labels)
+        else:
+            rows, positions = strategy.read_rows(table, ids)
+            loss, (g_rows, g_head) = jax.value_and_grad(loss_fn, argnums=(0, 1))(
+                rows, strategy.read(head), positions, labels)
+        strategy.apply_gradients([(g_rows, table), *zip(g_head, head, strict=True)], optimizer)
+        return loss
+
+    def step_fn(iterator):
+        return strategy.run(replica_fn, args=next(iterator))
+
+    print(strategy.describe_variables(), flush=True)
+    iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
+    result = {"rows": ARGS.rows, "dim": ARGS.dim, "table_mib": ARGS.rows * ARGS.dim * 4 / 2**20,
+              "create_s": create_s, "optimizer": ARGS.optimizer, "hold_table": ARGS.hold_table}
+    try:
+        warm = [coordinator.schedule(step_fn, args=(iterator,)) for _ in range(4)]
+        coordinator.join()
+        begin = time.perf_counter()
+        losses = [coordinator.schedule(step_fn, args=(iterator,)) for _ in range(ARGS.steps)]
+        coordinator.join()
+        wall = time.perf_counter() - begin
+    except sx.StrataxError as err:
+        result["error"] = str(err)
+    else:
+        values = [float(v.fetch()) for v in [*warm, *losses]]
+        result.update(steps=ARGS.steps, wall_s=wall, steps_per_s=ARGS.steps / wall,
+                      loss_first20=float(np.mean(values[:20])),
+                      loss_last20=float(np.mean(values[-20:])),
+                      iterations=strategy.optimizer_iterations(table))
+    result["chief_peak_rss_mib"] = _peak_rss_mib()
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+# ----- the launcher --------------------------------------------------------------------------
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _capped(limit: int):
+    def apply() -> None:
+        # RLIMIT_DATA counts reserved private memory, thread stacks included: with glibc's
+        # default 8 MiB stacks (from RLIMIT_STACK) gRPC's and XLA's threads alone would use
+        # the cap, so threads get 1 MiB stacks.
+        resource.setrlimit(resource.RLIMIT_STACK, (STACK_BYTES, STACK_BYTES))
+        resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
+    return apply
+
+
+def _reap(pid: int, deadline: float) -> tuple[int, float] | None:
+    """``(exit status, peak RSS MiB)`` of child ``pid`` via ``wait4``; None past ``deadline``."""
+    while time.monotonic() < deadline:
+        done, status, usage = os.wait4(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status), usage.ru_maxrss / 1024
+        time.sleep(0.05)
+    return None
+
+
+def launch(args: argparse.Namespace, argv: list[str]) -> dict:
+    """Runs the cluster once; returns the chief's result plus every task's peak RSS."""
+    spec = {"chief": [f"127.0.0.1:{_free_port()}"],
+            "worker": [f"127.0.0.1:{_free_port()}" for _ in range(2)],
+            "ps": [f"127.0.0.1:{_free_port()}" for _ in range(2)]}
+    base = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    log_dir = Path(tempfile.mkdtemp(prefix="ps_big_table_"))
+    procs: dict[str, subprocess.Popen] = {}
+    logs = []
+    try:
+        for job, addresses in spec.items():
+            for index in range(len(addresses)):
+                name = f"{job}{index}"
+                env = dict(base, PYTHONUNBUFFERED="1", TF_CONFIG=json.dumps(
+                    {"cluster": spec, "task": {"type": job, "index": index}}))
+                log = open(log_dir / f"ps_big_table_{name}.log", "w")  # noqa: SIM115
+                logs.append(log)
+                procs[name] = subprocess.Popen(
+                    [sys.executable, str(Path(__file__).resolve()), *argv], env=env,
+                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                    preexec_fn=_capped(args.worker_mib << 20) if job == "worker" else None)
+        deadline = time.monotonic() + args.timeout
+        peaks, codes = {}, {}
+        for name in ["chief0", *(n for n in procs if n != "chief0")]:
+            reaped = _reap(procs[name].pid, deadline if name == "chief0" else
+                           min(deadline, time.monotonic() + 60))
+            if reaped is None:
+                raise TimeoutError(f"{name} (pid {procs[name].pid}) did not exit in time; see "
+                                   f"{log_dir}/ps_big_table_{name}.log")
+            procs[name].returncode = codes[name] = reaped[0]
+            peaks[name] = round(reaped[1], 1)
+    finally:
+        for proc in procs.values():
+            if proc.returncode is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                os.waitpid(proc.pid, 0)
+                proc.returncode = -9
+        for log in logs:
+            log.close()
+    out = (log_dir / "ps_big_table_chief0.log").read_text()
+    lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
+    if not lines:
+        raise RuntimeError(f"the chief printed no result (exit {codes['chief0']}):\n{out[-3000:]}")
+    result = json.loads(lines[-1][len("RESULT "):])
+    result.update(worker_cap_mib=args.worker_mib, peak_rss_mib=peaks, exit_codes=codes,
+                  load_average=os.getloadavg(), logs=str(log_dir))
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = _args(argv)
+    result = launch(args, argv)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    print("RESULT " + json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    if os.environ.get("TF_CONFIG"):
+        task_main()
+    else:
+        sys.exit(main())

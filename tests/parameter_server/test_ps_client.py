@@ -1,0 +1,46 @@
+"""PSClients against two in-process parameter servers: a push that also pulls the next
+step's values (one call per ps) reads them after the update, across shards."""
+
+import numpy as np
+import pytest
+
+from stratax._src.parameter_server import rpc
+from stratax._src.parameter_server.ps_client import PSClients
+from stratax._src.parameter_server.ps_server import ParameterServer
+
+
+@pytest.fixture
+def two_ps():
+    servers = [rpc.RpcServer(f"ps {i}", "127.0.0.1", 0, ParameterServer().handle, max_workers=2)
+               for i in range(2)]
+    for server in servers:
+        server.start()
+    clients = PSClients([f"127.0.0.1:{s.port}" for s in servers], timeout=10)
+    yield clients
+    clients.close()
+    for server in servers:
+        server.stop(0)
+
+
+def test_push_with_pull_over_two_shards_reads_after_the_update(two_ps):
+    table = np.arange(20, dtype=np.float32).reshape(10, 2)
+    desc = {"name": "t", "shape": [10, 2], "dtype": "float32",
+            "shards": [[0, "t/part_0", 0, 5], [1, "t/part_1", 5, 5]]}
+    for ps, key, start, count in desc["shards"]:
+        two_ps.clients[ps].call("create", {"names": [key]}, [table[start:start + count]])
+        two_ps.clients[ps].call("set_optimizer", {
+            "names": [key], "sparse_updates": "lazy",
+            "spec": {"class_name": "SGD", "config": {"learning_rate": 1.0}}})
+    rows = np.array([1, 7], np.int64)                       # one row on each shard
+    grad = np.ones((2, 2), np.float32)
+    wanted = np.array([0, 7, 9], np.int64)
+    values = two_ps.push("c0:0", [(desc, rows, grad)], pull=([desc, desc], [wanted, None]))
+    expected = table.copy()
+    expected[rows] -= 1.0
+    np.testing.assert_array_equal(values[0], expected[wanted])
+    np.testing.assert_array_equal(values[1], expected)
+    # The step id is applied once per shard: the same push again changes nothing.
+    again = two_ps.push("c0:0", [(desc, rows, grad)], pull=([desc], [None]))
+    np.testing.assert_array_equal(again[0], expected)
+    with pytest.raises(ValueError, match="asynchronous"):
+        two_ps.push("c0:1", [(desc, rows, grad)], sync=2, pull=([desc], [None]))
