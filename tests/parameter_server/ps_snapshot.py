@@ -12,7 +12,7 @@ import numpy as np
 
 import stratax as sx
 
-BATCH, DIM, STEPS, CALLS, TIMEOUT = 16, 8, 2, 150, 10
+BATCH, DIM, STEPS, CALLS, TIMEOUT = 16, 8, 2, 1000, 10
 
 
 def dataset_fn(ctx):

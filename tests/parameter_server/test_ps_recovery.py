@@ -126,9 +126,16 @@ def test_killed_ps_restarts_from_its_snapshot_and_training_continues(cluster, tm
         assert time.monotonic() < deadline and cluster.procs["chief0"].poll() is None, \
             cluster.output("chief0")[-3000:]
         time.sleep(0.05)
+    snapshot = tmp_path / "snap" / "ps0.npz"
+    while not snapshot.exists():               # a restart before any snapshot restores nothing
+        assert time.monotonic() < deadline and cluster.procs["chief0"].poll() is None, \
+            cluster.output("chief0")[-3000:]
+        time.sleep(0.05)
     rng = random.Random(time.time_ns())
-    time.sleep(rng.uniform(0.2, 1.0))
+    time.sleep(rng.uniform(0.05, 0.3))
     cluster.kill("ps0")
+    # The kill must land mid-training (phase 1 lasts seconds; a quicker one needs more CALLS).
+    assert "PHASE2" not in cluster.output("chief0"), "phase 1 ended before ps 0 was killed"
     cluster.restart("ps0")                     # same address, same snapshot directory
     while "PHASE2" not in cluster.output("chief0"):
         assert time.monotonic() < deadline + 60 and cluster.procs["chief0"].poll() is None, \

@@ -115,6 +115,20 @@ class PSClients:
         got = self.each({ps: push_to(ps) for ps in targets})
         return plan.assemble(got) if plan is not None else None
 
+    def assign(self, variables: Sequence[VarDesc], values: Sequence[np.ndarray]) -> None:
+        """Writes new values (each shard its block of rows), one call per ps."""
+        names: dict[int, list[str]] = defaultdict(list)
+        parts: dict[int, list[np.ndarray]] = defaultdict(list)
+        for var, value in zip(variables, values, strict=True):
+            for ps, key, start, count in var["shards"]:
+                names[ps].append(key)
+                parts[ps].append(value[start:start + count] if len(var["shards"]) > 1 else value)
+
+        def assign_on(ps: int) -> Callable[[rpc.RpcClient], Any]:
+            return lambda c: c.call("assign", {"names": names[ps]}, parts[ps])
+
+        self.each({ps: assign_on(ps) for ps in names})
+
 
 class _PullPlan:
     """Which shards (whole) and which rows of which shards to read from each ps, and how to
@@ -168,21 +182,6 @@ class _PullPlan:
                     out[mask] = part
                 values.append(out)
         return values
-
-
-    def assign(self, variables: Sequence[VarDesc], values: Sequence[np.ndarray]) -> None:
-        """Writes new values (each shard its block of rows), one call per ps."""
-        names: dict[int, list[str]] = defaultdict(list)
-        parts: dict[int, list[np.ndarray]] = defaultdict(list)
-        for var, value in zip(variables, values, strict=True):
-            for ps, key, start, count in var["shards"]:
-                names[ps].append(key)
-                parts[ps].append(value[start:start + count] if len(var["shards"]) > 1 else value)
-
-        def assign_on(ps: int) -> Callable[[rpc.RpcClient], Any]:
-            return lambda c: c.call("assign", {"names": names[ps]}, parts[ps])
-
-        self.each({ps: assign_on(ps) for ps in names})
 
 
 def _row_bytes(var: VarDesc) -> int:
