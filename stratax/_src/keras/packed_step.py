@@ -71,7 +71,8 @@ def compiled_packed_step(model: Any, strategy: Any) -> Callable[..., Any]:
     replicas = strategy.num_replicas_in_sync
     bytes_per_pack = strategy.bytes_per_pack
 
-    def replica_step(state: Any, data: Any) -> Any:
+    def train_step(state: Any, data: Any) -> Any:
+        """One replica's step (named as Keras' own, so jit logs and profiles read the same)."""
         trainable, non_trainable, optimizer_vars, metrics_vars = state
         grads, non_trainable, local_metrics = seam.keras_gradients_and_metrics(
             model, trainable, non_trainable, optimizer_vars, metrics_vars, data)
@@ -87,7 +88,7 @@ def compiled_packed_step(model: Any, strategy: Any) -> Callable[..., Any]:
             logs = model.get_metrics_result()
         return logs, (trainable, non_trainable, optimizer_vars, metrics_vars)
 
-    mapped = jax.shard_map(replica_step, mesh=strategy.mesh, in_specs=(P(), P(REPLICA_AXIS)),
+    mapped = jax.shard_map(train_step, mesh=strategy.mesh, in_specs=(P(), P(REPLICA_AXIS)),
                            out_specs=(P(), P()), axis_names=frozenset({REPLICA_AXIS}),
                            check_vma=False)
     return jax.jit(mapped, donate_argnums=0)
