@@ -10,11 +10,13 @@ replica's share of the batch inside ``jax.shard_map`` and sums, in one packed co
 with the metric-variable updates; then every replica applies the same optimizer update.
 
 It computes what the GSPMD step computes when the global loss is the mean of the replicas'
-losses and metrics are sums of per-example terms, so it is used only when that holds
-(:func:`eligible`): Keras' own ``train_step``/``compute_loss``/``compute_metrics``, every
-compiled loss reduced with ``"sum_over_batch_size"``, no non-trainable variables (batch
-statistics or random-number state would differ per replica), a jitted step. Any other model,
-and a batch given whole to every replica, keeps the GSPMD step.
+losses and metric states are sums of per-example terms (Keras' metrics keep totals and
+counts; TensorFlow's MultiWorkerMirroredStrategy sums metric variables over replicas the same
+way), so it is used only when that holds (:func:`eligible`): Keras' own ``train_step``,
+``compute_loss`` and ``compute_metrics``, every compiled loss reduced with
+``"sum_over_batch_size"``, no non-trainable variables (batch statistics or random-number state
+would differ per replica), a jitted step. Any other model, and a batch given whole to every
+replica, keeps the GSPMD step.
 """
 
 from __future__ import annotations
@@ -107,4 +109,5 @@ def packed_train_step(model: Any, strategy: Any,
         if _splits_over_replicas(data):
             return compiled(state, data)
         return gspmd_step(state, data)
+
     return step
