@@ -39,6 +39,9 @@ STEPS_PER_EPOCH = 100
 EPOCHS = {"1proc": 12, "2proc": 6}
 VARIANTS = {"1proc": ("none", "worker_metrics", "tensorboard"),
             "2proc": ("none", "worker_metrics")}
+# ``--diagnose``: WorkerMetrics with one suspect removed at a time (the all-reduce probe at the
+# start of ``fit``; the wait for the step in flight that closes each 1 s window).
+DIAGNOSTIC_VARIANTS = ("worker_metrics_no_probe", "worker_metrics_no_window_wait")
 RUN_TIMEOUT_S = 300
 
 
@@ -84,6 +87,10 @@ def _child(variant: str, epochs: int, out_dir: str, pin: bool) -> None:
     callbacks = [timer]
     if variant == "worker_metrics":
         callbacks.append(sx.callbacks.WorkerMetrics(out_dir))
+    elif variant == "worker_metrics_no_probe":
+        callbacks.append(sx.callbacks.WorkerMetrics(out_dir, probe_repeats=0))
+    elif variant == "worker_metrics_no_window_wait":  # windows close only at epoch ends
+        callbacks.append(sx.callbacks.WorkerMetrics(out_dir, every_seconds=1e9))
     elif variant == "tensorboard":
         callbacks.append(sx.callbacks.TensorBoard(os.path.join(out_dir, "tb")))
     history = model.fit(x, y, batch_size=GLOBAL_BATCH, epochs=epochs, shuffle=False, verbose=0,
@@ -147,6 +154,9 @@ def main(argv: list[str] | None = None) -> int:
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--only", choices=sorted(VARIANTS), default=None)
+    parser.add_argument("--diagnose", action="store_true",
+                        help="2 processes: also WorkerMetrics without its all-reduce probe, and "
+                             "without its per-window wait")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--epochs", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
@@ -158,11 +168,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.reps < 3:
         parser.error(f"--reps {args.reps}: need at least 3 for a median with min/max")
     kinds = [args.only] if args.only else list(VARIANTS)
+    variants = {k: VARIANTS[k] + (DIAGNOSTIC_VARIANTS if args.diagnose and k == "2proc" else ())
+                for k in kinds}
     runs: dict[str, dict[str, list[dict[str, float]]]] = {
-        k: {v: [] for v in VARIANTS[k]} for k in kinds}
+        k: {v: [] for v in variants[k]} for k in kinds}
     for rep in range(args.reps):
         for kind in kinds:
-            for variant in VARIANTS[kind]:
+            for variant in variants[kind]:
                 result = _run(kind, variant)
                 runs[kind][variant].append(result)
                 print(f"rep {rep + 1}/{args.reps} {kind:5s} {variant:15s} "

@@ -26,9 +26,10 @@ written), what for, and which stratax module relies on it:
   generator). -> ``keras.methods``
 - ``BatchNormalization._moments`` (overridden in a subclass): batch statistics combined over
   the replicas inside ``strategy.run``. -> ``keras.sync_batch_norm``
-- ``JAXTrainer._update_metrics_variables``: Keras' own metric update of a train step (loss
-  tracker and compiled metrics), run on a worker without Keras' local optimizer step.
-  -> ``keras.ps_fit``
+- ``JAXTrainer._update_metrics_variables`` (called, by ``update_metrics``): Keras' own metric
+  update of a train step (loss tracker and compiled metrics), split from the optimizer step: run
+  on a worker without Keras' local optimizer step (-> ``keras.ps_fit``), and before the packed
+  all-reduce of gradients and metric updates (-> ``keras.packed_step``).
 - ``keras.layers.Embedding.call`` (wrapped once; unchanged unless this thread sets a lookup):
   a plain embedding's ``take`` replaced by the rows a worker pulled (row-sparse path under
   ``ParameterServerStrategy``). -> ``keras.ps_fit``
@@ -319,3 +320,26 @@ def use_gloo_on_address(address: str) -> None:
         return xla_bridge.make_cpu_client(collectives=collectives)
 
     xla_bridge.register_backend_factory("cpu", make_client, priority=0, fail_quietly=False)
+
+
+def keras_gradients_and_metrics(model: Any, trainable: Any, non_trainable: Any,
+                                optimizer_vars: Any, metrics_vars: Any, data: Any
+                                ) -> tuple[Any, Any, Any]:
+    """The first half of Keras' JAX ``train_step``: gradients, before the optimizer applies them.
+
+    Returns ``(grads, non_trainable, metrics_vars)``: the loss's gradients with respect to
+    ``trainable`` and the non-trainable and metric variables updated by the forward pass, the
+    loss and ``compute_metrics``, exactly as ``JAXTrainer.train_step`` computes them (it
+    updates metrics after applying the gradients, from values that do not depend on them).
+    """
+    import jax
+    import keras
+
+    x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+    grad_fn = jax.value_and_grad(model.compute_loss_and_updates, has_aux=True)
+    (_, aux), grads = grad_fn(trainable, non_trainable, metrics_vars, x, y, sample_weight,
+                              training=True, optimizer_variables=optimizer_vars)
+    unscaled_loss, y_pred, non_trainable, metrics_vars = aux
+    _, metrics_vars = update_metrics(model, metrics_vars, unscaled_loss, x, y, y_pred,
+                                     sample_weight)
+    return grads, non_trainable, metrics_vars

@@ -5,6 +5,7 @@ The reference is OneDeviceStrategy in this process. Each variant runs under Mirr
 what is trained), and under MultiWorkerMirroredStrategy with 2 real worker processes.
 """
 
+import os
 import sys
 
 import numpy as np
@@ -17,6 +18,8 @@ from stratax._src.launch import launch
 
 pytestmark = pytest.mark.timeout(300)
 
+# The workers import the stratax under test (this checkout), not whatever is installed.
+_PATH = os.pathsep.join([str(HERE), str(HERE.parent.parent)])
 _references: dict[str, dict[str, np.ndarray]] = {}
 
 
@@ -52,7 +55,7 @@ def test_every_input_kind_on_two_workers(tmp_path, monkeypatch):
     for name in ("STRATAX_CPU_DEVICES", "TF_CONFIG", "XLA_FLAGS"):
         monkeypatch.delenv(name, raising=False)
     result = launch([sys.executable, "mwms_inputs_program.py", str(tmp_path)], cwd=str(HERE),
-                    capture_output=True, stream_output=False, env={"PYTHONPATH": str(HERE)},
+                    capture_output=True, stream_output=False, env={"PYTHONPATH": _PATH},
                     nproc_per_node=2, timeout=240)
     assert result.ok, result.summary + "\n" + "\n".join(result.outputs[0][-30:])
     for variant in VARIANTS:

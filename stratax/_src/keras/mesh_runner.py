@@ -2,7 +2,9 @@
 
 Several replicas (or several processes) use the strategy's Keras distribution
 (``StrategyDistribution``: variables mirrored, each batch split over the ``"replica"`` axis or,
-when it does not split, given whole to every replica); XLA inserts the gradient all-reduce. A
+when it does not split, given whole to every replica). ``fit``'s train step all-reduces its
+gradients in one packed collective (``keras.packed_step``) where the model allows it; otherwise
+XLA inserts one all-reduce per gradient. A
 one-replica strategy needs no mesh: Keras runs its own single-device path with the strategy's
 device as JAX's default device (a 1-device mesh made Keras recompile its step every epoch).
 
@@ -22,7 +24,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from stratax._src import seam
-from stratax._src.keras import binding, model_parallel
+from stratax._src.keras import binding, model_parallel, packed_step
 from stratax._src.keras.distribution import StrategyDistribution
 from stratax._src.keras.runner import KerasRunner
 from stratax._src.runtime import distributed
@@ -83,6 +85,10 @@ class MeshRunner(KerasRunner):
                   step_fn: Callable[..., Any]) -> Callable[..., Any]:
         if self.distribution is None:
             return build(_committed(step_fn, self.strategy.devices[0]))
+        if (kind == "train" and isinstance(self.distribution, StrategyDistribution)
+                and self.strategy.num_replicas_in_sync > 1
+                and packed_step.eligible(model) is None):
+            step_fn = packed_step.packed_train_step(model, self.strategy, step_fn)
         window = self.strategy.dispatch_window
         if window.size <= 0:
             return build(step_fn)

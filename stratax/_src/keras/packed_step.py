@@ -1,0 +1,113 @@
+"""A Keras train step whose gradient all-reduce is one flat buffer (or a few packs).
+
+Left to GSPMD, ``fit``'s step over the ``"replica"`` axis all-reduces every gradient tensor on
+its own. XLA combines them into one tuple all-reduce, but its CPU runtime still calls the
+transport once per tensor, one after the other; between processes each gloo call costs a
+round trip (~4 ms on a pinned core; ``benchmarks/README.md``), so a 2-process MLP step spent
+16 of its 17 ms in collectives. This step runs Keras' own forward, loss and metrics on each
+replica's share of the batch inside ``jax.shard_map`` and sums, in one packed collective
+(``strategies.packing``; ``CommunicationOptions(bytes_per_pack=...)``), the gradients together
+with the metric-variable updates; then every replica applies the same optimizer update.
+
+It computes what the GSPMD step computes when the global loss is the mean of the replicas'
+losses and metric states are sums of per-example terms (Keras' metrics keep totals and
+counts; TensorFlow's MultiWorkerMirroredStrategy sums metric variables over replicas the same
+way), so it is used only when that holds (:func:`eligible`): Keras' own ``train_step``,
+``compute_loss`` and ``compute_metrics``, every compiled loss reduced with
+``"sum_over_batch_size"``, no non-trainable variables (batch statistics or random-number state
+would differ per replica), a jitted step. Any other model, and a batch given whole to every
+replica, keeps the GSPMD step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import keras
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from stratax._src import seam
+from stratax._src.strategies.packing import packed_collective
+from stratax._src.strategies.replica_context import REPLICA_AXIS
+
+_MEAN_REDUCTION = "sum_over_batch_size"
+
+
+def eligible(model: Any) -> str | None:
+    """Why ``model``'s train step must stay GSPMD's, or ``None`` when it can be packed."""
+    if model.run_eagerly or not model.jit_compile:
+        return "the step is not jit-compiled"
+    if model.optimizer is None:
+        return "no optimizer"
+    for name in ("train_step", "compute_loss", "compute_metrics"):
+        if getattr(type(model), name) is not getattr(keras.Model, name):
+            return f"the model overrides {name}"
+    if model.non_trainable_variables:
+        return "the model has non-trainable variables (batch statistics or random state)"
+    for loss in keras.tree.flatten(model.loss):
+        reduction = getattr(loss, "reduction", _MEAN_REDUCTION)
+        if isinstance(loss, keras.losses.Loss) and reduction != _MEAN_REDUCTION:
+            return f"a loss is reduced with {reduction!r}, not {_MEAN_REDUCTION!r}"
+    return None
+
+
+def _splits_over_replicas(data: Any) -> bool:
+    """True when every array of the batch is sharded along its first axis over the replicas."""
+    leaves = jax.tree.leaves(data)
+    return bool(leaves) and all(
+        isinstance(getattr(leaf, "sharding", None), NamedSharding)
+        and len(leaf.sharding.spec) > 0 and leaf.sharding.spec[0] == REPLICA_AXIS
+        for leaf in leaves
+    )
+
+
+def compiled_packed_step(model: Any, strategy: Any) -> Callable[..., Any]:
+    """The jitted ``step(state, data) -> (logs, state)`` with one packed gradient all-reduce.
+
+    ``data`` must be sharded over the replicas along its first axis; ``state`` is Keras' JAX
+    train state (replicated) and is donated, as Keras' own step donates it.
+    """
+    replicas = strategy.num_replicas_in_sync
+    bytes_per_pack = strategy.bytes_per_pack
+
+    def train_step(state: Any, data: Any) -> Any:
+        """One replica's step (named as Keras' own, so jit logs and profiles read the same)."""
+        trainable, non_trainable, optimizer_vars, metrics_vars = state
+        grads, non_trainable, local_metrics = seam.keras_gradients_and_metrics(
+            model, trainable, non_trainable, optimizer_vars, metrics_vars, data)
+        deltas = [new - old for new, old in zip(local_metrics, metrics_vars, strict=True)]
+        summed_grads, summed_deltas = packed_collective(
+            lambda flat: jax.lax.psum(flat, REPLICA_AXIS), (grads, deltas), bytes_per_pack)
+        grads = jax.tree.map(lambda g: g / replicas, summed_grads)
+        metrics_vars = [old + d for old, d in zip(metrics_vars, summed_deltas, strict=True)]
+        trainable, optimizer_vars = model.optimizer.stateless_apply(
+            optimizer_vars, grads, trainable)
+        with keras.StatelessScope(state_mapping=list(zip(model.metrics_variables, metrics_vars,
+                                                         strict=True))):
+            logs = model.get_metrics_result()
+        return logs, (trainable, non_trainable, optimizer_vars, metrics_vars)
+
+    mapped = jax.shard_map(train_step, mesh=strategy.mesh, in_specs=(P(), P(REPLICA_AXIS)),
+                           out_specs=(P(), P()), axis_names=frozenset({REPLICA_AXIS}),
+                           check_vma=False)
+    return jax.jit(mapped, donate_argnums=0)
+
+
+def packed_train_step(model: Any, strategy: Any,
+                      gspmd_step: Callable[..., Any]) -> Callable[..., Any]:
+    """Keras' train step for ``model``: packed when the batch splits over the replicas.
+
+    ``gspmd_step`` (Keras' own jitted step) runs the batches that do not split (the last,
+    partial batch of a one-process run, given whole to every replica).
+    """
+    compiled = compiled_packed_step(model, strategy)
+
+    def step(state: Any, data: Any) -> Any:
+        if _splits_over_replicas(data):
+            return compiled(state, data)
+        return gspmd_step(state, data)
+
+    return step

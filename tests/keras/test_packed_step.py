@@ -1,0 +1,122 @@
+"""``fit``'s packed train step: one all-reduce of one flat buffer, the same training as GSPMD's.
+
+The count of all-reduces is read from XLA's compiled HLO on 2 forced CPU devices (cheap and
+deterministic); the multi-process equivalence tests cover the same step between processes.
+"""
+
+import re
+
+import jax
+import keras
+import numpy as np
+import pytest
+
+import stratax as sx
+from stratax._src.keras import packed_step
+
+_ALL_REDUCE = re.compile(r"=\s*(\(.*?\)|\S+)\s+all-reduce(?:-start)?\(")
+
+
+def _model(*middle):
+    return keras.Sequential([keras.Input((12,)), keras.layers.Dense(16, activation="relu"),
+                             *middle, keras.layers.Dense(5)])
+
+
+def _compiled(model):
+    model.compile(optimizer=keras.optimizers.Adam(0.01), metrics=["accuracy"],
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def _state_and_batch(model, strategy, rows=32):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(rows, 12)).astype(np.float32)
+    y = rng.integers(0, 5, rows)
+    model.fit(x, y, batch_size=rows, epochs=1, verbose=0)  # builds the optimizer and metrics
+    sharding = jax.sharding.NamedSharding(strategy.mesh, jax.sharding.PartitionSpec("replica"))
+    state = (
+        [v.value for v in model.trainable_variables],
+        [v.value for v in model.non_trainable_variables],
+        [v.value for v in model.optimizer.variables],
+        [v.value for v in model.metrics_variables],
+    )
+    return state, (jax.device_put(x, sharding), jax.device_put(y, sharding))
+
+
+def _reduced_buffers(hlo_text):
+    """The buffers all-reduced by an optimized HLO module, e.g. ``["f32[208]", "f32[89]"]``.
+
+    XLA may combine several all-reduces into one of a tuple, but its CPU runtime still calls the
+    transport once per buffer: the buffer count is what costs round trips.
+    """
+    shapes = " ".join(_ALL_REDUCE.findall(hlo_text))
+    return re.findall(r"[a-z]+\d*\[[\d,]*\]", shapes)
+
+
+def test_fit_step_all_reduces_one_flat_buffer():
+    strategy = sx.MirroredStrategy(["cpu:0", "cpu:1"])
+    with strategy.scope():
+        model = _compiled(_model())
+    state, batch = _state_and_batch(model, strategy)
+    step = packed_step.compiled_packed_step(model, strategy)
+    # Gradients (4 tensors, 293 numbers) and metric updates (loss and accuracy totals and
+    # counts): all float32, so one flat buffer.
+    assert _reduced_buffers(step.lower(state, batch).compile().as_text()) == ["f32[297]"]
+    keras_step = jax.jit(model.train_step)
+    gspmd = _reduced_buffers(keras_step.lower(state, batch).compile().as_text())
+    assert len(gspmd) >= 4, gspmd  # what the packed step replaces: one buffer per gradient
+
+
+def test_bytes_per_pack_cuts_the_buffer_into_packs():
+    mirrored = sx.MirroredStrategy(["cpu:0", "cpu:1"])
+    with mirrored.scope():
+        model = _compiled(_model())
+    state, batch = _state_and_batch(model, mirrored)
+
+    class Packed:  # MultiWorkerMirroredStrategy's CommunicationOptions(bytes_per_pack=1024)
+        num_replicas_in_sync = 2
+        mesh = mirrored.mesh
+        bytes_per_pack = 1024
+
+    step = packed_step.compiled_packed_step(model, Packed)
+    # 12x16 kernel + bias (832 B) fill one 1 KiB pack; the 16x5 kernel, its bias and the 4
+    # metric numbers another.
+    assert sorted(_reduced_buffers(step.lower(state, batch).compile().as_text())) == [
+        "f32[208]", "f32[89]"]
+
+
+def test_fit_uses_the_packed_step_and_matches_one_device(monkeypatch):
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(96, 12)).astype(np.float32)
+    y = rng.integers(0, 5, 96)
+    results = {}
+    built = []
+    original = packed_step.compiled_packed_step
+    monkeypatch.setattr(packed_step, "compiled_packed_step",
+                        lambda *a: built.append(a) or original(*a))
+    for name, strategy in (("one", sx.OneDeviceStrategy("cpu:0")),
+                           ("two", sx.MirroredStrategy(["cpu:0", "cpu:1"]))):
+        keras.utils.set_random_seed(3)
+        with strategy.scope():
+            model = _compiled(_model())
+        history = model.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0)
+        results[name] = (model.get_weights(), history.history)
+    assert len(built) == 1  # the 2-replica fit took the packed step; one device needs none
+    for got, want in zip(results["two"][0], results["one"][0], strict=True):
+        np.testing.assert_allclose(got, want, atol=2e-5, rtol=2e-5)
+    for key in ("loss", "accuracy"):
+        np.testing.assert_allclose(results["two"][1][key], results["one"][1][key], rtol=1e-5)
+
+
+@pytest.mark.parametrize("layers, loss, reason", [
+    ((keras.layers.BatchNormalization(),), "sparse_categorical_crossentropy",
+     "non-trainable variables"),
+    ((keras.layers.Dropout(0.5),), "sparse_categorical_crossentropy", "non-trainable"),
+    ((), keras.losses.SparseCategoricalCrossentropy(reduction="sum"), "'sum'"),
+])
+def test_models_it_would_change_keep_the_gspmd_step(layers, loss, reason):
+    strategy = sx.MirroredStrategy(["cpu:0", "cpu:1"])
+    with strategy.scope():
+        model = _model(*layers)
+        model.compile(optimizer="sgd", loss=loss)
+    assert reason in packed_step.eligible(model)
