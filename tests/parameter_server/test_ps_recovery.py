@@ -28,14 +28,19 @@ def _start(cluster, *args) -> None:  # noqa: F811 - fixture
 
 def _kill_trial(cluster, mode: str, rng: random.Random) -> dict:  # noqa: F811 - fixture
     _start(cluster, mode)
+    started = time.monotonic()
     victim = f"worker{rng.randrange(2)}"
     time.sleep(rng.uniform(0.0, 1.0))          # pulling, computing, pushing or between steps
     cluster.kill(victim)
+    killed_after = time.monotonic() - started
     time.sleep(rng.uniform(0.0, 1.0))
     cluster.restart(victim)                     # same address: it rejoins and gets work again
     code, out = cluster.wait("chief0", timeout=180)
     assert code == 0, out[-4000:]
     result = cluster.result()
+    # A kill after phase 1 would hit an idle worker, noticed only by phase 2's first call.
+    assert killed_after < result["phase1_s"], ("phase 1 ended before the kill; raise "
+                                               "ps_kill_trial.PHASE1", killed_after, result)
     assert f"worker {victim[-1]}" in out and "re-queueing" in out, out[-3000:]
 
     # Exactly once: the optimizer counted one update per scheduled step, and the ps ledger
