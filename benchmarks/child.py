@@ -82,6 +82,40 @@ def epoch_timer(keras: Any, sync: Callable[[], None]) -> Any:
     return EpochTimer()
 
 
+def timed_result(begins: list[float], ends: list[float], times: tuple[float, float, float],
+                 steps_per_epoch: int, timed_epochs: int) -> dict[str, Any]:
+    """The throughput and timing fields of a result, from each epoch's begin and end.
+
+    ``times`` is (training start, first execution done, training end). Shared by the Keras
+    children and the PyTorch peer (``benchmarks.torch_train``), so both are timed alike.
+    """
+    from benchmarks.configs import GLOBAL_BATCH, WARMUP_EPOCHS
+
+    t_fit, first_done, t_done = times
+    epoch_s = [e - b for b, e in zip(begins, ends, strict=True)]
+    window = ends[-1] - begins[WARMUP_EPOCHS]
+    steady_epoch = statistics.median(epoch_s[WARMUP_EPOCHS:])
+    warmup = ends[WARMUP_EPOCHS - 1] - t_fit
+    return {
+        "status": "ok",
+        "samples_per_s": timed_epochs * steps_per_epoch * GLOBAL_BATCH / window,
+        # Training start until the first execution (1 or spe steps) is done: input pipeline
+        # set-up, tracing, compilation and the first run.
+        "first_execution_s": first_done - t_fit,
+        # Extra wall time of the warm-up epoch over a steady epoch (a noisier estimate of the
+        # one-off costs, kept in the raw results only).
+        "warmup_overhead_s": warmup - WARMUP_EPOCHS * steady_epoch,
+        # Throughput of the median timed epoch: tells one-off costs inside the timed window
+        # (a recompilation in epoch 2, say) apart from the steady rate.
+        "median_epoch_samples_per_s": steps_per_epoch * GLOBAL_BATCH / steady_epoch,
+        "timed_window_s": window,
+        "warmup_epoch_s": warmup,
+        "epoch_s": epoch_s,
+        "steps_trained": (WARMUP_EPOCHS + timed_epochs) * steps_per_epoch,
+        "fit_s": t_done - t_fit,
+    }
+
+
 def _train(spec: dict[str, Any]) -> dict[str, Any]:
     import numpy as np
 
@@ -108,36 +142,17 @@ def _train(spec: dict[str, Any]) -> dict[str, Any]:
     history = model.fit(x, y, batch_size=GLOBAL_BATCH, epochs=WARMUP_EPOCHS + timed_epochs,
                         shuffle=False, verbose=0, callbacks=[timer, *session.callbacks])
     t_done = time.perf_counter()
-    epoch_s = [e - b for b, e in zip(timer.begins, timer.ends, strict=True)]
-    window = timer.ends[-1] - timer.begins[WARMUP_EPOCHS]
-    steady_epoch = statistics.median(epoch_s[WARMUP_EPOCHS:])
-    warmup = timer.ends[WARMUP_EPOCHS - 1] - t_fit
     if timer.first_done is None:
         raise RuntimeError("fit ran a single execution; the harness needs at least two to time "
                            "the first one (check steps per epoch and epochs).")
-    losses = [float(v) for v in history.history["loss"]]
     return {
-        "status": "ok",
-        "samples_per_s": timed_epochs * steps_per_epoch * GLOBAL_BATCH / window,
-        # fit() call until the first execution (1 or spe steps) is done: input pipeline set-up,
-        # tracing, compilation and the first run.
-        "first_execution_s": timer.first_done - t_fit,
-        # Extra wall time of the warm-up epoch over a steady epoch (a noisier estimate of the
-        # one-off costs, kept in the raw results only).
-        "warmup_overhead_s": warmup - WARMUP_EPOCHS * steady_epoch,
-        # Throughput of the median timed epoch: tells one-off costs inside the timed window
-        # (a recompilation in epoch 2, say) apart from the steady rate.
-        "median_epoch_samples_per_s": steps_per_epoch * GLOBAL_BATCH / steady_epoch,
-        "timed_window_s": window,
-        "warmup_epoch_s": warmup,
-        "epoch_s": epoch_s,
-        "losses": losses,
+        **timed_result(timer.begins, timer.ends, (t_fit, timer.first_done, t_done),
+                       steps_per_epoch, timed_epochs),
+        "losses": (losses := [float(v) for v in history.history["loss"]]),
         "final_loss": losses[-1],
-        "steps_trained": (WARMUP_EPOCHS + timed_epochs) * steps_per_epoch,
         "init_checksum": checksum,
         "import_s": t_import - _T0,
         "build_s": t_fit - t_import,
-        "fit_s": t_done - t_fit,
         "replicas": session.replicas,
         "devices": session.devices,
         "versions": session.versions,

@@ -19,12 +19,12 @@ import datetime
 import itertools
 import json
 import os
-import statistics
 import time
 from typing import Any
 
 import numpy as np
 
+from benchmarks.child import timed_result
 from benchmarks.configs import GLOBAL_BATCH, SYSTEMS, WARMUP_EPOCHS, WORKLOADS
 from benchmarks.workloads import initial_weights
 
@@ -99,26 +99,13 @@ def train(spec: dict[str, Any]) -> dict[str, Any]:
     t_done = time.perf_counter()
     if processes > 1:
         dist.destroy_process_group()
-    epoch_s = [e - b for b, e in zip(begins, ends, strict=True)]
-    window = ends[-1] - begins[WARMUP_EPOCHS]
-    steady_epoch = statistics.median(epoch_s[WARMUP_EPOCHS:])
-    warmup = ends[WARMUP_EPOCHS - 1] - t_fit
     return {
-        "status": "ok",
-        "samples_per_s": timed_epochs * steps_per_epoch * GLOBAL_BATCH / window,
-        "first_execution_s": first_done - t_fit,
-        "warmup_overhead_s": warmup - WARMUP_EPOCHS * steady_epoch,
-        "median_epoch_samples_per_s": steps_per_epoch * GLOBAL_BATCH / steady_epoch,
-        "timed_window_s": window,
-        "warmup_epoch_s": warmup,
-        "epoch_s": epoch_s,
+        **timed_result(begins, ends, (t_fit, first_done, t_done), steps_per_epoch, timed_epochs),
         "losses": losses,
         "final_loss": losses[-1],
-        "steps_trained": (WARMUP_EPOCHS + timed_epochs) * steps_per_epoch,
         "init_checksum": checksum,
         "import_s": t_import - t0,
         "build_s": t_fit - t_import,
-        "fit_s": t_done - t_fit,
         "replicas": processes,
         "devices": [f"cpu (process {rank} of {processes})"],
         "versions": {"torch": torch.__version__, "numpy": np.__version__},
