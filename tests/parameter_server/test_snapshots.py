@@ -55,7 +55,7 @@ def test_interrupted_snapshot_keeps_the_previous_one(tmp_path, monkeypatch):
     monkeypatch.setattr(os, "fsync", crash)    # the temp file is written, not yet renamed
     with pytest.raises(OSError, match="disk full"):
         snapshots.write()
-    assert (tmp_path / "ps0.npz.tmp").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ps0.npz"]   # no temp file left
     assert (tmp_path / "ps0.npz").read_bytes() == before
     restored = ParameterServer(Snapshots(tmp_path, task_index=0, every=2))
     assert restored._shards["w"].optimizer.iterations == 4

@@ -20,20 +20,9 @@ from typing import Any
 
 import numpy as np
 
+from stratax._src.core.files import write_atomically
+
 _LATEST = "latest"
-
-
-def _write_text_atomically(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.tmp-")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def save(directory: str | os.PathLike[str], arrays: list[np.ndarray], meta: dict[str, Any]) -> Path:
@@ -51,7 +40,7 @@ def save(directory: str | os.PathLike[str], arrays: list[np.ndarray], meta: dict
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    _write_text_atomically(root / _LATEST, final.name)
+    write_atomically(root / _LATEST, final.name)
     for old in root.glob("ckpt-*"):
         if old != final:
             shutil.rmtree(old, ignore_errors=True)

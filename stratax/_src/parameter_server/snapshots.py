@@ -2,8 +2,8 @@
 
 A snapshot holds, per shard, the value, the optimizer (its spec, slots and iterations) and the
 ledger of applied step ids, in one ``.npz`` file (raw arrays plus a JSON header; no pickle).
-It is written atomically: to ``ps<i>.npz.tmp``, flushed to disk, then renamed over
-``ps<i>.npz``, so a ps killed while writing leaves the previous snapshot intact.
+It is written atomically (``core.files.write_atomically``: a temp file, flushed to disk, then
+renamed over ``ps<i>.npz``), so a ps killed while writing leaves the previous snapshot intact.
 
 Consistency: while a snapshot is taken no push is applied (pushes wait for it), so every
 shard's value, slots and ledger agree. A ps restarted at its address with the same directory
@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from stratax._src.core import env
+from stratax._src.core.files import write_atomically
 from stratax._src.parameter_server import wire
 from stratax._src.parameter_server.optimizers import ShardOptimizer
 
@@ -38,16 +39,11 @@ HEADER = "header"  # the npz member holding the JSON header, as uint8 bytes
 
 
 def write_npz(path: Path, header: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
-    """Writes ``arrays`` and the JSON ``header`` to ``path`` atomically: a temp file beside it,
-    flushed to disk, then renamed over it (an interrupted write leaves the old file)."""
+    """Writes ``arrays`` and the JSON ``header`` to ``path`` atomically (an interrupted write
+    leaves the old file)."""
     buffer = io.BytesIO()
     np.savez(buffer, **arrays, **{HEADER: np.frombuffer(json.dumps(header).encode(), np.uint8)})
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(buffer.getbuffer())
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_atomically(path, buffer.getbuffer())
 
 
 class Snapshots:
