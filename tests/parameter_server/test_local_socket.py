@@ -3,6 +3,7 @@ a restart, who may connect, and the switch back to gRPC."""
 
 import os
 import pwd
+import shutil
 import socket
 import subprocess
 import sys
@@ -124,6 +125,7 @@ def _serve_in_child(port):
 
 def test_killed_server_is_named_within_the_timeout_then_a_restart_is_reached():
     proc, port, path = _serve_in_child(0)
+    paths = [path]
     client = rpc.RpcClient("ps 0", f"127.0.0.1:{port}", timeout=3)
     try:
         client.call("create", {"names": ["w"]}, [np.ones(3, np.float32)])
@@ -138,15 +140,27 @@ def test_killed_server_is_named_within_the_timeout_then_a_restart_is_reached():
             assert time.monotonic() - start < 2.5
         assert client.transport == "grpc"
         proc, _, new_path = _serve_in_child(port)
+        paths.append(new_path)
         assert new_path != path
+        assert not os.path.exists(os.path.dirname(path))  # a dead server's: removed on start
         client.wait_ready(10)   # gRPC's reconnect backoff, as a restarting ps' callers retry
         assert client.transport == "unix"
         with pytest.raises(rpc.RemoteError, match="'w'"):   # the new ps, not the old one
             client.call("pull", {"names": ["w"]})
+        # Restarted between two calls: the idle connection to the dead one is dropped and the
+        # call goes to the new socket (as a gRPC channel reconnects), with no error.
+        proc.kill()
+        proc.wait(5)
+        proc, _, third_path = _serve_in_child(port)
+        paths.append(third_path)
+        client.wait_ready(10)
+        assert client.transport == "unix" and third_path not in (path, new_path)
     finally:
         client.close()
         proc.kill()
         proc.wait(5)
+        for killed in paths:
+            shutil.rmtree(os.path.dirname(killed), ignore_errors=True)
 
 
 def test_an_endpoint_that_fails_a_check_keeps_the_calls_on_grpc(echo_server, monkeypatch):

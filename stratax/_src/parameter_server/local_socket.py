@@ -46,6 +46,7 @@ _CRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 _MAX_PATH = 107  # sun_path holds 108 bytes with the terminating NUL
 _IOV = 512  # buffers per sendmsg (Linux' IOV_MAX is 1024)
 _BUFFER_BYTES = 4 << 20  # socket buffers asked for (the kernel caps them at its maximum)
+_PREFIX = "stratax-rpc-"  # then the server's pid: a killed server's directory is found later
 
 
 def transport_mode(value: str | None = None) -> str:
@@ -156,7 +157,8 @@ class LocalListener:
         self.name = name
         self._dispatch = dispatch
         self._uid = os.getuid()
-        self.directory = tempfile.mkdtemp(prefix="stratax-")
+        _remove_dead_directories()
+        self.directory = tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-")
         os.chmod(self.directory, 0o700)
         self.path = os.path.join(self.directory, "rpc.sock")
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -247,9 +249,33 @@ class LocalListener:
             conn.close()
 
 
+def _remove_dead_directories() -> None:
+    """Removes the socket directories, owned by this uid, of servers that died without
+    stopping (SIGKILL), so they do not pile up in the temporary directory."""
+    root = tempfile.gettempdir()
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(root):
+            pid = entry.name[len(_PREFIX):].split("-", 1)[0]
+            if not entry.name.startswith(_PREFIX) or not pid.isdigit():
+                continue
+            try:
+                if entry.stat(follow_symlinks=False).st_uid != os.getuid():
+                    continue
+                os.kill(int(pid), 0)
+            except ProcessLookupError:
+                shutil.rmtree(entry.path, ignore_errors=True)
+            except OSError:
+                continue
+
+
 def _shutdown(conn: socket.socket, how: int) -> None:
     with contextlib.suppress(OSError):  # already closed by its thread
         conn.shutdown(how)
+
+
+class SocketGone(ConnectionError):
+    """No connection to the local socket could be made, so nothing of the request was sent:
+    the caller may ask the server (over gRPC) where it listens now and send it there."""
 
 
 class LocalChannel:
@@ -293,33 +319,50 @@ class LocalChannel:
         for sock in idle:
             sock.close()
 
+    def _take(self, end: float) -> socket.socket:
+        """An idle connection the server has not closed (it closes them when it stops or
+        dies), else a new one; ``SocketGone`` if none can be made."""
+        with self._lock:
+            sock = self._idle.pop() if self._idle else None
+        if sock is not None:
+            sock.settimeout(0)
+            try:
+                sock.recv(1, socket.MSG_PEEK)  # b"": closed; bytes: out of turn, drop it too
+            except BlockingIOError:
+                return sock
+            except OSError:
+                pass
+            sock.close()
+        try:
+            return self._connect(end)
+        except OSError as err:
+            raise SocketGone(f"{self._label} failed to connect to its local socket "
+                             f"{self.path} ({type(err).__name__}: {err}: unreachable or "
+                             "died); check that the task is running.") from None
+
     def call(self, parts: Sequence[Any], method: str, timeout: float) -> bytearray:
         """Sends one request frame and returns the reply frame's bytes.
 
         Raises:
+          SocketGone: no connection could be made (nothing was sent).
           WorkerUnavailableError: no reply within ``timeout`` seconds, or the connection was
-            refused, reset or closed (the connection is dropped: a late reply is never read by
+            reset or closed (the connection is dropped: a late reply is never read by
             another call).
         """
         end = time.monotonic() + timeout
-        with self._lock:
-            sock = self._idle.pop() if self._idle else None
+        sock = self._take(end)
         try:
-            if sock is None:
-                sock = self._connect(end)
             _send_frame(sock, parts, end)
             data = _recv_frame(sock, end, self._label)
             if data is None:
                 raise ConnectionError("connection closed before the reply")
         except TimeoutError:
-            if sock is not None:
-                sock.close()
+            sock.close()
             raise WorkerUnavailableError(
                 f"{self._label} did not answer {method!r} within {timeout:g} s (local socket "
                 f"{self.path}); check that the task is running.") from None
         except OSError as err:
-            if sock is not None:
-                sock.close()
+            sock.close()
             raise WorkerUnavailableError(
                 f"{self._label} failed {method!r} ({type(err).__name__}: {err}; local socket "
                 f"{self.path}: unreachable or died); check that the task is running.") from None

@@ -293,12 +293,19 @@ class RpcClient:
         parts = wire.encode_parts({"method": method, **(meta or {})}, tensors)
         deadline = self.timeout if timeout is None else timeout
         try:
-            local = self._local_channel(method, deadline)
-            if local is not None:
-                data = local.call(parts, method, deadline)
-            else:
-                data = self._grpc(method, deadline, lambda metadata: self._grpc_call(
-                    parts, deadline, stream, metadata))
+            for attempt in (1, 2):
+                local = self._local_channel(method, deadline)
+                if local is None:
+                    data = self._grpc(method, deadline, lambda metadata: self._grpc_call(
+                        parts, deadline, stream, metadata))
+                    break
+                try:
+                    data = local.call(parts, method, deadline)
+                    break
+                except local_socket.SocketGone as err:  # restarted? ask it where it listens
+                    self._forget_local()
+                    if attempt == 2:
+                        raise WorkerUnavailableError(str(err)) from None
         except WorkerUnavailableError:
             self._forget_local()
             raise
