@@ -1,13 +1,14 @@
 """One parameter-server round trip over gRPC vs the same-host Unix socket: CPU and wall per call.
 
 A server process (``RpcServer``, an echo handler: the request's tensors back) and this process
-as client; each call sends a ``--kb`` KB float32 tensor and receives it back (400 KB: the MLP
-benchmark's per-step push and pull). Per transport and repetition: ``--calls`` calls after a
-warm-up; client CPU from ``time.process_time``, server CPU from the server's own
-``process_time`` (asked over the same client), wall from ``time.perf_counter``. Repetitions
-interleave the two transports; the table gives medians and the 1-minute load average.
+as client; each call sends a float32 tensor of each ``--kb`` size and receives it back (400 KB:
+the MLP benchmark's per-step push and pull; 1300 KB: the embedding benchmark's row gradients).
+Per transport and repetition: ``--calls`` calls after a warm-up; client CPU from
+``time.process_time``, server CPU from the server's own ``process_time`` (asked over the same
+client), wall from ``time.perf_counter``. Repetitions interleave the two transports; the table
+gives medians and the 1-minute load average.
 
-    python -m benchmarks.ps_transport            # writes benchmarks/results/ps_transport.md
+    python -m benchmarks.ps_transport     # 400 and 1300 KB; writes results/ps_transport.md
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ def _measure(client: rpc.RpcClient, payload: np.ndarray, calls: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--kb", type=int, default=400)
+    parser.add_argument("--kb", default="400,1300", help="request (= reply) sizes in KB")
     parser.add_argument("--calls", type=int, default=500)
     parser.add_argument("--reps", type=int, default=3)
     args = parser.parse_args()
@@ -72,11 +73,13 @@ def main() -> None:
                    for t in ("grpc", "auto")}
         for client in clients.values():
             client.wait_ready(30)
-        payload = np.random.default_rng(0).normal(size=args.kb * 256).astype(np.float32)
-        runs: dict[str, list[dict]] = {t: [] for t in clients}
-        for _ in range(args.reps):
-            for transport, client in clients.items():
-                runs[transport].append(_measure(client, payload, args.calls))
+        sizes = [int(kb) for kb in args.kb.split(",")]
+        runs: dict[str, list[dict]] = {f"{kb}:{t}": [] for kb in sizes for t in clients}
+        for kb in sizes:
+            payload = np.random.default_rng(0).normal(size=kb * 256).astype(np.float32)
+            for _ in range(args.reps):
+                for transport, client in clients.items():
+                    runs[f"{kb}:{transport}"].append(_measure(client, payload, args.calls))
         used = {t: c.transport for t, c in clients.items()}
         for client in clients.values():
             client.close()
@@ -87,17 +90,18 @@ def main() -> None:
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait(5)
-    lines = [f"# One {args.kb} KB round trip: gRPC vs the same-host Unix socket", "",
+    lines = ["# One round trip: gRPC vs the same-host Unix socket", "",
              (f"{args.calls} calls per repetition, {args.reps} repetitions interleaved, medians; "
               f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
               f"{os.cpu_count()} cores."), "",
-             "| transport | wall ms/call | client CPU ms/call | server CPU ms/call | "
-             "1-min load during the reps |", "| --- | ---: | ---: | ---: | --- |"]
-    for transport, reps in runs.items():
+             "| KB each way | transport | wall ms/call | client CPU ms/call | server CPU ms/call "
+             "| 1-min load during the reps |", "| ---: | --- | ---: | ---: | ---: | --- |"]
+    for key, reps in runs.items():
+        kb, transport = key.split(":")
         med = {k: statistics.median(r[k] for r in reps)
                for k in ("wall_ms", "client_cpu_ms", "server_cpu_ms")}
         loads = ", ".join(f"{r['load']:.1f}" for r in reps)
-        lines.append(f"| {transport} ({used[transport]}) | {med['wall_ms']:.3f} | "
+        lines.append(f"| {kb} | {transport} ({used[transport]}) | {med['wall_ms']:.3f} | "
                      f"{med['client_cpu_ms']:.3f} | {med['server_cpu_ms']:.3f} | {loads} |")
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "ps_transport.md").write_text("\n".join(lines) + "\n")

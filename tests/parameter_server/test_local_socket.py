@@ -61,6 +61,7 @@ def test_frames_round_trip_over_the_socket():
         client.close()
         server.stop(0)
     assert not os.path.exists(directory)
+    server.stop(0)  # a second stop does nothing
 
 
 def test_server_error_is_a_remote_error_and_the_connection_stays(client):

@@ -13,9 +13,9 @@ Security: the socket lives in a private directory (``mkdtemp``, mode 0700, remov
 the server accepts a connection only from a process of its own uid (``SO_PEERCRED``): that is
 the authentication of this path (a process of the same uid can read the token anyway). A client
 connects only to a path the server named over gRPC (a call that carries the token when one is
-set), on a host with the same identity (boot id and hostname), in a private directory it owns,
-and only if the process listening there is the one that named it (pid and uid from
-``SO_PEERCRED``); anything else keeps the call on gRPC.
+set), on a host with the same identity (boot id, hostname, network namespace), in a private
+directory it owns, and only if the process listening there is the one that named it (pid and
+uid from ``SO_PEERCRED``); anything else keeps the call on gRPC.
 """
 
 from __future__ import annotations
@@ -65,13 +65,16 @@ def transport_mode(value: str | None = None) -> str:
 
 
 def host_identity() -> str | None:
-    """This machine's boot id and hostname (None where the kernel gives no boot id)."""
+    """This machine's boot id, hostname and network namespace (None where the kernel gives no
+    boot id). Processes in two network namespaces count as two hosts: that is how hosts are
+    emulated on one box (``benchmarks/netns.py``), and their traffic must stay on the network."""
     try:
         with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
             boot = f.read().strip()
+        net = os.readlink("/proc/self/ns/net")
     except OSError:
         return None
-    return f"{boot}/{socket.gethostname()}" if boot else None
+    return f"{boot}/{socket.gethostname()}/{net}" if boot else None
 
 
 def peer_credentials(sock: socket.socket) -> tuple[int, int]:
@@ -186,8 +189,10 @@ class LocalListener:
 
     def stop(self, grace: float | None = 1.0) -> None:
         """Stops accepting, lets in-flight requests answer for ``grace`` seconds, closes every
-        connection and removes the socket's directory."""
+        connection and removes the socket's directory (a second call does nothing)."""
         with self._lock:
+            if self._stopping:
+                return
             self._stopping = True
             connections = dict(self._connections)
         self._sock.shutdown(socket.SHUT_RDWR)  # wakes accept()
@@ -294,6 +299,7 @@ class LocalChannel:
         self._lock = threading.Lock()
         self._idle: list[socket.socket] = []
         self._closed = False
+        self._owner = os.getpid()
         self._idle.append(self._connect(time.monotonic() + timeout))
 
     def _connect(self, end: float) -> socket.socket:
@@ -323,6 +329,8 @@ class LocalChannel:
         """An idle connection the server has not closed (it closes them when it stops or
         dies), else a new one; ``SocketGone`` if none can be made."""
         with self._lock:
+            if self._owner != os.getpid():  # a forked child: never share the parent's
+                self._idle, self._owner = [], os.getpid()
             sock = self._idle.pop() if self._idle else None
         if sock is not None:
             sock.settimeout(0)
