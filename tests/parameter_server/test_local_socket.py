@@ -86,6 +86,17 @@ def test_timeout_drops_the_connection_so_no_late_reply_is_read(client):
     assert client.transport == "unix"
 
 
+def test_an_oversized_frame_closes_that_connection_only(echo_server, client, caplog):
+    assert client.call("echo", {"x": 1}).meta["x"] == 1
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as raw:
+        raw.settimeout(5)
+        raw.connect(echo_server.local.path)
+        raw.sendall((wire.MAX_FRAME_BYTES + 1).to_bytes(8, "little"))
+        assert raw.recv(8) == b""                       # closed, nothing allocated or read
+    assert "over the limit" in caplog.text
+    assert client.call("echo", {"x": 2}).meta["x"] == 2
+
+
 def test_concurrent_calls_from_threads_get_their_own_replies(client):
     results = {}
 
