@@ -4,6 +4,7 @@ a restart, who may connect, and the switch back to gRPC."""
 import os
 import pwd
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -210,6 +211,7 @@ def test_the_grpc_switch(monkeypatch):
 
 
 @pytest.mark.skipif(os.getuid() != 0, reason="switching to another uid needs root")
+@pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")  # the child only makes socket calls
 def test_a_process_of_another_uid_is_refused(echo_server, caplog):
     nobody = pwd.getpwnam("nobody").pw_uid
     path = echo_server.local.path
@@ -232,8 +234,15 @@ def test_a_process_of_another_uid_is_refused(echo_server, caplog):
                 code = 0
             finally:
                 os._exit(code)
-        _, status = os.waitpid(pid, 0)
-        return os.waitstatus_to_exitcode(status)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                return os.waitstatus_to_exitcode(status)
+            time.sleep(0.02)
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        pytest.fail("the child running as nobody did not finish within 20 s")
 
     assert attempt_as_nobody() == 3                       # the private directory stops it
     os.chmod(echo_server.local.directory, 0o755)          # past the file system: the uid check
