@@ -43,15 +43,17 @@ def _free_port() -> int:
 
 def run_once(workload: str, spe: int, calls: int, workers: int, ps: int, timeout: float,
              system: str = "stratax", python: str = sys.executable,
-             pythonpath: str | None = None) -> dict:
+             pythonpath: str | None = None, extra_env: dict[str, str] | None = None) -> dict:
     """One fresh cluster of ``system`` running ``workload``; the chief's ``RESULT`` dict.
-    ``pythonpath`` runs another stratax tree (``--baseline``)."""
+    ``pythonpath`` runs another stratax tree (``--baseline``); ``extra_env`` is set in every
+    task (``--baseline-env``)."""
     spec = {"chief": [f"127.0.0.1:{_free_port()}"],
             "worker": [f"127.0.0.1:{_free_port()}" for _ in range(workers)],
             "ps": [f"127.0.0.1:{_free_port()}" for _ in range(ps)]}
     env = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG",)}
     if pythonpath:
         env["PYTHONPATH"] = pythonpath
+    env.update(extra_env or {})
     procs = []
     try:
         for job, addresses in spec.items():
@@ -111,7 +113,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baseline", default="",
                         help="another stratax source tree (e.g. `git archive` of an older "
                              "commit) run as system 'base' beside this one: before/after")
+    parser.add_argument("--baseline-env", action="append", default=[], metavar="NAME=VALUE",
+                        help="run the baseline with this environment variable set in every "
+                             "task (repeatable); without --baseline, the baseline is this "
+                             "tree, e.g. --baseline-env STRATAX_PS_TRANSPORT=grpc")
     args = parser.parse_args(argv)
+    base_env = dict(item.split("=", 1) for item in args.baseline_env)
+    if base_env and not args.baseline:
+        args.baseline = str(HERE.parent)
     systems = args.systems.split(",")
     if args.baseline:
         systems.insert(1, "base")
@@ -132,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
                             result = run_once(workload, spe, max(args.steps // spe, 1),
                                               args.workers, args.ps, args.timeout, system,
                                               pythons[system],
-                                              args.baseline if system == "base" else None)
+                                              args.baseline if system == "base" else None,
+                                              base_env if system == "base" else None)
                             break
                         except RuntimeError as err:
                             if attempt == 2:
@@ -164,8 +174,9 @@ def main(argv: list[str] | None = None) -> int:
               "(min-max) | stratax / TF | ms/step: data / pull / compute / push (worker) / "
               "apply (ps) |")
     if args.baseline:
+        what = " ".join([args.baseline, *args.baseline_env])
         header = header.replace("| stratax / TF |", f"| stratax / TF | baseline "
-                                f"({args.baseline}) steps/s median (min-max) | "
+                                f"({what}) steps/s median (min-max) | "
                                 "stratax / baseline |")
     lines = [title, "",
              f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; 1-min load average "

@@ -3,7 +3,8 @@
 The chief prints STARTED once the programs are compiled; the test then SIGKILLs a random
 worker at a random moment and restarts it (or, with ``KILL_ONCE_MARKER`` set, worker 1 kills
 itself once at its 200th batch and ``stratax launch --max-restarts`` restarts it). The chief
-trains PHASE1[mode] calls (long enough for the kill to land in them), waits (bounded) for the
+trains PHASE1[mode] calls, and more in groups of a quarter of that until PHASE1_MIN_S have passed
+(so the kill lands in them however fast the transport is), waits (bounded) for the
 restarted worker to rejoin, trains PHASE2 more calls, and prints a RESULT line: the ps ledger,
 ``optimizer.iterations``, and in sync mode the largest difference from the same SGD steps
 computed in this process on the same global batches (what a run without a kill gives).
@@ -23,6 +24,7 @@ import stratax as sx
 
 BATCH, DIM, STEPS, PHASE2, LR = 16, 8, 4, 6, 0.02
 PHASE1 = {"sync": 150, "async": 600}  # asynchronous calls are ~4x quicker
+PHASE1_MIN_S = 1.6  # the test kills a worker within 1 s of STARTED
 
 
 def dataset_fn(ctx):
@@ -66,14 +68,18 @@ def main():
     coordinator.join()
     print("STARTED", flush=True)
     start = time.monotonic()
-    for _ in range(PHASE1[mode] - 1):
-        coordinator.schedule(step_fn, args=(iterator,))
-    try:
-        coordinator.join()
-    except sx.WorkerUnavailableError as err:   # the victim was not restarted
-        print("RESULT " + json.dumps({"error": str(err), "after_s": time.monotonic() - start}),
-              flush=True)
-        return
+    calls, more = 1, PHASE1[mode] - 1
+    while more:
+        for _ in range(more):
+            coordinator.schedule(step_fn, args=(iterator,))
+        calls += more
+        try:
+            coordinator.join()
+        except sx.WorkerUnavailableError as err:   # the victim was not restarted
+            print("RESULT " + json.dumps({"error": str(err),
+                                          "after_s": time.monotonic() - start}), flush=True)
+            return
+        more = PHASE1[mode] // 4 if time.monotonic() - start < PHASE1_MIN_S else 0
     phase1_s = time.monotonic() - start
     deadline = time.monotonic() + 60
     rejoined = lambda: sum(s.get("rejoined", 0) for s in coordinator.stats().values())  # noqa: E731
@@ -83,7 +89,7 @@ def main():
     for _ in range(PHASE2):
         coordinator.schedule(step_fn, args=(iterator,))
     coordinator.join()
-    result = {"scheduled": (PHASE1[mode] + PHASE2) * STEPS,
+    result = {"scheduled": (calls + PHASE2) * STEPS,
               "iterations": strategy.optimizer_iterations(w),
               "ledger": strategy.applied_steps(w)[0], "rejoined": rejoined(), "phase1_s": phase1_s,
               "steps_after_rejoin": {k: s.get("steps", 0) - before[k]

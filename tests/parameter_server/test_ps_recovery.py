@@ -40,7 +40,7 @@ def _kill_trial(cluster, mode: str, rng: random.Random) -> dict:  # noqa: F811 -
     result = cluster.result()
     # A kill after phase 1 would hit an idle worker, noticed only by phase 2's first call.
     assert killed_after < result["phase1_s"], ("phase 1 ended before the kill; raise "
-                                               "ps_kill_trial.PHASE1", killed_after, result)
+                                               "ps_kill_trial.PHASE1_MIN_S", killed_after, result)
     assert f"worker {victim[-1]}" in out and "re-queueing" in out, out[-3000:]
 
     # Exactly once: the optimizer counted one update per scheduled step, and the ps ledger

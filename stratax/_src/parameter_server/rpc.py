@@ -9,6 +9,11 @@ Security: a server binds 127.0.0.1 unless the cluster names another address; bin
 address requires a shared token (``STRATAX_PS_TOKEN`` or the file named by
 ``STRATAX_PS_TOKEN_FILE``), which every call must carry in its metadata. A call without the
 right token is refused (``UNAUTHENTICATED``) and logged.
+
+Same host: a server also listens on a Unix socket (``local_socket``) and names it, with its
+host's identity, to any client that asks over gRPC (the ``Local`` method, token-checked like
+the others); a client on the same host then sends its frames there instead (same frames, same
+handler, same errors and deadlines), unless ``STRATAX_PS_TRANSPORT=grpc``.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ import grpc
 from stratax._src.core import env
 from stratax._src.core.addresses import is_loopback
 from stratax._src.core.errors import StrataxError, WorkerUnavailableError
-from stratax._src.parameter_server import wire
+from stratax._src.parameter_server import local_socket, wire
 
 logger = logging.getLogger(__name__)
 
@@ -122,7 +127,9 @@ class RpcServer:
     """
 
     def __init__(self, name: str, host: str, port: int, handler: Handler,
-                 token: str | None = None, max_workers: int = 8) -> None:
+                 token: str | None = None, max_workers: int = 8,
+                 transport: str | None = None) -> None:
+        use_local = local_socket.transport_mode(transport) == "auto" and local_socket.SUPPORTED
         if token is None:
             token = read_token()
         if not is_loopback(host) and not token:
@@ -140,6 +147,7 @@ class RpcServer:
         methods = {
             "Call": grpc.unary_unary_rpc_method_handler(self._call),
             "Stream": grpc.stream_stream_rpc_method_handler(self._stream),
+            "Local": grpc.unary_unary_rpc_method_handler(self._local_endpoint),
         }
         self._server.add_generic_rpc_handlers(
             (grpc.method_handlers_generic_handler("stratax.Service", methods),))
@@ -148,14 +156,25 @@ class RpcServer:
         if self.port == 0:
             raise OSError(f"{name} could not listen on {bind} (port in use?); free it or pick "
                           "another port in the cluster spec.")
+        self.local: local_socket.LocalListener | None = None
+        if use_local:
+            try:
+                self.local = local_socket.LocalListener(name, self._dispatch)
+            except OSError as err:
+                logger.warning("%s serves gRPC only: no local socket (%s)", name, err)
         self.stopped = threading.Event()
 
     def start(self) -> None:
         self._server.start()
+        if self.local is not None:
+            self.local.start()
 
     def stop(self, grace: float | None = 1.0) -> None:
         """Stops serving (in-flight calls get ``grace`` seconds) and ends the handler threads."""
-        self._server.stop(grace).wait()
+        stopping = self._server.stop(grace)
+        if self.local is not None:
+            self.local.stop(grace)
+        stopping.wait()
         self._executor.shutdown(wait=True)
         self.stopped.set()
 
@@ -181,6 +200,11 @@ class RpcServer:
         except Exception as err:
             logger.exception("%s failed on %s", self.name, frame.meta.get("method"))
             return error_response(f"{type(err).__name__}: {err}")
+
+    def _local_endpoint(self, request: bytes, context: grpc.ServicerContext) -> bytes:
+        if not self._authorized(context):
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong stratax token")
+        return response(self.local.endpoint() if self.local is not None else {"path": None})
 
     def _call(self, request: bytes, context: grpc.ServicerContext) -> bytes:
         if not self._authorized(context):
@@ -214,23 +238,44 @@ def _chunks(parts: list[bytes | memoryview]) -> Iterator[bytes]:
 class RpcClient:
     """Calls one server; every call has a deadline and names the server when it fails.
 
+    The first call asks the server over gRPC for its local socket; if the server is on this
+    host (and the socket passes ``local_socket``'s checks) every call goes there, else over
+    gRPC. A call that fails as unavailable drops the socket, and the next call asks again (a
+    restarted server has a new socket).
+
     Args:
       name: The peer's task name for errors, e.g. ``"ps 0"``.
       address: ``host:port``.
       timeout: Default deadline of a call in seconds.
+      transport: ``"auto"`` or ``"grpc"`` (default: ``STRATAX_PS_TRANSPORT``, else ``"auto"``).
+
+    Example:
+      >>> client = RpcClient("ps 0", "127.0.0.1:2222", timeout=10)   # doctest: +SKIP
+      >>> client.call("ping").meta["ok"]                              # doctest: +SKIP
     """
 
     def __init__(self, name: str, address: str, timeout: float = 60.0,
-                 token: str | None = None) -> None:
+                 token: str | None = None, transport: str | None = None) -> None:
         self.name = name
         self.address = address
         self.timeout = timeout
         self._token = token if token is not None else read_token()
+        self._auto = local_socket.transport_mode(transport) == "auto" and local_socket.SUPPORTED
         self._channel = grpc.insecure_channel(address, options=_CLIENT_OPTIONS)
         self._unary = self._channel.unary_unary("/stratax.Service/Call")
         self._stream = self._channel.stream_stream("/stratax.Service/Stream")
+        self._endpoint = self._channel.unary_unary("/stratax.Service/Local")
+        self._local_lock = threading.Lock()
+        self._local: local_socket.LocalChannel | None = None
+        self._grpc_only = not self._auto  # until a failure makes it ask again
+
+    @property
+    def transport(self) -> str:
+        """``"unix"`` while calls go over the server's local socket, else ``"grpc"``."""
+        return "unix" if self._local is not None else "grpc"
 
     def close(self) -> None:
+        self._forget_local()
         self._channel.close()
 
     def call(self, method: str, meta: dict[str, Any] | None = None, tensors: Any = (),
@@ -238,7 +283,8 @@ class RpcClient:
         """Runs ``method`` on the server and returns its decoded reply.
 
         Args:
-          stream: Send and receive in chunks (use when the reply may exceed ``CHUNK_BYTES``).
+          stream: Send and receive in chunks (use when the reply may exceed ``CHUNK_BYTES``);
+            over the local socket every frame goes whole.
 
         Raises:
           WorkerUnavailableError: The server did not answer within the deadline or is down.
@@ -246,20 +292,51 @@ class RpcClient:
         """
         parts = wire.encode_parts({"method": method, **(meta or {})}, tensors)
         deadline = self.timeout if timeout is None else timeout
+        try:
+            for attempt in (1, 2):
+                local = self._local_channel(method, deadline)
+                if local is None:
+                    data = self._grpc(method, deadline, lambda metadata: self._grpc_call(
+                        parts, deadline, stream, metadata))
+                    break
+                try:
+                    data = local.call(parts, method, deadline)
+                    break
+                except local_socket.SocketGone as err:  # restarted? ask it where it listens
+                    self._forget_local()
+                    if attempt == 2:
+                        raise WorkerUnavailableError(str(err)) from None
+        except WorkerUnavailableError:
+            self._forget_local()
+            raise
+        reply = wire.decode(data)
+        if not reply.meta.get("ok"):
+            raise RemoteError(f"{self.name} at {self.address}: {method} failed: "
+                              f"{reply.meta.get('error', 'unknown error')}")
+        return reply
+
+    def _grpc_call(self, parts: list[bytes | memoryview], deadline: float, stream: bool,
+                   metadata: Any) -> bytes:
+        if stream or sum(len(p) for p in parts) > CHUNK_BYTES:
+            return b"".join(self._stream(_chunks(parts), timeout=deadline, metadata=metadata))
+        request = parts[0] if len(parts) == 1 else b"".join(parts)
+        return self._unary(request, timeout=deadline, metadata=metadata)
+
+    def _grpc(self, method: str, deadline: float, invoke: Callable[[Any], bytes],
+              discovery: bool = False) -> bytes:
+        """``invoke(metadata)``, a gRPC call, with its errors turned into ours (except, when
+        ``discovery``, a server too old to offer a local socket: ``grpc.RpcError``)."""
         metadata = ((_TOKEN_KEY, self._token),) if self._token else None
         try:
-            if stream or sum(len(p) for p in parts) > CHUNK_BYTES:
-                data = b"".join(self._stream(_chunks(parts), timeout=deadline,
-                                             metadata=metadata))
-            else:
-                request = parts[0] if len(parts) == 1 else b"".join(parts)
-                data = self._unary(request, timeout=deadline, metadata=metadata)
+            return invoke(metadata)
         except grpc.RpcError as err:
             code = err.code() if hasattr(err, "code") else None
             if code == grpc.StatusCode.UNAUTHENTICATED:
                 raise RemoteError(f"{self.name} at {self.address} refused the call: missing or "
                                   f"wrong token; set the same {env.STRATAX_PS_TOKEN} on every "
                                   "task.") from None
+            if discovery and code == grpc.StatusCode.UNIMPLEMENTED:
+                raise
             if code == grpc.StatusCode.DEADLINE_EXCEEDED:
                 what = f"did not answer {method!r} within {deadline:g} s"
             else:
@@ -267,11 +344,36 @@ class RpcClient:
             raise WorkerUnavailableError(
                 f"{self.name} at {self.address} {what}; check that the task is running."
             ) from None
-        reply = wire.decode(data)
-        if not reply.meta.get("ok"):
-            raise RemoteError(f"{self.name} at {self.address}: {method} failed: "
-                              f"{reply.meta.get('error', 'unknown error')}")
-        return reply
+
+    def _local_channel(self, method: str,
+                       deadline: float) -> local_socket.LocalChannel | None:
+        """The server's local socket, asked for over gRPC on first use; None: use gRPC."""
+        if self._grpc_only:
+            return None
+        with self._local_lock:
+            if self._local is not None or self._grpc_only:
+                return self._local
+            try:
+                data = self._grpc(method, deadline, lambda metadata: self._endpoint(
+                    b"", timeout=deadline, metadata=metadata), discovery=True)
+                endpoint = wire.decode(data).meta
+                self._local = local_socket.LocalChannel(self.name, self.address, endpoint,
+                                                        deadline)
+            except (grpc.RpcError, wire.WireError, ValueError, OSError) as err:
+                logger.info("%s at %s: calls go over gRPC (no usable local socket: %s)",
+                            self.name, self.address, err)
+                self._grpc_only = True
+                return None
+            logger.info("%s at %s: calls go over the local socket %s", self.name, self.address,
+                        self._local.path)
+            return self._local
+
+    def _forget_local(self) -> None:
+        with self._local_lock:
+            if self._local is not None:
+                self._local.close()
+                self._local = None
+            self._grpc_only = not self._auto
 
     def wait_ready(self, timeout: float) -> None:
         """Waits until the server answers ``ping``; raises ``WorkerUnavailableError`` after

@@ -32,7 +32,8 @@ class Server:
         resolver (whose task type and index are then the defaults).
       job_name: ``"ps"`` or ``"worker"``.
       task_index: Index of this task in its job.
-      protocol: ``"grpc"`` (the only transport; accepted for TensorFlow compatibility).
+      protocol: ``"grpc"`` (accepted for TensorFlow compatibility; clients on the same host
+        use the server's Unix socket instead unless ``STRATAX_PS_TRANSPORT=grpc``).
       start: Start serving immediately.
       timeout_seconds: Deadline of a worker's calls to the parameter servers.
       snapshot_dir: A ``ps`` task writes ``ps<index>.npz`` there every ``snapshot_every``

@@ -1,0 +1,405 @@
+"""Same-host transport: ``wire`` frames over a Unix domain socket, beside a server's gRPC port.
+
+Why: on one box the parameter servers, workers and chief share a few cores, and Python gRPC
+spends about 1-3 ms of CPU per call (client and server) on a 400 KB frame; a Unix socket moves
+the same frame with a few system calls. ``RpcClient`` uses this path when the server runs on
+the same host (learned over gRPC, see ``RpcServer``), gRPC otherwise; ``STRATAX_PS_TRANSPORT=grpc``
+turns it off.
+
+Protocol: a connection carries requests and replies in turn, each an 8-byte little-endian
+length followed by one wire frame (at most ``wire.MAX_FRAME_BYTES``).
+
+Security: the socket lives in a private directory (``mkdtemp``, mode 0700, removed on stop), and
+the server accepts a connection only from a process of its own uid (``SO_PEERCRED``): that is
+the authentication of this path (a process of the same uid can read the token anyway). A client
+connects only to a path the server named over gRPC (a call that carries the token when one is
+set), on a host with the same identity (boot id, hostname, network namespace), in a private
+directory it owns, and only if the process listening there is the one that named it (pid and
+uid from ``SO_PEERCRED``); anything else keeps the call on gRPC.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import socket
+import stat
+import struct
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from stratax._src.core import env
+from stratax._src.core.errors import WorkerUnavailableError
+from stratax._src.parameter_server import wire
+
+logger = logging.getLogger(__name__)
+
+TRANSPORTS = ("auto", "grpc")
+SUPPORTED = hasattr(socket, "AF_UNIX") and hasattr(socket, "SO_PEERCRED")
+_LENGTH = struct.Struct("<Q")
+_CRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+_MAX_PATH = 107  # sun_path holds 108 bytes with the terminating NUL
+_IOV = 512  # buffers per sendmsg (Linux' IOV_MAX is 1024)
+_BUFFER_BYTES = 4 << 20  # socket buffers asked for (the kernel caps them at its maximum)
+_PREFIX = "stratax-rpc-"  # then the server's pid: a killed server's directory is found later
+
+
+def transport_mode(value: str | None = None) -> str:
+    """The transport setting: ``value``, else ``STRATAX_PS_TRANSPORT``, else ``"auto"``.
+
+    Raises:
+      ValueError: the setting is not one of ``TRANSPORTS``.
+    """
+    source = "transport" if value is not None else env.STRATAX_PS_TRANSPORT
+    mode = value if value is not None else os.environ.get(env.STRATAX_PS_TRANSPORT) or "auto"
+    if mode not in TRANSPORTS:
+        raise ValueError(
+            f"{source}={mode!r} is not a parameter-server transport; use 'auto' (a Unix socket "
+            "to servers on the same host, gRPC to the others) or 'grpc' (always gRPC).")
+    return mode
+
+
+def host_identity() -> str | None:
+    """This machine's boot id, hostname and network namespace (None where the kernel gives no
+    boot id). Processes in two network namespaces count as two hosts: that is how hosts are
+    emulated on one box (``benchmarks/netns.py``), and their traffic must stay on the network."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            boot = f.read().strip()
+        net = os.readlink("/proc/self/ns/net")
+    except OSError:
+        return None
+    return f"{boot}/{socket.gethostname()}/{net}" if boot else None
+
+
+def peer_credentials(sock: socket.socket) -> tuple[int, int]:
+    """``(pid, uid)`` of the process at the other end of a connected Unix socket."""
+    pid, uid, _ = _CRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                               _CRED.size))
+    return pid, uid
+
+
+def _remaining(end: float | None) -> float | None:
+    if end is None:
+        return None
+    left = end - time.monotonic()
+    if left <= 0:
+        raise TimeoutError("deadline passed")
+    return left
+
+
+def _recv_exact(sock: socket.socket, view: memoryview, end: float | None) -> bool:
+    """Fills ``view`` from ``sock``; False on a clean end of stream before the first byte."""
+    got = 0
+    while got < len(view):
+        if end is not None:
+            sock.settimeout(_remaining(end))
+        n = sock.recv_into(view[got:])
+        if n == 0:
+            if got == 0:
+                return False
+            raise ConnectionError("connection closed in the middle of a frame")
+        got += n
+    return True
+
+
+def _recv_frame(sock: socket.socket, end: float | None, peer: str) -> bytearray | None:
+    """One length-prefixed frame into a fresh buffer (decoded tensors are views of it, which a
+    receiver may keep); None on a clean end of stream."""
+    head = bytearray(_LENGTH.size)
+    if not _recv_exact(sock, memoryview(head), end):
+        return None
+    (length,) = _LENGTH.unpack(head)
+    if length > wire.MAX_FRAME_BYTES:
+        raise ConnectionError(f"{peer} announced a frame of {length} bytes, over the limit of "
+                              f"{wire.MAX_FRAME_BYTES}")
+    data = bytearray(length)
+    if not _recv_exact(sock, memoryview(data), end) and length:
+        raise ConnectionError("connection closed before the frame's body")
+    return data
+
+
+def _send_frame(sock: socket.socket, parts: Sequence[Any], end: float | None) -> None:
+    """Sends the length prefix and ``parts`` with ``sendmsg`` (no join of the frame), however
+    many calls the kernel's buffer takes."""
+    views = [memoryview(p).cast("B") for p in parts]
+    views = [memoryview(_LENGTH.pack(sum(len(v) for v in views))), *(v for v in views if len(v))]
+    while views:
+        if end is not None:
+            sock.settimeout(_remaining(end))
+        sent = sock.sendmsg(views[:_IOV])
+        while sent:
+            if sent >= len(views[0]):
+                sent -= len(views.pop(0))
+            else:
+                views[0] = views[0][sent:]
+                sent = 0
+
+
+def _tune(sock: socket.socket) -> None:
+    for option in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, option, _BUFFER_BYTES)
+
+
+class LocalListener:
+    """The server side: a Unix socket in a private directory, one thread per connection, each
+    request answered by ``dispatch(frame bytes) -> reply bytes``.
+
+    Example:
+      >>> listener = LocalListener("ps 0", dispatch)     # doctest: +SKIP
+      >>> listener.start(); listener.endpoint()["path"]  # doctest: +SKIP
+    """
+
+    def __init__(self, name: str, dispatch: Callable[[bytearray], bytes]) -> None:
+        self.name = name
+        self._dispatch = dispatch
+        self._uid = os.getuid()
+        _remove_dead_directories()
+        self.directory = tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-")
+        os.chmod(self.directory, 0o700)
+        self.path = os.path.join(self.directory, "rpc.sock")
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            if len(os.fsencode(self.path)) > _MAX_PATH:
+                raise OSError(f"socket path {self.path!r} is longer than {_MAX_PATH} bytes")
+            self._sock.bind(self.path)
+            self._sock.listen(64)
+        except OSError:
+            self._sock.close()
+            shutil.rmtree(self.directory, ignore_errors=True)
+            raise
+        self._lock = threading.Lock()
+        self._connections: dict[socket.socket, threading.Thread] = {}
+        self._stopping = False
+        self._acceptor = threading.Thread(target=self._accept, daemon=True,
+                                          name=f"stratax-{name}-local")
+
+    def endpoint(self) -> dict[str, Any]:
+        """What a client needs to decide whether it may connect (sent over gRPC)."""
+        return {"path": self.path, "host": host_identity(), "pid": os.getpid(), "uid": self._uid}
+
+    def start(self) -> None:
+        self._acceptor.start()
+
+    def stop(self, grace: float | None = 1.0) -> None:
+        """Stops accepting, lets in-flight requests answer for ``grace`` seconds, closes every
+        connection and removes the socket's directory (a second call does nothing)."""
+        with self._lock:
+            if self._stopping:
+                return
+            self._stopping = True
+            connections = dict(self._connections)
+        self._sock.shutdown(socket.SHUT_RDWR)  # wakes accept()
+        if self._acceptor.ident is not None:
+            self._acceptor.join(5.0)
+        self._sock.close()
+        for conn in connections:  # no more requests; a request being handled still answers
+            _shutdown(conn, socket.SHUT_RD)
+        end = time.monotonic() + (grace or 0.0)
+        for thread in connections.values():
+            if thread is not threading.current_thread():
+                thread.join(max(end - time.monotonic(), 0.0))
+        for conn, thread in connections.items():
+            _shutdown(conn, socket.SHUT_RDWR)
+            if thread is not threading.current_thread():
+                thread.join(5.0)
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError as err:
+                if self._stopping:
+                    return
+                logger.warning("%s: accepting a local connection failed: %s", self.name, err)
+                time.sleep(0.1)
+                continue
+            pid, uid = peer_credentials(conn)
+            if uid != self._uid:
+                logger.warning("%s refused a local connection from pid %d running as uid %d "
+                               "(only uid %d may connect)", self.name, pid, uid, self._uid)
+                conn.close()
+                continue
+            _tune(conn)
+            thread = threading.Thread(target=self._serve, args=(conn, pid), daemon=True,
+                                      name=f"stratax-{self.name}-local-{pid}")
+            with self._lock:
+                if self._stopping:
+                    conn.close()
+                    return
+                self._connections[conn] = thread
+            thread.start()
+
+    def _serve(self, conn: socket.socket, pid: int) -> None:
+        peer = f"local client pid {pid}"
+        try:
+            while True:
+                data = _recv_frame(conn, None, peer)
+                if data is None:
+                    return
+                _send_frame(conn, [self._dispatch(data)], None)
+        except OSError as err:
+            if not self._stopping:
+                logger.warning("%s: dropped the connection of %s: %s", self.name, peer, err)
+        finally:
+            with self._lock:
+                self._connections.pop(conn, None)
+            conn.close()
+
+
+def _remove_dead_directories() -> None:
+    """Removes the socket directories, owned by this uid, of servers that died without
+    stopping (SIGKILL), so they do not pile up in the temporary directory."""
+    root = tempfile.gettempdir()
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(root):
+            pid = entry.name[len(_PREFIX):].split("-", 1)[0]
+            if not entry.name.startswith(_PREFIX) or not pid.isdigit():
+                continue
+            try:
+                if entry.stat(follow_symlinks=False).st_uid != os.getuid():
+                    continue
+                os.kill(int(pid), 0)
+            except ProcessLookupError:
+                shutil.rmtree(entry.path, ignore_errors=True)
+            except OSError:
+                continue
+
+
+def _shutdown(conn: socket.socket, how: int) -> None:
+    with contextlib.suppress(OSError):  # already closed by its thread
+        conn.shutdown(how)
+
+
+class SocketGone(ConnectionError):
+    """No connection to the local socket could be made, so nothing of the request was sent:
+    the caller may ask the server (over gRPC) where it listens now and send it there."""
+
+
+class LocalChannel:
+    """The client side: connections to one server's socket (an idle one is reused, a busy one
+    is never shared, so concurrent calls from several threads each get their own).
+
+    Built only from an endpoint that passes every check (see the module docstring); raises
+    ``OSError`` or ``ValueError`` otherwise, and the caller stays on gRPC.
+    """
+
+    def __init__(self, name: str, address: str, endpoint: dict[str, Any],
+                 timeout: float) -> None:
+        self._label = f"{name} at {address}"
+        self.path = _checked_path(endpoint)
+        self._pid = endpoint["pid"]
+        self._lock = threading.Lock()
+        self._idle: list[socket.socket] = []
+        self._closed = False
+        self._owner = os.getpid()
+        self._idle.append(self._connect(time.monotonic() + timeout))
+
+    def _connect(self, end: float) -> socket.socket:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(_remaining(end))
+            sock.connect(self.path)
+            pid, uid = peer_credentials(sock)
+            if (pid, uid) != (self._pid, os.getuid()):
+                raise ConnectionRefusedError(
+                    f"{self.path} is served by pid {pid} as uid {uid}, not by pid {self._pid} "
+                    f"as uid {os.getuid()}")
+            _tune(sock)
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for sock in idle:
+            sock.close()
+
+    def _take(self, end: float) -> socket.socket:
+        """An idle connection the server has not closed (it closes them when it stops or
+        dies), else a new one; ``SocketGone`` if none can be made."""
+        with self._lock:
+            if self._owner != os.getpid():  # a forked child: never share the parent's
+                self._idle, self._owner = [], os.getpid()
+            sock = self._idle.pop() if self._idle else None
+        if sock is not None:
+            sock.settimeout(0)
+            try:
+                sock.recv(1, socket.MSG_PEEK)  # b"": closed; bytes: out of turn, drop it too
+            except BlockingIOError:
+                return sock
+            except OSError:
+                pass
+            sock.close()
+        try:
+            return self._connect(end)
+        except OSError as err:
+            raise SocketGone(f"{self._label} failed to connect to its local socket "
+                             f"{self.path} ({type(err).__name__}: {err}: unreachable or "
+                             "died); check that the task is running.") from None
+
+    def call(self, parts: Sequence[Any], method: str, timeout: float) -> bytearray:
+        """Sends one request frame and returns the reply frame's bytes.
+
+        Raises:
+          SocketGone: no connection could be made (nothing was sent).
+          WorkerUnavailableError: no reply within ``timeout`` seconds, or the connection was
+            reset or closed (the connection is dropped: a late reply is never read by
+            another call).
+        """
+        end = time.monotonic() + timeout
+        sock = self._take(end)
+        try:
+            _send_frame(sock, parts, end)
+            data = _recv_frame(sock, end, self._label)
+            if data is None:
+                raise ConnectionError("connection closed before the reply")
+        except TimeoutError:
+            sock.close()
+            raise WorkerUnavailableError(
+                f"{self._label} did not answer {method!r} within {timeout:g} s (local socket "
+                f"{self.path}); check that the task is running.") from None
+        except OSError as err:
+            sock.close()
+            raise WorkerUnavailableError(
+                f"{self._label} failed {method!r} ({type(err).__name__}: {err}; local socket "
+                f"{self.path}: unreachable or died); check that the task is running.") from None
+        with self._lock:
+            if self._closed:
+                sock.close()
+            else:
+                self._idle.append(sock)
+        return data
+
+
+def _checked_path(endpoint: dict[str, Any]) -> str:
+    """The endpoint's socket path if the server is on this host, runs as this uid and keeps
+    the socket in a private directory this uid owns; else ``ValueError`` saying why."""
+    path, host, uid = endpoint.get("path"), endpoint.get("host"), endpoint.get("uid")
+    if not isinstance(path, str) or type(endpoint.get("pid")) is not int:
+        raise ValueError(f"the server offers no local socket ({endpoint!r})")
+    here = host_identity()
+    if here is None or host != here:
+        raise ValueError(f"the server is on another host ({host!r}, this is {here!r})")
+    if uid != os.getuid():
+        raise ValueError(f"the server runs as uid {uid!r}, this process as {os.getuid()}")
+    if (not os.path.isabs(path) or os.path.normpath(path) != path or "\0" in path
+            or len(os.fsencode(path)) > _MAX_PATH):
+        raise ValueError(f"{path!r} is not an absolute, normal socket path")
+    folder = os.lstat(os.path.dirname(path))
+    if (not stat.S_ISDIR(folder.st_mode) or folder.st_uid != os.getuid()
+            or folder.st_mode & 0o077):
+        raise ValueError(f"{os.path.dirname(path)!r} is not a private directory of this uid")
+    if not stat.S_ISSOCK(os.lstat(path).st_mode):
+        raise ValueError(f"{path!r} is not a socket")
+    return path

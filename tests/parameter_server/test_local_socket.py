@@ -1,0 +1,258 @@
+"""The same-host transport: frames over the server's Unix socket, its errors, reconnects after
+a restart, who may connect, and the switch back to gRPC."""
+
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from stratax._src.core.errors import WorkerUnavailableError
+from stratax._src.parameter_server import local_socket, rpc, wire
+from stratax._src.parameter_server.ps_server import ParameterServer
+
+
+def _echo(frame: wire.Frame) -> bytes:
+    """Sleeps ``meta["sleep"]`` seconds, then answers with the request's ``x`` and tensors."""
+    time.sleep(frame.meta.get("sleep", 0))
+    if frame.meta.get("fail"):
+        raise KeyError("no such variable 'w'")
+    return rpc.response({"x": frame.meta.get("x")}, frame.tensors)
+
+
+@pytest.fixture
+def echo_server():
+    server = rpc.RpcServer("ps 0", "127.0.0.1", 0, _echo, max_workers=2)
+    server.start()
+    yield server
+    server.stop(0)
+
+
+@pytest.fixture
+def client(echo_server):
+    client = rpc.RpcClient("ps 0", f"127.0.0.1:{echo_server.port}", timeout=10)
+    yield client
+    client.close()
+
+
+def test_frames_round_trip_over_the_socket():
+    server = rpc.RpcServer("ps 0", "127.0.0.1", 0, ParameterServer().handle, max_workers=2)
+    server.start()
+    client = rpc.RpcClient("ps 0", f"127.0.0.1:{server.port}", timeout=20)
+    directory = server.local.directory
+    try:
+        assert os.stat(directory).st_mode & 0o777 == 0o700
+        table = np.random.default_rng(0).normal(size=(3 * rpc.CHUNK_BYTES // 256, 64))
+        table = table.astype(np.float32)                      # 12 MiB: over gRPC's chunk size
+        client.call("create", {"names": ["t", "b"]}, [table, np.arange(3, dtype=np.int64)])
+        assert client.transport == "unix"
+        got = client.call("pull", {"names": ["t", "b"]}).tensors
+        np.testing.assert_array_equal(got[0], table)
+        np.testing.assert_array_equal(got[1], [0, 1, 2])
+        assert client.call("ping").meta["ok"]
+    finally:
+        client.close()
+        server.stop(0)
+    assert not os.path.exists(directory)
+    server.stop(0)  # a second stop does nothing
+
+
+def test_server_error_is_a_remote_error_and_the_connection_stays(client):
+    with pytest.raises(rpc.RemoteError, match=r"ps 0 at 127\.0\.0\.1:\d+: boom failed: "
+                                              r"KeyError: \"no such variable 'w'\""):
+        client.call("boom", {"fail": True})
+    assert client.transport == "unix"
+    assert client.call("echo", {"x": 7}).meta["x"] == 7
+
+
+def test_timeout_drops_the_connection_so_no_late_reply_is_read(client):
+    assert client.call("echo", {"x": 0}).meta["x"] == 0
+    start = time.monotonic()
+    with pytest.raises(WorkerUnavailableError,
+                       match=r"ps 0 at 127\.0\.0\.1:\d+ did not answer 'echo' within 0\.3 s"):
+        client.call("echo", {"x": 1, "sleep": 1.0}, timeout=0.3)
+    assert time.monotonic() - start < 1.0
+    # The late reply (x=1) arrives on the dropped connection, never as this call's answer.
+    assert client.call("echo", {"x": 2}).meta["x"] == 2
+    time.sleep(0.8)
+    assert client.call("echo", {"x": 3}).meta["x"] == 3
+    assert client.transport == "unix"
+
+
+def test_an_oversized_frame_closes_that_connection_only(echo_server, client, caplog):
+    assert client.call("echo", {"x": 1}).meta["x"] == 1
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as raw:
+        raw.settimeout(5)
+        raw.connect(echo_server.local.path)
+        raw.sendall((wire.MAX_FRAME_BYTES + 1).to_bytes(8, "little"))
+        assert raw.recv(8) == b""                       # closed, nothing allocated or read
+    assert "over the limit" in caplog.text
+    assert client.call("echo", {"x": 2}).meta["x"] == 2
+
+
+def test_concurrent_calls_from_threads_get_their_own_replies(client):
+    results = {}
+
+    def call(x):
+        tensor = np.full(100_000, x, np.float32)
+        reply = client.call("echo", {"x": x, "sleep": 0.2}, [tensor])
+        results[x] = (reply.meta["x"], float(reply.tensors[0].mean()))
+
+    threads = [threading.Thread(target=call, args=(x,)) for x in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    assert results == {x: (x, float(x)) for x in range(4)}
+
+
+_SERVE = textwrap.dedent("""
+    import sys, time
+    from stratax._src.parameter_server import rpc
+    from stratax._src.parameter_server.ps_server import ParameterServer
+    server = rpc.RpcServer("ps 0", "127.0.0.1", int(sys.argv[1]), ParameterServer().handle)
+    server.start()
+    print(server.port, server.local.path, flush=True)
+    time.sleep(60)
+""")
+
+
+def _serve_in_child(port):
+    proc = subprocess.Popen([sys.executable, "-c", _SERVE, str(port)], stdout=subprocess.PIPE,
+                            text=True)
+    line = proc.stdout.readline().split()
+    if not line:
+        proc.kill()
+        proc.wait(5)
+        pytest.fail("the server child did not start")
+    return proc, int(line[0]), line[1]
+
+
+def test_killed_server_is_named_within_the_timeout_then_a_restart_is_reached():
+    proc, port, path = _serve_in_child(0)
+    paths = [path]
+    client = rpc.RpcClient("ps 0", f"127.0.0.1:{port}", timeout=3)
+    try:
+        client.call("create", {"names": ["w"]}, [np.ones(3, np.float32)])
+        assert client.transport == "unix"
+        proc.kill()
+        proc.wait(5)
+        for _ in range(2):  # the dead connection, then the gRPC question for a new socket
+            start = time.monotonic()
+            with pytest.raises(WorkerUnavailableError,
+                               match=rf"ps 0 at 127\.0\.0\.1:{port} .*unreachable or died"):
+                client.call("ping", timeout=2)
+            assert time.monotonic() - start < 2.5
+        assert client.transport == "grpc"
+        proc, _, new_path = _serve_in_child(port)
+        paths.append(new_path)
+        assert new_path != path
+        assert not os.path.exists(os.path.dirname(path))  # a dead server's: removed on start
+        client.wait_ready(10)   # gRPC's reconnect backoff, as a restarting ps' callers retry
+        assert client.transport == "unix"
+        with pytest.raises(rpc.RemoteError, match="'w'"):   # the new ps, not the old one
+            client.call("pull", {"names": ["w"]})
+        # Restarted between two calls: the idle connection to the dead one is dropped and the
+        # call goes to the new socket (as a gRPC channel reconnects), with no error.
+        proc.kill()
+        proc.wait(5)
+        proc, _, third_path = _serve_in_child(port)
+        paths.append(third_path)
+        client.wait_ready(10)
+        assert client.transport == "unix" and third_path not in (path, new_path)
+    finally:
+        client.close()
+        proc.kill()
+        proc.wait(5)
+        for killed in paths:
+            shutil.rmtree(os.path.dirname(killed), ignore_errors=True)
+
+
+def test_an_endpoint_that_fails_a_check_keeps_the_calls_on_grpc(echo_server, monkeypatch):
+    real = echo_server.local.endpoint()
+    for lie in ({**real, "host": "elsewhere/other"}, {**real, "pid": real["pid"] + 1},
+                {**real, "uid": real["uid"] + 1}, {**real, "path": "/etc/passwd"},
+                {**real, "path": None}):
+        monkeypatch.setattr(echo_server.local, "endpoint", lambda lie=lie: lie)
+        client = rpc.RpcClient("ps 0", f"127.0.0.1:{echo_server.port}", timeout=5)
+        try:
+            assert client.call("echo", {"x": 5}).meta["x"] == 5
+            assert client.transport == "grpc", lie
+        finally:
+            client.close()
+
+
+def test_the_grpc_switch(monkeypatch):
+    monkeypatch.setenv("STRATAX_PS_TRANSPORT", "grpc")
+    server = rpc.RpcServer("ps 0", "127.0.0.1", 0, _echo, max_workers=2)
+    assert server.local is None
+    server.start()
+    try:
+        monkeypatch.setenv("STRATAX_PS_TRANSPORT", "auto")
+        client = rpc.RpcClient("ps 0", f"127.0.0.1:{server.port}", timeout=5, transport="grpc")
+        try:
+            assert client.call("echo", {"x": 1}).meta["x"] == 1
+            assert client.transport == "grpc"
+        finally:
+            client.close()
+    finally:
+        server.stop(0)
+    monkeypatch.setenv("STRATAX_PS_TRANSPORT", "unix")
+    with pytest.raises(ValueError, match=r"STRATAX_PS_TRANSPORT='unix'.*'auto'.*'grpc'"):
+        rpc.RpcClient("ps 0", "127.0.0.1:1")
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="switching to another uid needs root")
+@pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")  # the child only makes socket calls
+def test_a_process_of_another_uid_is_refused(echo_server, caplog):
+    nobody = pwd.getpwnam("nobody").pw_uid
+    path = echo_server.local.path
+    request = wire.encode({"method": "echo", "x": 1})
+
+    def attempt_as_nobody():
+        pid = os.fork()
+        if pid == 0:  # the child: only socket calls, then _exit
+            code = 9
+            try:
+                os.setuid(nobody)
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                sock.settimeout(5)
+                sock.connect(path)
+                sock.sendall(len(request).to_bytes(8, "little") + request)
+                code = 0 if sock.recv(8) == b"" else 1   # 0: closed unanswered
+            except PermissionError:
+                code = 3
+            except (ConnectionResetError, BrokenPipeError):   # closed unanswered
+                code = 0
+            finally:
+                os._exit(code)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                return os.waitstatus_to_exitcode(status)
+            time.sleep(0.02)
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        pytest.fail("the child running as nobody did not finish within 20 s")
+
+    assert attempt_as_nobody() == 3                       # the private directory stops it
+    os.chmod(echo_server.local.directory, 0o755)          # past the file system: the uid check
+    os.chmod(path, 0o777)
+    assert attempt_as_nobody() == 0
+    assert "refused a local connection from pid" in caplog.text
+    assert f"running as uid {nobody}" in caplog.text
+
+
+def test_transport_mode():
+    assert local_socket.transport_mode("grpc") == "grpc"
+    with pytest.raises(ValueError, match=r"transport='tcp'"):
+        local_socket.transport_mode("tcp")
