@@ -102,3 +102,7 @@ STRATAX_PS_SNAPSHOT_EVERY = "STRATAX_PS_SNAPSHOT_EVERY"
 # Seconds between the ClusterCoordinator's progress lines (per-worker steps/s, the slowest
 # worker); default 10, 0 turns them off (stratax._src.parameter_server.progress).
 STRATAX_PS_PROGRESS_SECONDS = "STRATAX_PS_PROGRESS_SECONDS"
+# STRATAX_CPU_COLLECTIVES=shm (docs/transport.md): where the compiled shared-memory all-reduce
+# library is cached (default ~/.cache/stratax/ext), and the bytes of one rank's slot.
+STRATAX_EXTENSION_CACHE = "STRATAX_EXTENSION_CACHE"
+STRATAX_SHM_SLOT_BYTES = "STRATAX_SHM_SLOT_BYTES"

@@ -1,0 +1,42 @@
+"""Building the shared-memory all-reduce library (STRATAX_CPU_COLLECTIVES=shm) on first use."""
+
+import shutil
+
+import pytest
+
+from stratax._src.runtime import distributed, shm_build, shm_collectives
+
+
+def test_shm_is_a_cpu_collectives_choice(monkeypatch):
+    monkeypatch.setenv("STRATAX_CPU_COLLECTIVES", "SHM")
+    assert distributed.cpu_collectives_from_env() == "shm"
+
+
+def test_slot_bytes_are_checked(monkeypatch):
+    monkeypatch.setenv("STRATAX_SHM_SLOT_BYTES", "12x")
+    with pytest.raises(ValueError, match=r"STRATAX_SHM_SLOT_BYTES='12x'.*integer >= 64"):
+        shm_collectives.slot_bytes_from_env()
+    monkeypatch.setenv("STRATAX_SHM_SLOT_BYTES", "1000")
+    assert shm_collectives.slot_bytes_from_env() == 960  # a multiple of 64
+
+
+def test_a_missing_compiler_is_a_clear_error(monkeypatch, tmp_path):
+    monkeypatch.setenv("STRATAX_EXTENSION_CACHE", str(tmp_path))
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    with pytest.raises(shm_build.ExtensionBuildError, match="no-such-compiler"):
+        shm_build.library_path()
+    assert list(tmp_path.iterdir()) == []  # no half-written library left behind
+
+
+@pytest.mark.skipif(shm_build.compiler() is None, reason="no C++ compiler on this machine")
+def test_built_once_per_source_and_jaxlib(monkeypatch, tmp_path):
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("STRATAX_EXTENSION_CACHE", str(cache))
+    monkeypatch.delenv("CXX", raising=False)
+    first = shm_build.library_path()
+    assert first.parent == cache and first.stat().st_size > 0
+    assert [p.name for p in cache.iterdir()] == [first.name]
+    mtime = first.stat().st_mtime_ns
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))  # a rebuild would fail
+    assert shm_build.library_path() == first and first.stat().st_mtime_ns == mtime
+    shutil.rmtree(cache)
