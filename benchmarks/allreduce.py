@@ -13,6 +13,7 @@ Run::
 
     python -m benchmarks.allreduce                      # gloo over 127.0.0.1 (the default)
     python -m benchmarks.allreduce --transport mpi      # JAX's MPI collectives (see README)
+    python -m benchmarks.allreduce --transport shm      # stratax's shared-memory all-reduce
     python -m benchmarks.allreduce --netns h6a,h6b --addresses 10.213.0.1,10.213.0.2
                                                         # two network namespaces (tests/hosts)
 
@@ -149,7 +150,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--iters", type=int, default=10,
                         help="timed all-reduces per size >= 1 MB (10x for smaller sizes)")
-    parser.add_argument("--transport", choices=("gloo", "mpi"), default="gloo",
+    parser.add_argument("--transport", choices=("gloo", "mpi", "shm"), default="gloo",
                         help="JAX CPU collectives (sets STRATAX_CPU_COLLECTIVES)")
     parser.add_argument("--addresses", default="127.0.0.1,127.0.0.1",
                         help="the two workers' host addresses")

@@ -37,6 +37,7 @@ namespace {
 
 constexpr uint64_t kMagic = 0x5354524154415831ULL;  // "STRATAX1"
 constexpr int kMaxWorld = 64;
+constexpr double kSpinSeconds = 0.002;
 
 struct alignas(128) RankState {
   std::atomic<uint64_t> arrived;   // last round whose data this rank published
@@ -159,11 +160,16 @@ std::string PeerProblem(int r) {
 // Waits until every rank arrived at `seq`; an empty string on success, else why not.
 std::string WaitAll(uint64_t seq) {
   Header* h = g_state.header;
-  for (int spin = 0; spin < 4000; ++spin) {
+  // Spin first: a peer on another core arrives within microseconds, while a futex wake-up
+  // costs tens of them (more on a virtual machine), and sched_yield() on a busy machine hands
+  // the core away for a whole time slice. After kSpinSeconds, sleep on the futex, so that a
+  // peer sharing this core can run.
+  double start = Now();
+  for (uint64_t i = 1;; ++i) {
     if (Missing(seq) < 0) return "";
+    if ((i & 255) == 0 && Now() - start > kSpinSeconds) break;
     __builtin_ia32_pause();
   }
-  double start = Now();
   double next_check = start;
   h->waiters.fetch_add(1, std::memory_order_seq_cst);
   std::string problem;
@@ -192,41 +198,63 @@ std::string WaitAll(uint64_t seq) {
 }
 
 template <typename T>
-void Reduce(T* out, size_t offset_bytes, size_t count, int op, int world, const char* buffer,
-            uint64_t slot_bytes) {
-  const T* first = reinterpret_cast<const T*>(buffer) + offset_bytes / sizeof(T);
-  std::memcpy(out, first, count * sizeof(T));
-  for (int r = 1; r < world; ++r) {
-    const T* in = reinterpret_cast<const T*>(buffer + r * slot_bytes) + offset_bytes / sizeof(T);
-    if (op == 0) {
-      for (size_t i = 0; i < count; ++i) out[i] = out[i] + in[i];
-    } else if (op == 1) {
-      for (size_t i = 0; i < count; ++i) out[i] = in[i] > out[i] ? in[i] : out[i];
-    } else {
-      for (size_t i = 0; i < count; ++i) out[i] = in[i] < out[i] ? in[i] : out[i];
-    }
+T Combine(T a, T b, int op) {
+  if (op == 0) return a + b;
+  if (op == 1) return b > a ? b : a;
+  return b < a ? b : a;
+}
+
+// out = slot 0 (op) slot 1 (op) ... in rank order, one pass over the first two slots. This
+// rank's slot is read from `mine` (its input, the same bits, still in this core's cache).
+template <typename T>
+void Reduce(T* out, const T* mine, size_t count, int op, const char* buffer) {
+  int world = g_state.world;
+  auto slot = [&](int r) {
+    return r == g_state.rank ? mine
+                             : reinterpret_cast<const T*>(buffer + r * g_state.slot_bytes);
+  };
+  if (world == 1) {
+    std::memcpy(out, mine, count * sizeof(T));
+    return;
+  }
+  const T* a = slot(0);
+  const T* b = slot(1);
+  switch (op) {  // op hoisted out of the loops, so they vectorize
+    case 0:
+      for (size_t i = 0; i < count; ++i) out[i] = a[i] + b[i];
+      break;
+    case 1:
+      for (size_t i = 0; i < count; ++i) out[i] = b[i] > a[i] ? b[i] : a[i];
+      break;
+    default:
+      for (size_t i = 0; i < count; ++i) out[i] = b[i] < a[i] ? b[i] : a[i];
+  }
+  for (int r = 2; r < world; ++r) {
+    const T* in = slot(r);
+    for (size_t i = 0; i < count; ++i) out[i] = Combine(out[i], in[i], op);
   }
 }
 
-bool ReduceTyped(ffi::DataType dtype, void* out, size_t offset, size_t bytes, int op,
+bool ReduceTyped(ffi::DataType dtype, void* out, const void* mine, size_t bytes, int op,
                  const char* buffer) {
-  int w = g_state.world;
-  uint64_t s = g_state.slot_bytes;
   switch (dtype) {
     case ffi::DataType::F32:
-      Reduce(static_cast<float*>(out), offset, bytes / 4, op, w, buffer, s);
+      Reduce(static_cast<float*>(out), static_cast<const float*>(mine), bytes / 4, op, buffer);
       return true;
     case ffi::DataType::F64:
-      Reduce(static_cast<double*>(out), offset, bytes / 8, op, w, buffer, s);
+      Reduce(static_cast<double*>(out), static_cast<const double*>(mine), bytes / 8, op, buffer);
       return true;
     case ffi::DataType::S32:
-      Reduce(static_cast<int32_t*>(out), offset, bytes / 4, op, w, buffer, s);
+      Reduce(static_cast<int32_t*>(out), static_cast<const int32_t*>(mine), bytes / 4, op,
+             buffer);
       return true;
     case ffi::DataType::S64:
-      Reduce(static_cast<int64_t*>(out), offset, bytes / 8, op, w, buffer, s);
+      Reduce(static_cast<int64_t*>(out), static_cast<const int64_t*>(mine), bytes / 8, op,
+             buffer);
       return true;
     case ffi::DataType::U32:
-      Reduce(static_cast<uint32_t*>(out), offset, bytes / 4, op, w, buffer, s);
+      Reduce(static_cast<uint32_t*>(out), static_cast<const uint32_t*>(mine), bytes / 4, op,
+             buffer);
       return true;
     default:
       return false;
@@ -267,7 +295,7 @@ ffi::Error Round(const char* in, char* out, size_t bytes, ffi::DataType dtype, i
                   "different order); use STRATAX_CPU_COLLECTIVES=gloo for this program.");
     }
   }
-  if (!ReduceTyped(dtype, out, 0, bytes, op, buffer)) {
+  if (!ReduceTyped(dtype, out, in, bytes, op, buffer)) {
     return Fail("stratax shared-memory all-reduce: unsupported dtype");
   }
   return ffi::Error::Success();
