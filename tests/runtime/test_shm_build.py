@@ -1,4 +1,5 @@
-"""Building the shared-memory all-reduce library (STRATAX_CPU_COLLECTIVES=shm) on first use."""
+"""The shared-memory all-reduce (STRATAX_CPU_COLLECTIVES=shm) in one process: its selection,
+build on first use, replication rule and error translation (tests/multiprocess has the rest)."""
 
 import shutil
 
@@ -40,3 +41,26 @@ def test_built_once_per_source_and_jaxlib(monkeypatch, tmp_path):
     monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))  # a rebuild would fail
     assert shm_build.library_path() == first and first.stat().st_mtime_ns == mtime
     shutil.rmtree(cache)
+
+
+def test_the_shm_all_reduce_makes_values_uniform_across_replicas():
+    import jax
+    import numpy as np
+
+    from stratax._src.runtime import invariance
+
+    def body(x):
+        return shm_collectives.all_reduce("sum", [x])[0], x * 2
+
+    jaxpr = jax.make_jaxpr(body)(np.ones(3, np.float32))
+    assert invariance.varying_outputs(jaxpr, [True], "replica") == [False, True]
+
+
+@pytest.mark.parametrize("problem", ["exited", "did not reach all-reduce round 7 within 3 s"])
+def test_a_failed_shm_all_reduce_names_the_worker(monkeypatch, problem):
+    monkeypatch.setattr(distributed.runtime, "task_names", {1: "worker 1 (127.0.0.1:5)"})
+    error = RuntimeError(f"ABORTED: stratax shared-memory all-reduce (process 0): process 1 "
+                         f"(pid 42) {problem}. Check that process's log; the job cannot continue.")
+    with pytest.raises(distributed.WorkerUnavailableError,
+                       match=rf"worker 1 \(127.0.0.1:5\) \(pid 42\) {problem}\. Restart"):
+        distributed.translate_collective_errors(lambda: (_ for _ in ()).throw(error))
