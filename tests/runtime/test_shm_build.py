@@ -64,3 +64,11 @@ def test_a_failed_shm_all_reduce_names_the_worker(monkeypatch, problem):
     with pytest.raises(distributed.WorkerUnavailableError,
                        match=rf"worker 1 \(127.0.0.1:5\) \(pid 42\) {problem}\. Restart"):
         distributed.translate_collective_errors(lambda: (_ for _ in ()).throw(error))
+
+
+def test_spin_time_is_checked(monkeypatch):
+    monkeypatch.setenv("STRATAX_SHM_SPIN_US", "-3")
+    with pytest.raises(ValueError, match=r"STRATAX_SHM_SPIN_US='-3'.*microseconds >= 0"):
+        shm_collectives.spin_seconds_from_env()
+    monkeypatch.setenv("STRATAX_SHM_SPIN_US", "250")
+    assert shm_collectives.spin_seconds_from_env() == pytest.approx(250e-6)

@@ -106,3 +106,5 @@ STRATAX_PS_PROGRESS_SECONDS = "STRATAX_PS_PROGRESS_SECONDS"
 # library is cached (default ~/.cache/stratax/ext), and the bytes of one rank's slot.
 STRATAX_EXTENSION_CACHE = "STRATAX_EXTENSION_CACHE"
 STRATAX_SHM_SLOT_BYTES = "STRATAX_SHM_SLOT_BYTES"
+# Microseconds a shared-memory all-reduce spins for its peers before sleeping (default 50).
+STRATAX_SHM_SPIN_US = "STRATAX_SHM_SPIN_US"

@@ -37,7 +37,6 @@ namespace {
 
 constexpr uint64_t kMagic = 0x5354524154415831ULL;  // "STRATAX1"
 constexpr int kMaxWorld = 64;
-constexpr double kSpinSeconds = 0.002;
 
 struct alignas(128) RankState {
   std::atomic<uint64_t> arrived;   // last round whose data this rank published
@@ -67,6 +66,7 @@ struct State {
   uint64_t slot_bytes = 0;
   uint64_t seq = 0;
   double timeout_s = 120.0;
+  double spin_s = 0.00005;  // how long a wait spins before sleeping on the futex
   std::string poisoned;  // set after a failure: every later call fails with it
 };
 
@@ -162,12 +162,12 @@ std::string WaitAll(uint64_t seq) {
   Header* h = g_state.header;
   // Spin first: a peer on another core arrives within microseconds, while a futex wake-up
   // costs tens of them (more on a virtual machine), and sched_yield() on a busy machine hands
-  // the core away for a whole time slice. After kSpinSeconds, sleep on the futex, so that a
-  // peer sharing this core can run.
+  // the core away for a whole time slice. After spin_s, sleep on the futex, so that the other
+  // threads of this process (input prefetch, gloo) and a peer sharing this core can run.
   double start = Now();
   for (uint64_t i = 1;; ++i) {
     if (Missing(seq) < 0) return "";
-    if ((i & 255) == 0 && Now() - start > kSpinSeconds) break;
+    if ((i & 255) == 0 && Now() - start > g_state.spin_s) break;
     __builtin_ia32_pause();
   }
   double next_check = start;
@@ -354,7 +354,7 @@ extern "C" {
 
 // Rank 0: creates the segment `name` (it must not exist) and maps it. 0 or -1 (see `err`).
 STRATAX_EXPORT int stratax_shm_create(const char* name, int world, uint64_t slot_bytes, double timeout_s,
-                       char* err, int err_len) {
+                       double spin_s, char* err, int err_len) {
   std::lock_guard<std::mutex> lock(g_state.mu);
   if (world < 1 || world > kMaxWorld) {
     SetError(err, err_len, "world size " + std::to_string(world) + " is outside 1.." +
@@ -382,6 +382,7 @@ STRATAX_EXPORT int stratax_shm_create(const char* name, int world, uint64_t slot
   h->ranks[0].pid = getpid();
   g_state.rank = 0;
   g_state.timeout_s = timeout_s;
+  g_state.spin_s = spin_s;
   h->attached.store(1, std::memory_order_seq_cst);
   std::atomic_thread_fence(std::memory_order_seq_cst);
   reinterpret_cast<std::atomic<uint64_t>*>(&h->magic)->store(kMagic, std::memory_order_release);
@@ -390,7 +391,7 @@ STRATAX_EXPORT int stratax_shm_create(const char* name, int world, uint64_t slot
 
 // Ranks > 0: maps the segment `name` that rank 0 created. 0 or -1 (see `err`).
 STRATAX_EXPORT int stratax_shm_attach(const char* name, int rank, int world, uint64_t slot_bytes,
-                       double timeout_s, char* err, int err_len) {
+                       double timeout_s, double spin_s, char* err, int err_len) {
   std::lock_guard<std::mutex> lock(g_state.mu);
   int fd = shm_open(name, O_RDWR, 0600);
   if (fd < 0) {
@@ -416,6 +417,7 @@ STRATAX_EXPORT int stratax_shm_attach(const char* name, int rank, int world, uin
   }
   g_state.rank = rank;
   g_state.timeout_s = timeout_s;
+  g_state.spin_s = spin_s;
   h->ranks[rank].pid = getpid();
   h->attached.fetch_add(1, std::memory_order_seq_cst);
   return 0;
