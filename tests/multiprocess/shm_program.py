@@ -73,6 +73,27 @@ for _ in range(20):  # many rounds: sequence numbers and both buffers in use
 flat = {f"{op}/{key}": np.asarray(strategy.experimental_local_results(v)[0])
         for op, tree in results.items() for key, v in tree.items()}
 np.savez(os.path.join(out_dir, f"reduce_{worker}.npz"), **flat)
+# Two programs with the same shapes dispatched back to back without waiting: each process must
+# run them in the same order, or the sums would mix tensors without any error.
+
+def halve(x):
+    return sx.get_replica_context().all_reduce("sum", x * 0.5)
+
+
+def whole(x):
+    return sx.get_replica_context().all_reduce("sum", x)
+
+
+pending = []
+for k in range(60):
+    value = strategy.experimental_distribute_values_from_function(
+        lambda ctx, k=k: np.full((256,), 10 * k + ctx.replica_id_in_sync_group, np.float32))
+    pending.append((k, strategy.run(halve if k % 2 else whole, args=(value,))))
+mixed = sum(
+    not np.all(np.asarray(strategy.experimental_local_results(out)[0])
+               == (20 * k + 1) * (0.5 if k % 2 else 1.0))
+    for k, out in pending)
+print("order mismatches", mixed, flush=True)
 print("traced", shm_collectives.state.traced_calls, flush=True)
 print("named after the set-up", still_named(), flush=True)
 print("done", worker, flush=True)

@@ -44,14 +44,15 @@ def test_all_reduce_over_shm_equals_gloo_bit_for_bit(workers, tmp_path):
                       STRATAX_SHM_SLOT_BYTES="65536")
     assert [p.returncode for p in workers.procs] == [0, 0], outputs[0][-3000:]
     for output in outputs:
-        assert "shm True" in output and "traced 4" in output, output[-2000:]
+        assert "shm True" in output and "traced 6" in output, output[-2000:]
+        assert "order mismatches 0" in output
         assert "named after the set-up False" in output
         assert not os.path.exists("/dev/shm" + _segment(output))
     workers.kill_all()
     workers.procs.clear()
     outputs, _ = _run(workers, ["shm_program.py", str(tmp_path / "gloo"), "reduce"], "gloo")
     assert [p.returncode for p in workers.procs] == [0, 0], outputs[0][-3000:]
-    assert "traced 0" in outputs[0]
+    assert "traced 0" in outputs[0] and "order mismatches 0" in outputs[0]
     with np.load(tmp_path / "gloo" / "reduce_0.npz") as gloo:
         for worker in (0, 1):
             with np.load(tmp_path / "shm" / f"reduce_{worker}.npz") as shm:
