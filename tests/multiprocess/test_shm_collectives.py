@@ -14,8 +14,12 @@ import pytest
 from conftest import assert_same_weights, free_port, load_weights
 from test_multi_worker import _reference
 
+from stratax._src.runtime import shm_build
+
 pytestmark = [pytest.mark.timeout(300),
-              pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs POSIX shm")]
+              pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs POSIX shm"),
+              pytest.mark.skipif(shm_build.compiler() is None,
+                                 reason="no C++ compiler: shm falls back to gloo")]
 
 
 def _configs():
