@@ -2,7 +2,9 @@
 
 Two processes join a ``MultiWorkerMirroredStrategy`` through TF_CONFIG (127.0.0.1 by default,
 process i pinned to core i) and time ``strategy.run`` of an ``all_reduce(SUM)`` of one float32
-tensor per size (median of the timed iterations, after a warm-up that also checks the sum).
+tensor per size (median of the timed iterations, after a warm-up that also checks the sum), and
+the same all-reduce repeated in one compiled loop (``fori_loop``, as ``fit`` runs
+``steps_per_execution`` steps): the transport's own latency, without the per-call dispatch.
 Reported per size: latency (the median time of one all-reduce), algorithm bandwidth
 (bytes / time) and bus bandwidth (algorithm bandwidth x 2(n-1)/n, NCCL's convention: the bytes
 each process must send and receive in a ring; equal to the algorithm bandwidth for n = 2).
@@ -13,6 +15,7 @@ Run::
 
     python -m benchmarks.allreduce                      # gloo over 127.0.0.1 (the default)
     python -m benchmarks.allreduce --transport mpi      # JAX's MPI collectives (see README)
+    python -m benchmarks.allreduce --transport shm      # stratax's shared-memory all-reduce
     python -m benchmarks.allreduce --netns h6a,h6b --addresses 10.213.0.1,10.213.0.2
                                                         # two network namespaces (tests/hosts)
 
@@ -78,12 +81,28 @@ def _worker(index: int, iters: int, pin: bool) -> None:
             np.copyto(target, source)
             copies.append(time.perf_counter() - start)
         out[str(nbytes)] = {"allreduce_s": statistics.median(times),
-                            "memcpy_s": statistics.median(copies)}
+                            "memcpy_s": statistics.median(copies),
+                            "in_loop_s": _in_loop(strategy, step, value, count)}
     out.update(_gradient_rows(strategy, iters * 10))
     if strategy.worker_index == 0:
         print("RESULT " + json.dumps(out), flush=True)
     sys.stdout.flush()
     os._exit(0)
+
+
+def _in_loop(strategy: Any, step: Any, value: Any, count: int) -> float:
+    """Seconds per all-reduce when ``count`` of them run in one compiled loop (as in ``fit``
+    with ``steps_per_execution``): the transport without the per-call dispatch; each round
+    also halves the tensor (one elementwise pass) to keep the values bounded."""
+    import jax
+
+    def looped(x: Any) -> Any:
+        return jax.lax.fori_loop(0, count, lambda _, v: step(v) * 0.5, x)
+
+    jax.block_until_ready(strategy.run(looped, args=(value,)))
+    start = time.perf_counter()
+    jax.block_until_ready(strategy.run(looped, args=(value,)))
+    return (time.perf_counter() - start) / count
 
 
 # The MLP's gradients (784-128-10) plus the loss: the 5 tensors fit's step all-reduces.
@@ -129,15 +148,21 @@ def _one_rep(args: argparse.Namespace) -> dict[str, dict[str, float]]:
     return workers.result(workers.finish(procs))
 
 
+def _median_of(row: dict[str, Any], key: str) -> str:
+    return f"{statistics.median(row[key]):,.0f}" if row.get(key) else "-"  # older results
+
+
 def table(rows: list[dict[str, Any]]) -> str:
     """The markdown table of ``rows`` (as stored in the JSON)."""
-    lines = ["| tensor | latency (us, median) | algorithm GB/s, median [min-max] | bus GB/s | "
+    lines = ["| tensor | latency (us, median) | in a compiled loop (us) | "
+             "algorithm GB/s, median [min-max] | bus GB/s | "
              "numpy memcpy, same run (GB/s) | all-reduce / memcpy |",
-             "| ---: | ---: | --- | ---: | ---: | ---: |"]
+             "| ---: | ---: | ---: | --- | ---: | ---: | ---: |"]
     for row in rows:
         ar, mc = row["algbw_gbps"], row["memcpy_gbps"]
         lines.append(
             f"| {_label(row['bytes'])} | {statistics.median(row['latency_us']):,.0f} | "
+            f"{_median_of(row, 'in_loop_us')} | "
             f"{statistics.median(ar):.3f} [{min(ar):.3f}-{max(ar):.3f}] | "
             f"{statistics.median(row['busbw_gbps']):.3f} | {statistics.median(mc):.1f} | "
             f"{row['ratio_median']:.3f} |")
@@ -149,7 +174,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--iters", type=int, default=10,
                         help="timed all-reduces per size >= 1 MB (10x for smaller sizes)")
-    parser.add_argument("--transport", choices=("gloo", "mpi"), default="gloo",
+    parser.add_argument("--transport", choices=("gloo", "mpi", "shm"), default="gloo",
                         help="JAX CPU collectives (sets STRATAX_CPU_COLLECTIVES)")
     parser.add_argument("--addresses", default="127.0.0.1,127.0.0.1",
                         help="the two workers' host addresses")
@@ -169,6 +194,7 @@ def main() -> None:
         key = str(nbytes)
         ar = [nbytes / r[key]["allreduce_s"] / 1e9 for r in reps]
         rows.append({"bytes": nbytes, "latency_us": [r[key]["allreduce_s"] * 1e6 for r in reps],
+                     "in_loop_us": [r[key]["in_loop_s"] * 1e6 for r in reps],
                      "algbw_gbps": ar, "busbw_gbps": [a * 2 * (n - 1) / n for a in ar],
                      "memcpy_gbps": [nbytes / r[key]["memcpy_s"] / 1e9 for r in reps]})
         rows[-1]["ratio_median"] = (statistics.median(ar)

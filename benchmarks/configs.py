@@ -90,8 +90,9 @@ class System:
     # stratax only: batches fit places ahead of the step (STRATAX_PREFETCH_DEPTH; None = default).
     prefetch: int | None = None
     # stratax MWMS only: JAX's CPU collectives between the processes. "mpi" starts the
-    # processes with one mpiexec and needs MPITRAMPOLINE_LIB (docs/transport.md).
-    transport: Literal["gloo", "mpi"] = "gloo"
+    # processes with one mpiexec and needs MPITRAMPOLINE_LIB (docs/transport.md); "shm" is
+    # stratax's same-host shared-memory all-reduce (STRATAX_CPU_COLLECTIVES=shm).
+    transport: Literal["gloo", "mpi", "shm"] = "gloo"
     note: str = ""
 
     @property
@@ -141,6 +142,9 @@ SYSTEMS: dict[str, System] = {
         System("sx-mwms-2proc-mpi", "stratax MultiWorkerMirroredStrategy, 2 processes x 1 core, "
                "MPI collectives (MPICH, shared memory)", "stratax", "mwms", processes=2,
                pin=True, transport="mpi"),
+        System("sx-mwms-2proc-shm", "stratax MultiWorkerMirroredStrategy, 2 processes x 1 core, "
+               "shared-memory all-reduce (STRATAX_CPU_COLLECTIVES=shm)", "stratax", "mwms",
+               processes=2, pin=True, transport="shm"),
         System("torch-1proc-1core", "PyTorch (eager), 1 process on 1 core", "torch", "none",
                pin=True, note="eager: steps_per_execution does not apply"),
         System("torch-ddp-2proc", "PyTorch DistributedDataParallel (gloo), 2 processes x 1 core",
@@ -228,16 +232,28 @@ BENCHMARKS: dict[str, Benchmark] = {
                   quick_systems=("tf-none", "tf-mirrored-1cpu", "kjax-single", "sx-mirrored-1")),
         Benchmark("multiworker", "2 processes x 1 core vs 1 process on 1 core",
                   ("tf-1proc-1core", "tf-mwms-2proc", "tf-mwms-2proc-k3", "sx-1proc-1core",
-                   "sx-mwms-2proc", "sx-mwms-2proc-mpi", "torch-1proc-1core", "torch-ddp-2proc"),
+                   "sx-mwms-2proc", "sx-mwms-2proc-mpi", "sx-mwms-2proc-shm", "torch-1proc-1core",
+                   "torch-ddp-2proc"),
                   ("mlp", "wide_mlp"), (1, 32),
                   baseline="tf-1proc-1core",
                   pairs=(("sx-mwms-2proc", "tf-mwms-2proc"), ("sx-1proc-1core", "tf-1proc-1core"),
                          ("tf-mwms-2proc", "tf-1proc-1core"), ("sx-mwms-2proc", "sx-1proc-1core"),
                          ("sx-mwms-2proc-mpi", "sx-1proc-1core"),
                          ("sx-mwms-2proc-mpi", "tf-mwms-2proc"),
+                         ("sx-mwms-2proc-shm", "sx-1proc-1core"),
+                         ("sx-mwms-2proc-shm", "tf-mwms-2proc"),
+                         ("sx-mwms-2proc-shm", "sx-mwms-2proc"),
                          ("sx-mwms-2proc", "torch-ddp-2proc"),
                          ("torch-ddp-2proc", "torch-1proc-1core")),
                   quick_workloads=("mlp", "wide_mlp"), quick_spes=(32,)),
+        Benchmark("multiworker_shm", "stratax 2 processes x 1 core: gloo vs shared memory, "
+                  "against 1 process on 1 core",
+                  ("sx-1proc-1core", "sx-mwms-2proc", "sx-mwms-2proc-shm"),
+                  ("mlp", "wide_mlp"), (32,), baseline="sx-1proc-1core",
+                  pairs=(("sx-mwms-2proc", "sx-1proc-1core"),
+                         ("sx-mwms-2proc-shm", "sx-1proc-1core"),
+                         ("sx-mwms-2proc-shm", "sx-mwms-2proc")),
+                  default=False),
         Benchmark("gpu", "One GPU: Keras 3 JAX vs stratax vs TF", ("tf-none", "kjax-single",
                   "sx-mirrored-1"), ("mlp", "cnn"), (1, 32), baseline="tf-none",
                   pairs=(("sx-mirrored-1", "tf-none"), ("sx-mirrored-1", "kjax-single")),

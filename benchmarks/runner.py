@@ -72,6 +72,8 @@ def child_env(config: Config, device: Device, tf_config: str | None) -> dict[str
         env["TF_USE_LEGACY_KERAS"] = "1"
     if system.prefetch is not None:
         env["STRATAX_PREFETCH_DEPTH"] = str(system.prefetch)
+    if system.transport == "shm":
+        env["STRATAX_CPU_COLLECTIVES"] = "shm"
     if tf_config is not None:
         env["TF_CONFIG"] = tf_config
     return env

@@ -172,7 +172,7 @@ def main() -> None:
     parser.add_argument("--no-pin", action="store_true",
                         help="let every process use every core (default: process i on core i)")
     parser.add_argument("--layouts", default=",".join(LAYOUTS))
-    parser.add_argument("--transport", choices=("gloo", "mpi"), default="gloo")
+    parser.add_argument("--transport", choices=("gloo", "mpi", "shm"), default="gloo")
     parser.add_argument("--trace", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--worker", nargs=2, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -20,6 +20,8 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 from data import GLOBAL_BATCH, make_data, make_model  # noqa: E402
 
+from stratax._src.runtime import shm_collectives  # noqa: E402
+
 out_dir = sys.argv[1]
 epochs = int(sys.argv[2]) if len(sys.argv) > 2 else 2
 if len(sys.argv) > 4:
@@ -67,3 +69,4 @@ for variant in variants:
              history=np.asarray(history.history["loss"]), evaluation=np.asarray([loss, accuracy]),
              predictions=predictions)
 print("done", worker, strategy.num_replicas_in_sync, flush=True)
+print("shm all-reduces traced", shm_collectives.state.traced_calls, flush=True)

@@ -105,3 +105,10 @@ STRATAX_PS_PROGRESS_SECONDS = "STRATAX_PS_PROGRESS_SECONDS"
 # Parameter-server transport: "auto" (default: a Unix socket to servers on the same host, gRPC
 # to the others) or "grpc" (always gRPC); see docs/parameter_server.md, Transport and security.
 STRATAX_PS_TRANSPORT = "STRATAX_PS_TRANSPORT"
+
+# STRATAX_CPU_COLLECTIVES=shm (docs/transport.md): where the compiled shared-memory all-reduce
+# library is cached (default ~/.cache/stratax/ext), and the bytes of one rank's slot.
+STRATAX_EXTENSION_CACHE = "STRATAX_EXTENSION_CACHE"
+STRATAX_SHM_SLOT_BYTES = "STRATAX_SHM_SLOT_BYTES"
+# Microseconds a shared-memory all-reduce spins for its peers before sleeping (default 50).
+STRATAX_SHM_SPIN_US = "STRATAX_SHM_SPIN_US"

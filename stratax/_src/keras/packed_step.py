@@ -30,8 +30,9 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from stratax._src import seam
+from stratax._src.core.reduce_op import ReduceOp
 from stratax._src.strategies.packing import packed_collective
-from stratax._src.strategies.replica_context import REPLICA_AXIS
+from stratax._src.strategies.replica_context import REPLICA_AXIS, shm_reducer
 
 _MEAN_REDUCTION = "sum_over_batch_size"
 
@@ -80,7 +81,8 @@ def compiled_packed_step(model: Any, strategy: Any) -> Callable[..., Any]:
             model, trainable, non_trainable, optimizer_vars, metrics_vars, data)
         deltas = [new - old for new, old in zip(local_metrics, metrics_vars, strict=True)]
         summed_grads, summed_deltas = packed_collective(
-            lambda flat: jax.lax.psum(flat, REPLICA_AXIS), (grads, deltas), bytes_per_pack)
+            lambda flat: jax.lax.psum(flat, REPLICA_AXIS), (grads, deltas), bytes_per_pack,
+            batched=shm_reducer(strategy, ReduceOp.SUM))
         grads = jax.tree.map(lambda g: g / replicas, summed_grads)
         metrics_vars = [old + d for old, d in zip(metrics_vars, summed_deltas, strict=True)]
         trainable, optimizer_vars = model.optimizer.stateless_apply(

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import socket
 import sys
 import threading
@@ -34,7 +35,7 @@ from stratax._src.cluster.layout import ProcessLayout
 from stratax._src.core import env
 from stratax._src.core.addresses import is_loopback
 from stratax._src.core.errors import CollectiveTimeoutError, WorkerUnavailableError
-from stratax._src.runtime import worker_exit
+from stratax._src.runtime import shm_collectives, worker_exit
 from stratax._src.runtime.devices import jax_started
 
 logger = logging.getLogger(__name__)
@@ -87,7 +88,7 @@ def wait_for_coordinator(address: str, timeout_seconds: float, name: str) -> Non
     )
 
 
-CPU_COLLECTIVES = ("gloo", "mpi")
+CPU_COLLECTIVES = ("gloo", "mpi", "shm")
 
 
 def cpu_collectives_from_env() -> str:
@@ -95,7 +96,9 @@ def cpu_collectives_from_env() -> str:
 
     gloo (TCP, also between processes of one host) needs nothing installed; ``mpi`` is JAX's
     MPI collectives, which need an MPI library reachable through MPItrampoline
-    (``MPITRAMPOLINE_LIB``; see docs/transport.md) and every worker started by ``mpirun``.
+    (``MPITRAMPOLINE_LIB``; see docs/transport.md) and every worker started by ``mpirun``;
+    ``shm`` is gloo plus stratax's shared-memory all-reduce for the packed collectives of
+    processes on one host (``shm_collectives``).
 
     Raises:
         ValueError: the variable names another implementation, or ``mpi`` without
@@ -117,10 +120,10 @@ def cpu_collectives_from_env() -> str:
 def _configure_cpu_collectives(name: str, coordinator_host: str) -> None:
     """Selects JAX's CPU collectives; MPI's must run on the thread that started MPI, so with
     ``mpi`` every computation runs on the calling thread (no asynchronous CPU dispatch)."""
-    jax.config.update("jax_cpu_collectives_implementation", name)
+    jax.config.update("jax_cpu_collectives_implementation", "gloo" if name == "shm" else name)
     if name == "mpi":
         jax.config.update("jax_cpu_enable_async_dispatch", False)
-    elif name == "gloo" and not is_loopback(coordinator_host):
+    elif not is_loopback(coordinator_host):
         address = local_address_towards(coordinator_host)
         # JAX builds gloo's transport from the host name, which often resolves to loopback
         # (/etc/hosts): peers on other hosts could not connect ("Connection refused,
@@ -174,7 +177,8 @@ def initialize(layout: ProcessLayout, *, timeout_seconds: float, task_names: dic
         logger.warning(
             "The jax.distributed coordinator listens on %s. JAX's coordination service has no "
             "authentication: run multi-worker jobs on a trusted private network only.", bind)
-    _configure_cpu_collectives(cpu_collectives or cpu_collectives_from_env(), host)
+    collectives = cpu_collectives or cpu_collectives_from_env()
+    _configure_cpu_collectives(collectives, host)
     timeout = max(int(timeout_seconds), 1)
     if not layout.is_coordinator:
         wait_for_coordinator(address, timeout_seconds, task_name(0))
@@ -197,6 +201,9 @@ def initialize(layout: ProcessLayout, *, timeout_seconds: float, task_names: dic
             )
     finally:
         watchdog.cancel()
+    if collectives == "shm":
+        shm_collectives.setup(layout.process_id, layout.num_processes, timeout_seconds,
+                              task_name)
     runtime.layout = layout
 
 
@@ -238,12 +245,20 @@ def translate_collective_errors(call: Callable[[], T]) -> T:
         raise translated from error
 
 
+_SHM_PEER_FAILURE = re.compile(
+    r"stratax shared-memory all-reduce \(process \d+\): process (\d+) (.*?)\. ")
 _PEER_FAILURE_MARKS = ("Gloo", "Connection closed by peer", "NCCL", "heartbeat timeout",
                        "unhealthy")
 
 
 def _peer_error(error: Exception) -> Exception:
     text = str(error)
+    shm = _SHM_PEER_FAILURE.search(text)
+    if shm:
+        return WorkerUnavailableError(
+            f"The shared-memory all-reduce failed: {task_name(int(shm.group(1)))} "
+            f"{shm.group(2)}. Restart the job (e.g. `stratax launch --max-restarts K`) and "
+            "resume from the last backup.")
     if not any(mark in text for mark in _PEER_FAILURE_MARKS):
         return error
     dead = dead_processes()

@@ -25,8 +25,12 @@ from typing import Any
 
 from jax.extend import core as jex_core
 
+from stratax._src.runtime import shm_collectives
+
 # Collectives whose result is the same on every participant of the axis.
 _UNIFYING = frozenset({"psum", "pmax", "pmin", "all_gather"})
+# Custom calls that are all-reduces over every process (STRATAX_CPU_COLLECTIVES=shm).
+_UNIFYING_FFI_TARGETS = frozenset({shm_collectives.TARGET})
 # Primitives whose result differs per participant even for identical inputs.
 _DIVERSIFYING = frozenset(
     {"axis_index", "reduce_scatter", "psum_scatter", "all_to_all", "ppermute", "pbroadcast"}
@@ -74,6 +78,8 @@ def _equation_outputs(eqn: Any, flags: list[bool], axis: str) -> list[bool]:
     name = eqn.primitive.name
     n_out = len(eqn.outvars)
     if name in _UNIFYING and axis in _axes_of(eqn) and eqn.params.get("axis_index_groups") is None:
+        return [False] * n_out
+    if name == "ffi_call" and eqn.params.get("target_name") in _UNIFYING_FFI_TARGETS:
         return [False] * n_out
     if name in _DIVERSIFYING and axis in _axes_of(eqn):
         return [True] * n_out

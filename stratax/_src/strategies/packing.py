@@ -50,23 +50,29 @@ def plan_packs(shapes_dtypes: list[tuple[tuple[int, ...], Any]], bytes_per_pack:
 
 
 def packed_collective(collective: Callable[[jax.Array], jax.Array], value: Any,
-                      bytes_per_pack: int) -> Any:
+                      bytes_per_pack: int,
+                      batched: Callable[[list[jax.Array]], list[jax.Array]] | None = None
+                      ) -> Any:
     """Applies an element-wise ``collective`` to every leaf of ``value`` through flat packs.
 
     ``collective`` must act element by element (psum, pmean, pmax, pmin), so applying it to a
     concatenation equals applying it to each part. Leaves that are alone in their pack are
-    passed through unchanged (no copy).
+    passed through unchanged (no copy). ``batched``, when given, reduces the list of all packs
+    in one call instead (the shared-memory transport: one custom call, so the packs cannot be
+    reordered between processes).
     """
     leaves, treedef = jax.tree.flatten(value)
     arrays = [jnp.asarray(leaf) for leaf in leaves]
-    if len(arrays) <= 1:
-        return jax.tree.unflatten(treedef, [collective(a) for a in arrays])
+    packs = plan_packs([(a.shape, a.dtype) for a in arrays], bytes_per_pack)
+    buffers = [arrays[pack[0]] if len(pack) == 1
+               else jnp.concatenate([arrays[i].reshape(-1) for i in pack]) for pack in packs]
+    reduced = batched(buffers) if batched is not None and buffers else [
+        collective(b) for b in buffers]
     results: list[Any] = [None] * len(arrays)
-    for pack in plan_packs([(a.shape, a.dtype) for a in arrays], bytes_per_pack):
+    for pack, flat in zip(packs, reduced, strict=True):
         if len(pack) == 1:
-            results[pack[0]] = collective(arrays[pack[0]])
+            results[pack[0]] = flat
             continue
-        flat = collective(jnp.concatenate([arrays[i].reshape(-1) for i in pack]))
         offset = 0
         for i in pack:
             size = arrays[i].size

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from stratax._src.core.reduce_op import ReduceOp
+from stratax._src.runtime import shm_collectives
 from stratax._src.strategies.packing import packed_collective
 
 REPLICA_AXIS = "replica"
@@ -21,6 +23,30 @@ _COLLECTIVES = {
     ReduceOp.MAX: jax.lax.pmax,
     ReduceOp.MIN: jax.lax.pmin,
 }
+
+
+_SHM_OPS = {ReduceOp.SUM: "sum", ReduceOp.MEAN: "sum", ReduceOp.MAX: "max", ReduceOp.MIN: "min"}
+
+
+def shm_reducer(strategy: Any, op: ReduceOp) -> Callable[[list[jax.Array]], list[jax.Array]] | None:
+    """Reduces a list of packs: those of dtypes it handles in one shared-memory all-reduce
+    (``STRATAX_CPU_COLLECTIVES=shm``), the others with XLA's collective; ``None`` when shm is
+    off or the strategy's mesh is not one device per process."""
+    if not shm_collectives.covers(list(strategy.mesh.devices.flat)):
+        return None
+    replicas = strategy.num_replicas_in_sync
+    collective = _COLLECTIVES[op]
+
+    def reduce(buffers: list[jax.Array]) -> list[jax.Array]:
+        shm = [i for i, b in enumerate(buffers) if shm_collectives.supports(b.dtype)]
+        out = [collective(b, REPLICA_AXIS) for b in buffers]
+        if shm:
+            summed = shm_collectives.all_reduce(_SHM_OPS[op], [buffers[i] for i in shm])
+            for i, value in zip(shm, summed, strict=True):
+                out[i] = value / replicas if op is ReduceOp.MEAN else value
+        return out
+
+    return reduce
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,7 +144,8 @@ class ReplicaContext:
             return value
         collective = _COLLECTIVES[op]
         return packed_collective(lambda v: collective(v, REPLICA_AXIS), value,
-                                 self._strategy.bytes_per_pack)
+                                 self._strategy.bytes_per_pack,
+                                 batched=shm_reducer(self._strategy, op))
 
     def all_gather(self, value: Any, axis: int) -> Any:
         """Concatenates every replica's ``value`` along ``axis`` in replica order (TF's meaning)."""

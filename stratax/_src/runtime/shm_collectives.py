@@ -1,0 +1,281 @@
+"""A same-host all-reduce over POSIX shared memory (``STRATAX_CPU_COLLECTIVES=shm``).
+
+Between CPU processes on one host, gloo's TCP all-reduce costs a scheduler tick (~4 ms) when
+each process is pinned to one core (docs/transport.md). With ``shm`` the packed all-reduces of
+``fit``'s step and of ``ctx.all_reduce`` run instead as an XLA FFI custom call
+(``csrc/shm_allreduce.cc``, compiled on first use by :mod:`shm_build`): each process copies its
+buffer into its slot of one shared segment, waits at a sequence-numbered barrier, and sums every
+slot in rank order, so all processes get bit-identical results, as with ``psum``. Every other
+collective (XLA's own, ``all_gather``, unsupported dtypes) still goes through gloo.
+
+Set-up, once per process after ``jax.distributed`` joined (:func:`setup`): every process checks
+that it is on the same host as process 0 with one local CPU device and that it could build the
+library, and publishes the verdict in the coordination service's key-value store; process 0
+creates the segment, publishes its name, waits until every process mapped it, and unlinks the
+name at once, so nothing is left in ``/dev/shm`` even if a process is killed.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import logging
+import os
+import secrets
+import socket
+import time
+import zlib
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from stratax._src import seam
+from stratax._src.core import env
+from stratax._src.core.errors import CollectiveTimeoutError
+from stratax._src.runtime import shm_build
+
+logger = logging.getLogger(__name__)
+
+TARGET = "stratax_shm_all_reduce"
+OPS = {"sum": 0, "max": 1, "min": 2}
+DTYPES = frozenset(np.dtype(d) for d in ("float32", "float64", "int32", "int64", "uint32"))
+# Rounds of 1 MiB keep a round's data in cache: a 4 MB all-reduce took 0.47 ms in 1 MiB rounds
+# against 1.7 ms in one 8 MiB round (in a compiled loop, 2 processes pinned one core each).
+DEFAULT_SLOT_BYTES = 1 << 20
+# A waiting process spins this long before it sleeps on a futex: long enough for a peer on
+# another core, short enough to leave the core to this process's other threads (input
+# prefetch, gloo's I/O) when the peer is late.
+DEFAULT_SPIN_US = 50.0
+_KEY = "stratax/shm"
+
+
+class _State:
+    """This process's segment (one per process)."""
+
+    def __init__(self) -> None:
+        self.library: ctypes.CDLL | None = None
+        self.registered = False
+        self.world = 0
+        self.rank = -1
+        self.name = ""  # the segment's name in /dev/shm (unlinked once every process mapped it)
+        self.traced_calls = 0  # how many all-reduces were traced into programs (tests read it)
+
+    @property
+    def active(self) -> bool:
+        return self.world > 1
+
+
+state = _State()
+
+
+def slot_bytes_from_env() -> int:
+    """``STRATAX_SHM_SLOT_BYTES`` (default 1 MiB): larger buffers go through in chunks.
+
+    Raises:
+        ValueError: not a positive integer.
+    """
+    raw = os.environ.get(env.STRATAX_SHM_SLOT_BYTES, "").strip()
+    if not raw:
+        return DEFAULT_SLOT_BYTES
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 64:
+        raise ValueError(f"{env.STRATAX_SHM_SLOT_BYTES}={raw!r} must be an integer >= 64 "
+                         f"(bytes per process slot); unset it for {DEFAULT_SLOT_BYTES}.")
+    return value - value % 64
+
+
+def spin_seconds_from_env() -> float:
+    """``STRATAX_SHM_SPIN_US`` (default 50): microseconds a wait spins before it sleeps.
+
+    Raises:
+        ValueError: not a number >= 0.
+    """
+    raw = os.environ.get(env.STRATAX_SHM_SPIN_US, "").strip()
+    if not raw:
+        return DEFAULT_SPIN_US * 1e-6
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if value < 0:
+        raise ValueError(f"{env.STRATAX_SHM_SPIN_US}={raw!r} must be a number of microseconds "
+                         f">= 0; unset it for {DEFAULT_SPIN_US}.")
+    return value * 1e-6
+
+
+def _load() -> ctypes.CDLL:
+    if state.library is None:
+        library = ctypes.CDLL(str(shm_build.library_path()))
+        for name in ("stratax_shm_create", "stratax_shm_attach"):
+            getattr(library, name).restype = ctypes.c_int
+        library.stratax_shm_create.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_uint64,
+                                               ctypes.c_double, ctypes.c_double,
+                                               ctypes.c_char_p, ctypes.c_int]
+        library.stratax_shm_attach.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int,
+                                               ctypes.c_uint64, ctypes.c_double, ctypes.c_double,
+                                               ctypes.c_char_p, ctypes.c_int]
+        library.stratax_shm_unlink.argtypes = [ctypes.c_char_p]
+        state.library = library
+    if not state.registered:
+        jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(state.library.StrataxShmAllReduce),
+                                    platform="cpu")
+        state.registered = True
+    return state.library
+
+
+def _host_identity() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = "?"
+    return f"{socket.gethostname()}/{boot}"
+
+
+def _local_problem(host0: str | None) -> str:
+    """Why this process cannot join a shared-memory all-reduce, or ``""``."""
+    devices = jax.local_devices()
+    if len(devices) != 1 or devices[0].platform != "cpu":
+        return (f"it has {len(devices)} local {devices[0].platform} device(s); shm needs "
+                "exactly one local CPU device per process")
+    if host0 is not None and host0 != _host_identity():
+        return (f"it runs on host {_host_identity().split('/')[0]!r}, not on process 0's host "
+                f"{host0.split('/')[0]!r}; shm works only between processes of one host")
+    return ""
+
+
+def setup(process_id: int, num_processes: int, timeout_seconds: float,
+          task_name: Any = str) -> bool:
+    """Joins (process 0: creates) the job's shared segment; False when falling back to gloo.
+
+    Every process reaches the same verdict: a missing compiler anywhere means gloo everywhere
+    (logged); a process on another host or with several devices is an error on all of them.
+
+    Raises:
+        ValueError: a process is not on process 0's host or has not exactly one CPU device.
+        CollectiveTimeoutError: a process did not answer within ``timeout_seconds``.
+        RuntimeError: the segment could not be created or mapped.
+    """
+    client = seam.distributed_client()
+    timeout_ms = max(int(timeout_seconds * 1000), 1)
+    if process_id == 0:
+        client.key_value_set(f"{_KEY}/host", _host_identity())
+        host0 = None
+    else:
+        host0 = _get(client, f"{_KEY}/host", timeout_ms, task_name(0))
+    verdict = _local_problem(host0)
+    build_error = ""
+    if not verdict:
+        try:
+            _load()
+        except shm_build.ExtensionBuildError as error:
+            build_error = str(error)
+    client.key_value_set(f"{_KEY}/verdict/{process_id}",
+                         f"error:{verdict}" if verdict else f"nobuild:{build_error}"
+                         if build_error else "ok")
+    verdicts = {p: _get(client, f"{_KEY}/verdict/{p}", timeout_ms, task_name(p))
+                for p in range(num_processes)}
+    # Nobody acts on the verdicts before all have read them: a process that raised and exited
+    # first would take the coordination service (process 0) down under the others' reads.
+    try:
+        client.wait_at_barrier(f"{_KEY}/verdicts", timeout_ms)
+    except Exception as error:  # XlaRuntimeError: DEADLINE_EXCEEDED or a peer is gone
+        raise CollectiveTimeoutError(
+            f"Not every process read the shared-memory set-up verdicts within "
+            f"{timeout_seconds:g} s ({error}); check the other workers' logs.") from error
+    for p, text in verdicts.items():
+        if text.startswith("error:"):
+            raise ValueError(
+                f"STRATAX_CPU_COLLECTIVES=shm cannot be used: {task_name(p)} {text[6:]}. "
+                "Unset STRATAX_CPU_COLLECTIVES (gloo) for this job.")
+    for p, text in verdicts.items():
+        if text.startswith("nobuild:"):
+            logger.warning("STRATAX_CPU_COLLECTIVES=shm: %s could not build the shared-memory "
+                           "all-reduce, so every process uses gloo. %s", task_name(p), text[8:])
+            return False
+    _join_segment(client, process_id, num_processes, timeout_seconds, timeout_ms, task_name)
+    return True
+
+
+def _get(client: Any, key: str, timeout_ms: int, peer: str) -> str:
+    try:
+        return client.blocking_key_value_get(key, timeout_ms)
+    except Exception as error:  # XlaRuntimeError: DEADLINE_EXCEEDED or the service is gone
+        raise CollectiveTimeoutError(
+            f"{peer} did not publish {key!r} for the shared-memory all-reduce within "
+            f"{timeout_ms / 1000:g} s ({error}). Check {peer}'s log.") from error
+
+
+def _join_segment(client: Any, process_id: int, world: int, timeout_seconds: float,
+                  timeout_ms: int, task_name: Any) -> None:
+    library = _load()
+    slot = slot_bytes_from_env()
+    spin = spin_seconds_from_env()
+    error = ctypes.create_string_buffer(512)
+    if process_id == 0:
+        name = f"/stratax-{os.getpid()}-{secrets.token_hex(6)}".encode()
+        if library.stratax_shm_create(name, world, slot, timeout_seconds, spin, error,
+                                      512) != 0:
+            raise RuntimeError(f"Creating the shared-memory segment failed: "
+                               f"{error.value.decode()}. Unset STRATAX_CPU_COLLECTIVES (gloo).")
+        try:
+            client.key_value_set(f"{_KEY}/name", name.decode())
+            deadline = time.monotonic() + timeout_seconds
+            while library.stratax_shm_attached() < world:
+                if time.monotonic() > deadline:
+                    raise CollectiveTimeoutError(
+                        f"Only {library.stratax_shm_attached()} of {world} processes mapped the "
+                        f"shared-memory segment within {timeout_seconds:g} s; check the other "
+                        "workers' logs.")
+                time.sleep(0.001)
+        finally:
+            library.stratax_shm_unlink(name)
+    else:
+        name = _get(client, f"{_KEY}/name", timeout_ms, task_name(0)).encode()
+        if library.stratax_shm_attach(name, process_id, world, slot, timeout_seconds, spin,
+                                      error, 512) != 0:
+            raise RuntimeError(f"Mapping the shared-memory segment failed: "
+                               f"{error.value.decode()}. Unset STRATAX_CPU_COLLECTIVES (gloo).")
+    state.world, state.rank, state.name = world, process_id, name.decode()
+    atexit.register(close)
+    logger.info("shared-memory all-reduce: process %d of %d, slots of %d bytes",
+                process_id, world, slot)
+
+
+def close() -> None:
+    """Unmaps this process's segment (called at exit)."""
+    if state.library is not None and state.active:
+        state.library.stratax_shm_close()
+    state.world, state.rank = 0, -1
+
+
+def covers(devices: Sequence[Any]) -> bool:
+    """True when shm is set up and ``devices`` (a mesh's) are the one device of every process."""
+    if not state.active or len(devices) != state.world:
+        return False
+    return sorted(d.process_index for d in devices) == list(range(state.world))
+
+
+def supports(dtype: Any) -> bool:
+    """True when the shared-memory all-reduce handles arrays of ``dtype``."""
+    return np.dtype(dtype) in DTYPES
+
+
+def all_reduce(op: str, arrays: Sequence[jax.Array]) -> list[jax.Array]:
+    """Reduces every array of ``arrays`` over all processes with one custom call (traced).
+
+    ``op`` is ``"sum"``, ``"max"`` or ``"min"``; call it inside ``jax.shard_map`` over a mesh
+    that :func:`covers`. Every process gets the same bits (slots are combined in rank order).
+    """
+    state.traced_calls += 1
+    shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in arrays]
+    # The same on every process for the same collective: the C++ side checks it per round, so
+    # processes that disagree on what they reduce fail loudly instead of mixing tensors.
+    call_id = zlib.crc32(repr((op, [(s.shape, str(s.dtype)) for s in shapes])).encode())
+    call = jax.ffi.ffi_call(TARGET, shapes, has_side_effect=True)
+    return list(call(*arrays, op=np.int32(OPS[op]), call_id=np.int64(call_id)))

@@ -1,0 +1,99 @@
+"""What each worker runs in tests/multiprocess/test_shm_collectives.py.
+
+Usage: python shm_program.py OUT_DIR MODE. MODE ``reduce``: ``ctx.all_reduce`` of a tree of
+tensors (several dtypes, a tensor larger than one shared-memory slot) with SUM, MEAN, MAX and
+MIN, saved to OUT_DIR/reduce_<worker>.npz. MODE ``stall``: worker 1 never joins the
+all-reduce; worker 0's must fail within the timeout (argument 3, seconds), naming it. MODE
+``die``: worker 1 kills itself (SIGKILL) while worker 0 waits in the all-reduce. Prints
+"segment NAME" and "shm <active>"; after the work, "named after the set-up <bool>" (whether
+the segment's name is still in /dev/shm) and "traced N" (shared-memory all-reduces traced).
+"""
+
+import os
+import signal
+import sys
+import time
+
+import stratax as sx
+
+strategy = sx.MultiWorkerMirroredStrategy(
+    communication_options=sx.CommunicationOptions(
+        timeout_seconds=float(sys.argv[3]) if len(sys.argv) > 3 else 30))
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+from stratax._src.runtime import shm_collectives  # noqa: E402
+
+out_dir, mode = sys.argv[1], sys.argv[2]
+worker = strategy.worker_index
+print("shm", shm_collectives.state.active, flush=True)
+print("segment", shm_collectives.state.name, flush=True)
+
+
+def still_named():
+    return os.path.exists("/dev/shm" + shm_collectives.state.name)
+
+
+
+def make(ctx):
+    rng = np.random.default_rng(ctx.replica_id_in_sync_group)
+    return {"f32": rng.normal(size=(3, 5)).astype(np.float32),
+            "big": rng.normal(size=(70_000,)).astype(np.float32),  # > one slot in the test
+            "f64": rng.normal(size=(7,)),
+            "i32": rng.integers(-50, 50, size=(4,)).astype(np.int32),
+            **({"f16": rng.normal(size=(6,)).astype(np.float16)}  # not handled by shm: gloo
+               if mode == "reduce" else {})}
+
+
+def step(values):
+    ctx = sx.get_replica_context()
+    return {op: ctx.all_reduce(op, values) for op in ("sum", "mean", "max", "min")}
+
+
+values = strategy.experimental_distribute_values_from_function(make)
+if mode in ("stall", "die"):
+    if worker == 1:
+        if mode == "die":  # once worker 0 waits in the all-reduce
+            time.sleep(1.0)
+            os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(120)  # alive, but never joins the all-reduce (the test kills it)
+    start = time.monotonic()
+    try:
+        jax.block_until_ready(strategy.run(step, args=(values,)))
+        print("no error", flush=True)
+    except Exception as error:
+        print(f"error after {time.monotonic() - start:.1f} s: {type(error).__name__}: {error}",
+              flush=True)
+    sys.stdout.flush()
+    os._exit(0)
+results = strategy.run(step, args=(values,))
+for _ in range(20):  # many rounds: sequence numbers and both buffers in use
+    results = strategy.run(step, args=(values,))
+flat = {f"{op}/{key}": np.asarray(strategy.experimental_local_results(v)[0])
+        for op, tree in results.items() for key, v in tree.items()}
+np.savez(os.path.join(out_dir, f"reduce_{worker}.npz"), **flat)
+# Two programs with the same shapes dispatched back to back without waiting: each process must
+# run them in the same order, or the sums would mix tensors without any error.
+
+def halve(x):
+    return sx.get_replica_context().all_reduce("sum", x * 0.5)
+
+
+def whole(x):
+    return sx.get_replica_context().all_reduce("sum", x)
+
+
+pending = []
+for k in range(60):
+    value = strategy.experimental_distribute_values_from_function(
+        lambda ctx, k=k: np.full((256,), 10 * k + ctx.replica_id_in_sync_group, np.float32))
+    pending.append((k, strategy.run(halve if k % 2 else whole, args=(value,))))
+mixed = sum(
+    not np.all(np.asarray(strategy.experimental_local_results(out)[0])
+               == (20 * k + 1) * (0.5 if k % 2 else 1.0))
+    for k, out in pending)
+print("order mismatches", mixed, flush=True)
+print("traced", shm_collectives.state.traced_calls, flush=True)
+print("named after the set-up", still_named(), flush=True)
+print("done", worker, flush=True)

@@ -1,0 +1,122 @@
+"""STRATAX_CPU_COLLECTIVES=shm: the same-host shared-memory all-reduce between real processes.
+
+It must give what gloo gives (bit for bit), train as one process does, fail within the timeout
+naming a peer that stalls or dies, and leave no segment in /dev/shm.
+"""
+
+import json
+import os
+import re
+import time
+
+import numpy as np
+import pytest
+from conftest import assert_same_weights, free_port, load_weights
+from test_multi_worker import _reference
+
+from stratax._src.runtime import shm_build
+
+pytestmark = [pytest.mark.timeout(300),
+              pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs POSIX shm"),
+              pytest.mark.skipif(shm_build.compiler() is None,
+                                 reason="no C++ compiler: shm falls back to gloo")]
+
+
+def _configs():
+    cluster = {"worker": [f"127.0.0.1:{free_port()}" for _ in range(2)]}
+    return [json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}})
+            for i in range(2)], cluster
+
+
+def _run(workers, args, transport, timeout=200, **extra):
+    configs, cluster = _configs()
+    workers.start(args, configs, extra_env={"STRATAX_CPU_COLLECTIVES": transport, **extra})
+    outputs = workers.wait(timeout=timeout)
+    return outputs, cluster
+
+
+def _segment(output):
+    return re.search(r"^segment (\S+)$", output, re.M).group(1)
+
+
+def test_all_reduce_over_shm_equals_gloo_bit_for_bit(workers, tmp_path):
+    """SUM/MEAN/MAX/MIN of f32, f64, i32 and a tensor larger than a slot (chunked); f16 (not
+    handled by shm) still goes through gloo in the same step."""
+    (tmp_path / "shm").mkdir()
+    (tmp_path / "gloo").mkdir()
+    outputs, _ = _run(workers, ["shm_program.py", str(tmp_path / "shm"), "reduce"], "shm",
+                      STRATAX_SHM_SLOT_BYTES="65536")
+    assert [p.returncode for p in workers.procs] == [0, 0], outputs[0][-3000:]
+    for output in outputs:
+        assert "shm True" in output and "traced 6" in output, output[-2000:]
+        assert "order mismatches 0" in output
+        assert "named after the set-up False" in output
+        assert not os.path.exists("/dev/shm" + _segment(output))
+    workers.kill_all()
+    workers.procs.clear()
+    outputs, _ = _run(workers, ["shm_program.py", str(tmp_path / "gloo"), "reduce"], "gloo")
+    assert [p.returncode for p in workers.procs] == [0, 0], outputs[0][-3000:]
+    assert "traced 0" in outputs[0] and "order mismatches 0" in outputs[0]
+    with np.load(tmp_path / "gloo" / "reduce_0.npz") as gloo:
+        for worker in (0, 1):
+            with np.load(tmp_path / "shm" / f"reduce_{worker}.npz") as shm:
+                assert sorted(shm.files) == sorted(gloo.files)
+                for key in gloo.files:
+                    np.testing.assert_array_equal(shm[key], gloo[key], err_msg=key)
+
+
+def test_fit_over_shm_equals_one_process(workers, tmp_path):
+    outputs, _ = _run(workers, ["mwms_program.py", str(tmp_path), "2"], "shm")
+    assert [p.returncode for p in workers.procs] == [0, 0], outputs[0][-3000:]
+    for worker, output in enumerate(outputs):
+        assert f"done {worker} 2" in output
+        traced = int(re.search(r"shm all-reduces traced (\d+)", output).group(1))
+        assert traced >= 1, output[-2000:]  # the packed step went through shared memory
+    w0, w1 = (load_weights(tmp_path / f"arrays_weights_{i}.npz") for i in (0, 1))
+    assert_same_weights(w0, w1)
+    assert_same_weights(w0, _reference()[0], tol=1e-5)
+
+
+def _failure(workers, tmp_path, mode, timeout):
+    configs, _ = _configs()
+    workers.start(["shm_program.py", str(tmp_path), mode, str(timeout)], configs,
+                  extra_env={"STRATAX_CPU_COLLECTIVES": "shm"})
+    out, _ = workers.procs[0].communicate(timeout=120)
+    assert "error after" in out, out[-3000:]
+    return float(re.search(r"error after ([\d.]+) s", out).group(1)), out
+
+
+def test_stalled_peer_is_named_within_the_timeout(workers, tmp_path):
+    seconds, out = _failure(workers, tmp_path, "stall", 3)
+    assert 2.5 < seconds < 10, out[-2000:]
+    assert "process 1 (pid" in out and "did not reach all-reduce round 1 within 3 s" in out
+
+
+def test_dead_peer_is_named_at_once(workers, tmp_path):
+    """SIGKILL of worker 1 (not reaped yet: a zombie) while worker 0 waits in the all-reduce."""
+    seconds, out = _failure(workers, tmp_path, "die", 20)
+    pid = workers.procs[1].pid
+    assert f"process 1 (pid {pid}) exited" in out, out[-2000:]
+    assert seconds < 5, out[-2000:]
+
+
+@pytest.mark.slow
+def test_peer_killed_mid_fit_is_named(workers):
+    """Worker 1 is killed (SIGKILL) mid-fit: worker 0 fails, naming it (the shared-memory wait
+    or gloo, whichever notices first)."""
+    start = time.monotonic()
+    outputs, cluster = _run(workers, ["mwms_peer_death.py", "15"], "shm")
+    assert workers.procs[1].returncode == -9
+    assert workers.procs[0].returncode != 0
+    assert "WorkerUnavailableError" in outputs[0], outputs[0][-3000:]
+    assert f"worker 1 ({cluster['worker'][1]})" in outputs[0]
+    assert time.monotonic() - start < 120
+
+
+def test_several_devices_per_process_is_an_error_on_every_worker(workers, tmp_path):
+    outputs, cluster = _run(workers, ["mwms_program.py", str(tmp_path), "1"], "shm",
+                            STRATAX_CPU_DEVICES="2")
+    assert [p.returncode != 0 for p in workers.procs] == [True, True]
+    for output in outputs:
+        assert ("STRATAX_CPU_COLLECTIVES=shm cannot be used: worker 0 "
+                f"({cluster['worker'][0]}) it has 2 local cpu device(s)") in output, output[-2000:]
