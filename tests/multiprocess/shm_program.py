@@ -5,9 +5,10 @@ tensors (several dtypes, a tensor larger than one shared-memory slot) with SUM, 
 MIN, saved to OUT_DIR/reduce_<worker>.npz. MODE ``stall``: worker 1 never joins the
 all-reduce; worker 0's must fail within the timeout (argument 3, seconds), naming it. MODE
 ``die``: worker 1 kills itself (SIGKILL) while worker 0 waits in the all-reduce. MODE ``once``:
-one ``ctx.all_reduce`` per operation, then "traced N" and "done <worker>". stratax logs at INFO. Prints
-"segment NAME" and "shm <active>"; after the work, "named after the set-up <bool>" (whether
-the segment's name is still in /dev/shm) and "traced N" (shared-memory all-reduces traced).
+one ``ctx.all_reduce`` per operation, then "traced N" and "done <worker>". stratax logs at
+INFO. Prints "segment NAME" and "shm <active>"; after the work, "named after the set-up
+<bool>" (whether the segment's name is still in /dev/shm) and "traced N" (shared-memory
+all-reduces traced).
 """
 
 import logging
