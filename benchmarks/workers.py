@@ -35,8 +35,7 @@ def start(commands: list[list[str]], *, transport: str = "gloo",
             and k != "TF_CONFIG"}
     base["JAX_PLATFORMS"] = "cpu"
     base.update(extra_env or {})
-    if transport != "gloo":
-        base["STRATAX_CPU_COLLECTIVES"] = transport
+    base["STRATAX_CPU_COLLECTIVES"] = transport  # explicit: unset means auto (shm on one host)
     configs = [json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}})
                for i in range(len(commands))]
     lines, envs = [], []

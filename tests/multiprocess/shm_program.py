@@ -4,17 +4,23 @@ Usage: python shm_program.py OUT_DIR MODE. MODE ``reduce``: ``ctx.all_reduce`` o
 tensors (several dtypes, a tensor larger than one shared-memory slot) with SUM, MEAN, MAX and
 MIN, saved to OUT_DIR/reduce_<worker>.npz. MODE ``stall``: worker 1 never joins the
 all-reduce; worker 0's must fail within the timeout (argument 3, seconds), naming it. MODE
-``die``: worker 1 kills itself (SIGKILL) while worker 0 waits in the all-reduce. Prints
-"segment NAME" and "shm <active>"; after the work, "named after the set-up <bool>" (whether
-the segment's name is still in /dev/shm) and "traced N" (shared-memory all-reduces traced).
+``die``: worker 1 kills itself (SIGKILL) while worker 0 waits in the all-reduce. MODE ``once``:
+one ``ctx.all_reduce`` per operation, then "traced N" and "done <worker>". stratax logs at
+INFO. Prints "segment NAME" and "shm <active>"; after the work, "named after the set-up
+<bool>" (whether the segment's name is still in /dev/shm) and "traced N" (shared-memory
+all-reduces traced).
 """
 
+import logging
 import os
 import signal
 import sys
 import time
 
 import stratax as sx
+
+logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")
+logging.getLogger("stratax").setLevel(logging.INFO)
 
 strategy = sx.MultiWorkerMirroredStrategy(
     communication_options=sx.CommunicationOptions(
@@ -68,6 +74,11 @@ if mode in ("stall", "die"):
     sys.stdout.flush()
     os._exit(0)
 results = strategy.run(step, args=(values,))
+if mode == "once":
+    jax.block_until_ready(results)
+    print("traced", shm_collectives.state.traced_calls, flush=True)
+    print("done", worker, flush=True)
+    sys.exit(0)
 for _ in range(20):  # many rounds: sequence numbers and both buffers in use
     results = strategy.run(step, args=(values,))
 flat = {f"{op}/{key}": np.asarray(strategy.experimental_local_results(v)[0])

@@ -30,7 +30,8 @@ def _configs():
 
 def _run(workers, args, transport, timeout=200, **extra):
     configs, cluster = _configs()
-    workers.start(args, configs, extra_env={"STRATAX_CPU_COLLECTIVES": transport, **extra})
+    chosen = {"STRATAX_CPU_COLLECTIVES": transport} if transport else {}  # None: unset (auto)
+    workers.start(args, configs, extra_env={**chosen, **extra})
     outputs = workers.wait(timeout=timeout)
     return outputs, cluster
 
@@ -63,6 +64,40 @@ def test_all_reduce_over_shm_equals_gloo_bit_for_bit(workers, tmp_path):
                 assert sorted(shm.files) == sorted(gloo.files)
                 for key in gloo.files:
                     np.testing.assert_array_equal(shm[key], gloo[key], err_msg=key)
+
+
+_AUTO_SHM = "CPU collectives: gloo plus the shared-memory all-reduce for packed all-reduces (auto"
+
+
+def _auto(workers, tmp_path, **extra):
+    outputs, cluster = _run(workers, ["shm_program.py", str(tmp_path), "once"], None, **extra)
+    assert [p.returncode for p in workers.procs] == [0, 0], outputs[0][-3000:]
+    workers.kill_all()
+    workers.procs.clear()
+    return outputs, cluster
+
+
+def test_auto_picks_shm_on_one_host_and_gloo_otherwise_and_says_why(workers, tmp_path):
+    """STRATAX_CPU_COLLECTIVES unset: shm for one CPU device per process on one host; gloo, with
+    no error, for two devices per process or when the library cannot be built."""
+    outputs, _ = _auto(workers, tmp_path)
+    for output in outputs:
+        assert "shm True" in output and "traced 4" in output  # one per op, output[-2000:]
+        assert output.count(_AUTO_SHM) == 1, output[-2000:]
+    outputs, cluster = _auto(workers, tmp_path, STRATAX_CPU_DEVICES="2")
+    for output in outputs:
+        assert "shm False" in output and "traced 0" in output, output[-2000:]
+        assert output.count("CPU collectives: gloo (auto: no shared-memory all-reduce because "
+                            f"worker 0 ({cluster['worker'][0]}) it has 2 local cpu device(s)"
+                            ) == 1, output[-2000:]
+    (tmp_path / "empty_cache").mkdir()
+    outputs, _ = _auto(workers, tmp_path, CXX="/bin/false",
+                       STRATAX_EXTENSION_CACHE=str(tmp_path / "empty_cache"))
+    for output in outputs:
+        assert "shm False" in output and "traced 0" in output, output[-2000:]
+        assert "could not build the shared-memory all-reduce: Compiling" in output, \
+            output[-2000:]
+        assert "WARNING" not in output, output[-2000:]
 
 
 def test_fit_over_shm_equals_one_process(workers, tmp_path):

@@ -41,7 +41,10 @@ def two_hosts():
 
 def test_launch_across_two_namespaces_equals_one_process(two_hosts, tmp_path):
     coordinator = f"{two_hosts.addresses[0]}:{free_port()}"
-    env = worker_env(PYTHONPATH=os.pathsep.join([str(HERE), str(_ROOT)]))
+    # The namespaces share this machine's host name and boot id, so auto would pick shared
+    # memory for fit's all-reduce; gloo is what must cross the veth pair here.
+    env = worker_env(PYTHONPATH=os.pathsep.join([str(HERE), str(_ROOT)]),
+                     STRATAX_CPU_COLLECTIVES="gloo")
     procs = []
     try:
         for rank in range(2):

@@ -5,16 +5,18 @@ import pytest
 from stratax._src.runtime import distributed
 
 
-def test_gloo_is_the_default(monkeypatch):
+def test_auto_is_the_default_and_gloo_a_choice(monkeypatch):
     monkeypatch.delenv("STRATAX_CPU_COLLECTIVES", raising=False)
-    assert distributed.cpu_collectives_from_env() == "gloo"
+    assert distributed.cpu_collectives_from_env() == "auto"
+    monkeypatch.setenv("STRATAX_CPU_COLLECTIVES", "Auto")
+    assert distributed.cpu_collectives_from_env() == "auto"
     monkeypatch.setenv("STRATAX_CPU_COLLECTIVES", " GLOO ")
     assert distributed.cpu_collectives_from_env() == "gloo"
 
 
 def test_unknown_implementation_is_named(monkeypatch):
     monkeypatch.setenv("STRATAX_CPU_COLLECTIVES", "nccl")
-    with pytest.raises(ValueError, match=r"STRATAX_CPU_COLLECTIVES='nccl'.*gloo, mpi"):
+    with pytest.raises(ValueError, match=r"STRATAX_CPU_COLLECTIVES='nccl'.*auto, gloo, mpi, shm"):
         distributed.cpu_collectives_from_env()
 
 

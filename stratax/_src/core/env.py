@@ -92,8 +92,10 @@ STRATAX_PS_TOKEN_FILE = "STRATAX_PS_TOKEN_FILE"
 # "W,P" set by `stratax launch --workers W --ps P`: children get chief/worker/ps TF_CONFIG.
 STRATAX_PS_ROLES = "STRATAX_PS_ROLES"
 
-# CPU collectives between worker processes: "gloo" (default, TCP) or "mpi" (JAX's MPI
-# collectives through MPItrampoline; see docs/transport.md).
+# CPU collectives between worker processes (docs/transport.md): "auto" (default: "shm" when
+# every process is on one host with one CPU device and the library builds, else "gloo"),
+# "gloo" (TCP), "shm" (gloo plus a shared-memory all-reduce; an error where impossible) or
+# "mpi" (JAX's MPI collectives through MPItrampoline).
 STRATAX_CPU_COLLECTIVES = "STRATAX_CPU_COLLECTIVES"
 # Parameter-server snapshots (docs/parameter_server.md, Failures): a directory where each ps
 # writes `ps<index>.npz` every STRATAX_PS_SNAPSHOT_EVERY pushes, and reloads it on restart.
@@ -106,7 +108,7 @@ STRATAX_PS_PROGRESS_SECONDS = "STRATAX_PS_PROGRESS_SECONDS"
 # to the others) or "grpc" (always gRPC); see docs/parameter_server.md, Transport and security.
 STRATAX_PS_TRANSPORT = "STRATAX_PS_TRANSPORT"
 
-# STRATAX_CPU_COLLECTIVES=shm (docs/transport.md): where the compiled shared-memory all-reduce
+# STRATAX_CPU_COLLECTIVES=shm/auto (docs/transport.md): where the compiled shared-memory all-reduce
 # library is cached (default ~/.cache/stratax/ext), and the bytes of one rank's slot.
 STRATAX_EXTENSION_CACHE = "STRATAX_EXTENSION_CACHE"
 STRATAX_SHM_SLOT_BYTES = "STRATAX_SHM_SLOT_BYTES"

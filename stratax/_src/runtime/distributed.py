@@ -88,39 +88,42 @@ def wait_for_coordinator(address: str, timeout_seconds: float, name: str) -> Non
     )
 
 
-CPU_COLLECTIVES = ("gloo", "mpi", "shm")
+CPU_COLLECTIVES = ("auto", "gloo", "mpi", "shm")
 
 
 def cpu_collectives_from_env() -> str:
-    """The CPU collectives JAX should use between processes: ``STRATAX_CPU_COLLECTIVES``, else gloo.
+    """The CPU collectives JAX should use between processes: ``STRATAX_CPU_COLLECTIVES``, else
+    ``auto``.
 
     gloo (TCP, also between processes of one host) needs nothing installed; ``mpi`` is JAX's
     MPI collectives, which need an MPI library reachable through MPItrampoline
     (``MPITRAMPOLINE_LIB``; see docs/transport.md) and every worker started by ``mpirun``;
     ``shm`` is gloo plus stratax's shared-memory all-reduce for the packed collectives of
-    processes on one host (``shm_collectives``).
+    processes on one host (``shm_collectives``); ``auto`` (the default) is ``shm`` when every
+    process is on one host with one CPU device and the library builds, else gloo, agreed by all
+    processes at start-up.
 
     Raises:
         ValueError: the variable names another implementation, or ``mpi`` without
             ``MPITRAMPOLINE_LIB``.
     """
-    raw = os.environ.get(env.STRATAX_CPU_COLLECTIVES, "").strip().lower() or "gloo"
+    raw = os.environ.get(env.STRATAX_CPU_COLLECTIVES, "").strip().lower() or "auto"
     if raw not in CPU_COLLECTIVES:
         raise ValueError(
             f"{env.STRATAX_CPU_COLLECTIVES}={raw!r} is not a CPU collectives implementation; "
-            f"use one of {', '.join(CPU_COLLECTIVES)} (or unset it for gloo).")
+            f"use one of {', '.join(CPU_COLLECTIVES)} (or unset it for auto).")
     if raw == "mpi" and not os.environ.get("MPITRAMPOLINE_LIB"):
         raise ValueError(
             f"{env.STRATAX_CPU_COLLECTIVES}=mpi needs MPITRAMPOLINE_LIB set to an MPIwrapper "
             "library (libmpiwrapper.so) built against your MPI; see docs/transport.md, or "
-            "unset the variable to use gloo.")
+            "set it to gloo.")
     return raw
 
 
 def _configure_cpu_collectives(name: str, coordinator_host: str) -> None:
     """Selects JAX's CPU collectives; MPI's must run on the thread that started MPI, so with
     ``mpi`` every computation runs on the calling thread (no asynchronous CPU dispatch)."""
-    jax.config.update("jax_cpu_collectives_implementation", "gloo" if name == "shm" else name)
+    jax.config.update("jax_cpu_collectives_implementation", "mpi" if name == "mpi" else "gloo")
     if name == "mpi":
         jax.config.update("jax_cpu_enable_async_dispatch", False)
     elif not is_loopback(coordinator_host):
@@ -201,9 +204,9 @@ def initialize(layout: ProcessLayout, *, timeout_seconds: float, task_names: dic
             )
     finally:
         watchdog.cancel()
-    if collectives == "shm":
+    if collectives in ("shm", "auto"):
         shm_collectives.setup(layout.process_id, layout.num_processes, timeout_seconds,
-                              task_name)
+                              task_name, required=collectives == "shm")
     runtime.layout = layout
 
 

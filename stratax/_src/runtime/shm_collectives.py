@@ -9,10 +9,12 @@ slot in rank order, so all processes get bit-identical results, as with ``psum``
 collective (XLA's own, ``all_gather``, unsupported dtypes) still goes through gloo.
 
 Set-up, once per process after ``jax.distributed`` joined (:func:`setup`): every process checks
-that it is on the same host as process 0 with one local CPU device and that it could build the
-library, and publishes the verdict in the coordination service's key-value store; process 0
-creates the segment, publishes its name, waits until every process mapped it, and unlinks the
-name at once, so nothing is left in ``/dev/shm`` even if a process is killed.
+that it is on the same host as process 0 (Linux) with one local CPU device and that it could
+build the library, and publishes the verdict in the coordination service's key-value store;
+process 0 creates the segment, publishes its name, waits until every process mapped it, and
+unlinks the name at once, so nothing is left in ``/dev/shm`` even if a process is killed. With
+``STRATAX_CPU_COLLECTIVES`` unset (``auto``) the same verdicts choose between shm and gloo
+without an error; with ``shm`` an impossible set-up is an error.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import logging
 import os
 import secrets
 import socket
+import sys
 import time
 import zlib
 from collections.abc import Sequence
@@ -139,6 +142,8 @@ def _host_identity() -> str:
 
 def _local_problem(host0: str | None) -> str:
     """Why this process cannot join a shared-memory all-reduce, or ``""``."""
+    if not sys.platform.startswith("linux"):
+        return f"it runs on {sys.platform}; shm needs Linux (POSIX shared memory, futexes)"
     devices = jax.local_devices()
     if len(devices) != 1 or devices[0].platform != "cpu":
         return (f"it has {len(devices)} local {devices[0].platform} device(s); shm needs "
@@ -150,14 +155,17 @@ def _local_problem(host0: str | None) -> str:
 
 
 def setup(process_id: int, num_processes: int, timeout_seconds: float,
-          task_name: Any = str) -> bool:
+          task_name: Any = str, *, required: bool = True) -> bool:
     """Joins (process 0: creates) the job's shared segment; False when falling back to gloo.
 
     Every process reaches the same verdict: a missing compiler anywhere means gloo everywhere
-    (logged); a process on another host or with several devices is an error on all of them.
+    (a warning); with ``required`` (``STRATAX_CPU_COLLECTIVES=shm``) a process on another host
+    or with several devices, or a segment that cannot be created, is an error on all of them;
+    without it (``auto``) they mean gloo everywhere. The choice is logged once at INFO.
 
     Raises:
-        ValueError: a process is not on process 0's host or has not exactly one CPU device.
+        ValueError: ``required`` and a process is not on process 0's host or has not exactly
+            one CPU device.
         CollectiveTimeoutError: a process did not answer within ``timeout_seconds``.
         RuntimeError: the segment could not be created or mapped.
     """
@@ -190,16 +198,37 @@ def setup(process_id: int, num_processes: int, timeout_seconds: float,
             f"{timeout_seconds:g} s ({error}); check the other workers' logs.") from error
     for p, text in verdicts.items():
         if text.startswith("error:"):
-            raise ValueError(
-                f"STRATAX_CPU_COLLECTIVES=shm cannot be used: {task_name(p)} {text[6:]}. "
-                "Unset STRATAX_CPU_COLLECTIVES (gloo) for this job.")
+            if required:
+                raise ValueError(
+                    f"STRATAX_CPU_COLLECTIVES=shm cannot be used: {task_name(p)} {text[6:]}. "
+                    "Unset STRATAX_CPU_COLLECTIVES (gloo) for this job.")
+            return _use_gloo(f"{task_name(p)} {text[6:]}")
     for p, text in verdicts.items():
         if text.startswith("nobuild:"):
-            logger.warning("STRATAX_CPU_COLLECTIVES=shm: %s could not build the shared-memory "
-                           "all-reduce, so every process uses gloo. %s", task_name(p), text[8:])
-            return False
-    _join_segment(client, process_id, num_processes, timeout_seconds, timeout_ms, task_name)
+            if required:
+                logger.warning("STRATAX_CPU_COLLECTIVES=shm: %s could not build the "
+                               "shared-memory all-reduce, so every process uses gloo. %s",
+                               task_name(p), text[8:])
+                return False
+            return _use_gloo(f"{task_name(p)} could not build the shared-memory all-reduce: "
+                             f"{text[8:].splitlines()[0] if text[8:] else 'no reason given'}")
+    problem = _join_segment(client, process_id, num_processes, timeout_seconds, timeout_ms,
+                            task_name)
+    if problem:
+        if required:
+            raise RuntimeError(f"{problem}. Unset STRATAX_CPU_COLLECTIVES (gloo).")
+        return _use_gloo(problem)
+    if not required:
+        logger.info("CPU collectives: gloo plus the shared-memory all-reduce for packed "
+                    "all-reduces (auto: all %d processes on one host, one CPU device each; "
+                    "STRATAX_CPU_COLLECTIVES=gloo turns it off)", num_processes)
     return True
+
+
+def _use_gloo(reason: str) -> bool:
+    logger.info("CPU collectives: gloo (auto: no shared-memory all-reduce because %s; "
+                "STRATAX_CPU_COLLECTIVES=gloo silences this)", reason)
+    return False
 
 
 def _get(client: Any, key: str, timeout_ms: int, peer: str) -> str:
@@ -212,7 +241,9 @@ def _get(client: Any, key: str, timeout_ms: int, peer: str) -> str:
 
 
 def _join_segment(client: Any, process_id: int, world: int, timeout_seconds: float,
-                  timeout_ms: int, task_name: Any) -> None:
+                  timeout_ms: int, task_name: Any) -> str:
+    """Maps the segment on every process; ``""``, or (on every process) why process 0 could
+    not create it."""
     library = _load()
     slot = slot_bytes_from_env()
     spin = spin_seconds_from_env()
@@ -221,8 +252,10 @@ def _join_segment(client: Any, process_id: int, world: int, timeout_seconds: flo
         name = f"/stratax-{os.getpid()}-{secrets.token_hex(6)}".encode()
         if library.stratax_shm_create(name, world, slot, timeout_seconds, spin, error,
                                       512) != 0:
-            raise RuntimeError(f"Creating the shared-memory segment failed: "
-                               f"{error.value.decode()}. Unset STRATAX_CPU_COLLECTIVES (gloo).")
+            problem = (f"{task_name(0)} could not create the shared-memory segment: "
+                       f"{error.value.decode()}")
+            client.key_value_set(f"{_KEY}/name", "failed:" + problem)
+            return problem
         try:
             client.key_value_set(f"{_KEY}/name", name.decode())
             deadline = time.monotonic() + timeout_seconds
@@ -236,7 +269,10 @@ def _join_segment(client: Any, process_id: int, world: int, timeout_seconds: flo
         finally:
             library.stratax_shm_unlink(name)
     else:
-        name = _get(client, f"{_KEY}/name", timeout_ms, task_name(0)).encode()
+        published = _get(client, f"{_KEY}/name", timeout_ms, task_name(0))
+        if published.startswith("failed:"):
+            return published[7:]
+        name = published.encode()
         if library.stratax_shm_attach(name, process_id, world, slot, timeout_seconds, spin,
                                       error, 512) != 0:
             raise RuntimeError(f"Mapping the shared-memory segment failed: "
@@ -245,6 +281,7 @@ def _join_segment(client: Any, process_id: int, world: int, timeout_seconds: flo
     atexit.register(close)
     logger.info("shared-memory all-reduce: process %d of %d, slots of %d bytes",
                 process_id, world, slot)
+    return ""
 
 
 def close() -> None:

@@ -366,8 +366,13 @@ STRATAX_EXPORT int stratax_shm_create(const char* name, int world, uint64_t slot
     SetError(err, err_len, std::string("shm_open(") + name + ") failed: " + std::strerror(errno));
     return -1;
   }
-  if (ftruncate(fd, static_cast<off_t>(MapBytes(world, slot_bytes))) != 0) {
-    SetError(err, err_len, std::string("ftruncate failed: ") + std::strerror(errno));
+  // posix_fallocate, not ftruncate: the pages are reserved now, so a /dev/shm too small for
+  // the segment (e.g. a container's 64 MB default) is an error here, not a SIGBUS mid-step.
+  int reserve = posix_fallocate(fd, 0, static_cast<off_t>(MapBytes(world, slot_bytes)));
+  if (reserve != 0) {
+    SetError(err, err_len, std::string("reserving ") +
+                               std::to_string(MapBytes(world, slot_bytes)) +
+                               " bytes in /dev/shm failed: " + std::strerror(reserve));
     close(fd);
     shm_unlink(name);
     return -1;
