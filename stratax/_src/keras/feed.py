@@ -18,8 +18,9 @@ without callbacks. The rules, each written once:
   arrays, batch lists, ``PyDataset``\\ s and generators.
 - **This process's share.** Worker ``p`` of ``P`` feeds rows ``[p*B/P, (p+1)*B/P)`` of each
   global batch of ``B`` rows (auto-shard by data), so the global batch is exactly the one a
-  single process would see; from arrays it gathers only those rows (``FeedLayout.share``). Per-worker data (``AutoShardPolicy.OFF``,
-  ``distribute_datasets_from_function``) is fed as it comes.
+  single process would see; from arrays it gathers only those rows (``FeedLayout.share``).
+  Per-worker data (``AutoShardPolicy.OFF``, ``distribute_datasets_from_function``) is fed as
+  it comes.
 - **Placement ahead of the step.** A background thread places up to ``prefetch`` batches on
   the replicas while the previous step runs: ``InputOptions(experimental_fetch_to_device=...,
   experimental_prefetch_to_device=...)`` of a distributed dataset, else
