@@ -72,3 +72,15 @@ def test_spin_time_is_checked(monkeypatch):
         shm_collectives.spin_seconds_from_env()
     monkeypatch.setenv("STRATAX_SHM_SPIN_US", "250")
     assert shm_collectives.spin_seconds_from_env() == pytest.approx(250e-6)
+
+
+def test_only_call_drops_the_effect_that_blocks_jax_fast_dispatch():
+    """fit's packed step (one shm call per program) is dispatched on JAX's C++ fast path only
+    when its custom call carries no JAX effect; every other caller keeps XLA's ordering."""
+    import jax
+    import numpy as np
+
+    x = np.ones(4, np.float32)
+    ordered = jax.make_jaxpr(lambda v: shm_collectives.all_reduce("sum", [v]))(x)
+    only = jax.make_jaxpr(lambda v: shm_collectives.all_reduce("sum", [v], only_call=True))(x)
+    assert ordered.effects and not only.effects

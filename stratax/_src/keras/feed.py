@@ -18,8 +18,9 @@ without callbacks. The rules, each written once:
   arrays, batch lists, ``PyDataset``\\ s and generators.
 - **This process's share.** Worker ``p`` of ``P`` feeds rows ``[p*B/P, (p+1)*B/P)`` of each
   global batch of ``B`` rows (auto-shard by data), so the global batch is exactly the one a
-  single process would see. Per-worker data (``AutoShardPolicy.OFF``,
-  ``distribute_datasets_from_function``) is fed as it comes.
+  single process would see; from arrays it gathers only those rows (``FeedLayout.share``).
+  Per-worker data (``AutoShardPolicy.OFF``, ``distribute_datasets_from_function``) is fed as
+  it comes.
 - **Placement ahead of the step.** A background thread places up to ``prefetch`` batches on
   the replicas while the previous step runs: ``InputOptions(experimental_fetch_to_device=...,
   experimental_prefetch_to_device=...)`` of a distributed dataset, else
@@ -64,16 +65,22 @@ class FeedLayout:
     num_processes: int = 1
     replicate_all: bool = False
 
+    def share(self, rows: int) -> slice | None:
+        """The rows of a global batch of ``rows`` this process feeds; ``None``: all of them,
+        replicated on every replica (the batch does not split, or ``replicate_all``)."""
+        if self.replicate_all or rows % self.num_replicas:
+            return None
+        size = rows // self.num_processes
+        return slice(self.process_rank * size, (self.process_rank + 1) * size)
+
     def local(self, batch: Any) -> tuple[Any, bool]:
         """This process's share of a global ``batch``, and whether it is replicated."""
-        rows = _rows(batch)
-        if self.replicate_all or rows % self.num_replicas:
+        rows = self.share(_rows(batch))
+        if rows is None:
             return batch, True
         if self.num_processes == 1:
             return batch, False
-        share = rows // self.num_processes
-        start = self.process_rank * share
-        return jax.tree.map(lambda a: np.asarray(a)[start : start + share], batch), False
+        return jax.tree.map(lambda a: np.asarray(a)[rows], batch), False
 
 
 def _rows(tree: Any) -> int:
@@ -123,16 +130,32 @@ class _ArraySource:
         return self._arrays, _ArraySource((np.arange(self._n),), self._batch, self._shuffle)
 
     def batches(self, seed: int, epoch: int, skip: int) -> Iterator[Any]:
+        for rows in self._row_indices(seed, epoch, skip):
+            yield jax.tree.map(lambda a, r=rows: a[r], self._arrays)
+
+    def local_batches(self, seed: int, epoch: int, skip: int,
+                      layout: FeedLayout) -> Iterator[tuple[Any, bool]]:
+        """``GlobalFeed.local_batches`` for arrays: each process gathers only its own rows of
+        every global batch (half the copying of 2 processes cutting whole batches)."""
+        for rows in self._row_indices(seed, epoch, skip):
+            count = len(rows) if isinstance(rows, np.ndarray) else rows.stop - rows.start
+            share = layout.share(count)
+            if share is not None and layout.num_processes > 1:
+                rows = (slice(rows.start + share.start, rows.start + share.stop)
+                        if isinstance(rows, slice) else rows[share])
+            yield jax.tree.map(lambda a, r=rows: a[r], self._arrays), share is None
+
+    def _row_indices(self, seed: int, epoch: int, skip: int) -> Iterator[Any]:
+        """Each global batch's rows (a slice, or indices when shuffled), from batch ``skip``."""
         order = _permutation(self._n, seed, epoch) if self._shuffle is True else None
         for index in range(skip, len(self)):
             start, stop = index * self._batch, min((index + 1) * self._batch, self._n)
             if order is not None:
-                rows: Any = order[start:stop]
+                yield order[start:stop]
             elif self._shuffle == "batch":
-                rows = start + np.random.default_rng((seed, epoch, index)).permutation(stop - start)
+                yield start + np.random.default_rng((seed, epoch, index)).permutation(stop - start)
             else:
-                rows = slice(start, stop)
-            yield jax.tree.map(lambda a, r=rows: a[r], self._arrays)
+                yield slice(start, stop)
 
 
 class _SequenceSource:
@@ -221,6 +244,9 @@ class GlobalFeed(keras.utils.PyDataset):
     def local_batches(self) -> Iterator[tuple[Any, bool]]:
         """One pass of ``(this process's batch, replicated)`` from the current position."""
         skip, self._skip = self._skip, 0
+        if isinstance(self._source, _ArraySource) and not self.per_worker:
+            yield from self._source.local_batches(self.seed, self.epoch, skip, self.layout)
+            return
         for batch in self._source.batches(self.seed, self.epoch, skip):
             yield self._local(batch)
 

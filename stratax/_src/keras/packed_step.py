@@ -82,7 +82,7 @@ def compiled_packed_step(model: Any, strategy: Any) -> Callable[..., Any]:
         deltas = [new - old for new, old in zip(local_metrics, metrics_vars, strict=True)]
         summed_grads, summed_deltas = packed_collective(
             lambda flat: jax.lax.psum(flat, REPLICA_AXIS), (grads, deltas), bytes_per_pack,
-            batched=shm_reducer(strategy, ReduceOp.SUM))
+            batched=shm_reducer(strategy, ReduceOp.SUM, only_call=True))
         grads = jax.tree.map(lambda g: g / replicas, summed_grads)
         metrics_vars = [old + d for old, d in zip(metrics_vars, summed_deltas, strict=True)]
         trainable, optimizer_vars = model.optimizer.stateless_apply(

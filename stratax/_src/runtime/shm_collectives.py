@@ -303,16 +303,24 @@ def supports(dtype: Any) -> bool:
     return np.dtype(dtype) in DTYPES
 
 
-def all_reduce(op: str, arrays: Sequence[jax.Array]) -> list[jax.Array]:
+def all_reduce(op: str, arrays: Sequence[jax.Array], *, only_call: bool = False
+               ) -> list[jax.Array]:
     """Reduces every array of ``arrays`` over all processes with one custom call (traced).
 
     ``op`` is ``"sum"``, ``"max"`` or ``"min"``; call it inside ``jax.shard_map`` over a mesh
     that :func:`covers`. Every process gets the same bits (slots are combined in rank order).
+
+    The call is marked side-effecting, so XLA neither merges two of them nor runs two at once
+    (processes must meet in the same order). That marking is also a JAX effect, which sends
+    every call of the program through JAX's Python dispatch instead of its C++ fast path
+    (~1 ms of host time per call on a pinned core: ``benchmarks/README.md``). ``only_call=True``
+    drops it, for a caller whose program holds no other shared-memory all-reduce and uses its
+    result (``fit``'s packed step): nothing is then left to merge, drop or reorder.
     """
     state.traced_calls += 1
     shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in arrays]
     # The same on every process for the same collective: the C++ side checks it per round, so
     # processes that disagree on what they reduce fail loudly instead of mixing tensors.
     call_id = zlib.crc32(repr((op, [(s.shape, str(s.dtype)) for s in shapes])).encode())
-    call = jax.ffi.ffi_call(TARGET, shapes, has_side_effect=True)
+    call = jax.ffi.ffi_call(TARGET, shapes, has_side_effect=not only_call)
     return list(call(*arrays, op=np.int32(OPS[op]), call_id=np.int64(call_id)))

@@ -28,10 +28,12 @@ _COLLECTIVES = {
 _SHM_OPS = {ReduceOp.SUM: "sum", ReduceOp.MEAN: "sum", ReduceOp.MAX: "max", ReduceOp.MIN: "min"}
 
 
-def shm_reducer(strategy: Any, op: ReduceOp) -> Callable[[list[jax.Array]], list[jax.Array]] | None:
+def shm_reducer(strategy: Any, op: ReduceOp, *, only_call: bool = False
+                ) -> Callable[[list[jax.Array]], list[jax.Array]] | None:
     """Reduces a list of packs: those of dtypes it handles in one shared-memory all-reduce
     (``STRATAX_CPU_COLLECTIVES=shm``), the others with XLA's collective; ``None`` when shm is
-    off or the strategy's mesh is not one device per process."""
+    off or the strategy's mesh is not one device per process. ``only_call``: the program runs
+    this reducer once and nothing else over shared memory (``shm_collectives.all_reduce``)."""
     if not shm_collectives.covers(list(strategy.mesh.devices.flat)):
         return None
     replicas = strategy.num_replicas_in_sync
@@ -41,7 +43,8 @@ def shm_reducer(strategy: Any, op: ReduceOp) -> Callable[[list[jax.Array]], list
         shm = [i for i, b in enumerate(buffers) if shm_collectives.supports(b.dtype)]
         out = [collective(b, REPLICA_AXIS) for b in buffers]
         if shm:
-            summed = shm_collectives.all_reduce(_SHM_OPS[op], [buffers[i] for i in shm])
+            summed = shm_collectives.all_reduce(_SHM_OPS[op], [buffers[i] for i in shm],
+                                                 only_call=only_call)
             for i, value in zip(shm, summed, strict=True):
                 out[i] = value / replicas if op is ReduceOp.MEAN else value
         return out
