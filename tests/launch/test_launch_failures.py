@@ -58,8 +58,10 @@ def test_worker_killed_by_signal_is_reported_with_the_signal_name(scripts):
 
 FLAKY = '''
 record_pid("worker_%d_restart_%d" % (RANK, RESTART))
-print("start", RESTART)
+print("start", RESTART, flush=True)
+record_pid("printed_%d_%d" % (RANK, RESTART))
 if RANK == 1 and RESTART == 0:
+    wait_for("printed_0_0.pid")  # worker 0's line is out before the failure tears the group down
     sys.exit(7)
 '''
 
