@@ -28,6 +28,8 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks.report import write_table
+
 HERE = Path(__file__).parent
 RESULTS = HERE / "results"
 WORKLOADS = ("mlp_adam", "emb_sgd", "emb_lazy_adam", "emb_dense_adam")
@@ -201,10 +203,7 @@ def main(argv: list[str] | None = None) -> int:
                    "that same program. The breakdown is of the stratax run nearest the median: "
                    "worker milliseconds per step summed over workers, and the ps' optimizer "
                    "time per step.")]
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"{name}.md").write_text("\n".join(lines) + "\n")
-    (RESULTS / f"{name}.json").write_text(json.dumps(raw, indent=1) + "\n")
-    print("\n".join(lines))
+    write_table(RESULTS, name, lines, raw)
     return 0
 
 

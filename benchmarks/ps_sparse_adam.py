@@ -12,12 +12,12 @@ final loss on fresh batches, and ps time per update.
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
 import numpy as np
 
+from benchmarks.report import write_table
 from stratax._src.parameter_server.optimizers import ShardOptimizer
 
 VOCAB, DIM, IDS, BATCH, STEPS = 20_000, 16, 20, 256, 2000
@@ -75,10 +75,7 @@ def main() -> None:
         picked = " / ".join(f"{points[s]:.4f}" for s in (0, 200, 1000, STEPS - 1))
         lines.append(f"| {r['lr']} | {r['mode']} | {picked} | {r['final_loss']:.4f} | "
                      f"{r['ms_per_update']:.2f} |")
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "ps_sparse_adam.md").write_text("\n".join(lines) + "\n")
-    (RESULTS / "ps_sparse_adam.json").write_text(json.dumps(results, indent=1) + "\n")
-    print("\n".join(lines))
+    write_table(RESULTS, "ps_sparse_adam", lines, results)
 
 
 if __name__ == "__main__":

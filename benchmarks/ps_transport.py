@@ -14,7 +14,6 @@ gives medians and the 1-minute load average.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -25,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.report import write_table
 from stratax._src.parameter_server import rpc
 
 RESULTS = Path(__file__).parent / "results"
@@ -103,10 +103,7 @@ def main() -> None:
         loads = ", ".join(f"{r['load']:.1f}" for r in reps)
         lines.append(f"| {kb} | {transport} ({used[transport]}) | {med['wall_ms']:.3f} | "
                      f"{med['client_cpu_ms']:.3f} | {med['server_cpu_ms']:.3f} | {loads} |")
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "ps_transport.md").write_text("\n".join(lines) + "\n")
-    (RESULTS / "ps_transport.json").write_text(json.dumps(runs, indent=1) + "\n")
-    print("\n".join(lines))
+    write_table(RESULTS, "ps_transport", lines, runs)
 
 
 if __name__ == "__main__":

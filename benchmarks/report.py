@@ -13,6 +13,15 @@ from benchmarks.stats import SPREAD_FLAG, ConfigOutcome, Summary, ratio
 _DASH = "-"
 
 
+def write_table(results: Path, stem: str, lines: list[str], raw: Any) -> None:
+    """Writes ``<stem>.md`` (the markdown ``lines``) and ``<stem>.json`` (``raw``) under
+    ``results``, and prints the table: the result files of the stand-alone benchmarks."""
+    results.mkdir(exist_ok=True)
+    (results / f"{stem}.md").write_text("\n".join(lines) + "\n")
+    (results / f"{stem}.json").write_text(json.dumps(raw, indent=1) + "\n")
+    print("\n".join(lines))
+
+
 def _num(value: float, digits: int = 0) -> str:
     if digits == 0:
         return f"{value:,.0f}"
