@@ -7,6 +7,8 @@ written), what for, and which stratax module relies on it:
   and ``Trainer.compile`` (replaced): a model bound to a strategy runs its calls through the
   strategy's Keras runner. -> ``keras.methods``
 - ``keras.Model.{save, save_weights}`` (replaced): atomic, chief-only saves. -> ``keras.saving``
+- ``keras.Model.reset_metrics`` (replaced): resets of mirrored metrics placed without a
+  cross-process check. -> ``keras.metric_reset``
 - ``JAXTrainer._make_function`` (replaced): the runner decides how a group of
   ``steps_per_execution`` steps runs. -> ``keras.runner``
 - ``JAXEpochIterator._get_iterator`` (replaced) and its ``data_adapter`` (read): the runner
@@ -33,6 +35,9 @@ written), what for, and which stratax module relies on it:
 - ``keras.layers.Embedding.call`` (wrapped once; unchanged unless this thread sets a lookup):
   a plain embedding's ``take`` replaced by the rows a worker pulled (row-sparse path under
   ``ParameterServerStrategy``). -> ``keras.ps_fit``
+- ``distribution_lib.distribute_tensor`` of Keras' JAX backend (wrapped once; unchanged unless
+  this thread sets a placement): how a Keras variable under a layout takes a new value, here
+  metric resets placed without JAX's cross-process equality check. -> ``keras.metric_reset``
 - ``model._initial_epoch`` (written): Keras' own resume hook, the epoch ``fit`` starts at after
   a restore. -> ``keras.backup``
 - ``jax._src.xla_bridge.backends_are_initialized``: whether JAX started (the CPU device count
@@ -116,6 +121,7 @@ def install_keras_hooks(
     *,
     model_method: Callable[[str, Callable[..., Any]], Callable[..., Any]],
     save_method: Callable[[Callable[..., Any]], Callable[..., Any]],
+    reset_metrics_method: Callable[[Callable[..., Any]], Callable[..., Any]],
     make_step: Callable[[Any, Callable[..., Any], Callable[..., Any]], Callable[..., Any]],
     epoch_batches: Callable[[Any, Callable[[], Iterator[Any]]], Iterator[Any]],
 ) -> None:
@@ -124,6 +130,7 @@ def install_keras_hooks(
     Args:
         model_method: ``(name, original) -> replacement`` for the public ``Model`` methods.
         save_method: ``original -> replacement`` for ``save`` and ``save_weights``.
+        reset_metrics_method: ``original -> replacement`` for ``reset_metrics``.
         make_step: ``(model, build, step_function) -> iterator_step``, where ``build(step)`` is
             Keras' own ``_make_function`` for ``step``.
         epoch_batches: ``(data_adapter, keras_iterator) -> iterator`` of one pass of batches,
@@ -144,6 +151,7 @@ def install_keras_hooks(
         setattr(owner, name, model_method(name, getattr(owner, name)))
     for name in ("save", "save_weights"):
         setattr(keras.Model, name, save_method(getattr(keras.Model, name)))
+    keras.Model.reset_metrics = reset_metrics_method(keras.Model.reset_metrics)
 
     original_make_function = trainer._make_function
 
@@ -281,6 +289,37 @@ def embedding_lookups(lookup: Callable[[Any, Any], Any]) -> Iterator[None]:
         yield
     finally:
         _embedding_lookup.fn = previous
+
+
+_variable_placement = threading.local()
+
+
+@contextlib.contextmanager
+def variable_placement(place: Callable[[Any, Any], Any]) -> Iterator[None]:
+    """While active in this thread, a Keras variable with a layout takes a new value through
+    ``place(value, sharding)``; ``place`` returns ``None`` to keep Keras' own placement."""
+    from keras.src.backend.jax import distribution_lib
+
+    if not getattr(distribution_lib, _HOOKED, False):
+        original = distribution_lib.distribute_tensor
+
+        @functools.wraps(original)
+        def distribute_tensor(tensor: Any, layout: Any) -> Any:
+            active = getattr(_variable_placement, "fn", None)
+            if active is not None:
+                placed = active(tensor, getattr(layout, "backend_layout", layout))
+                if placed is not None:
+                    return placed
+            return original(tensor, layout)
+
+        distribution_lib.distribute_tensor = distribute_tensor
+        setattr(distribution_lib, _HOOKED, True)
+    previous = getattr(_variable_placement, "fn", None)
+    _variable_placement.fn = place
+    try:
+        yield
+    finally:
+        _variable_placement.fn = previous
 
 
 def set_initial_epoch(model: Any, epoch: int) -> None:

@@ -101,12 +101,17 @@ class MeshRunner(KerasRunner):
         return build(bounded_step)
 
     def call(self, run: Callable[[], Any]) -> Any:
+        def run_to_the_last_step() -> Any:
+            result = run()
+            self.strategy.dispatch_window.drain()  # a step that failed late fails this call
+            return result
+
         if self.strategy.is_multi_process:
-            return distributed.translate_collective_errors(run)
-        return run()
+            return distributed.translate_collective_errors(run_to_the_last_step)
+        return run_to_the_last_step()
 
     def finish(self) -> None:
-        self.strategy.dispatch_window.drain()
+        self.strategy.dispatch_window.forget()  # drained by `call`, unless it failed
 
 
 def _committed(step_fn: Callable[..., Any], device: Any) -> Callable[..., Any]:

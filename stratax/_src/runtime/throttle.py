@@ -75,3 +75,21 @@ class DispatchWindow:
         """Waits for every recorded step."""
         while self._in_flight:
             self._in_flight.popleft().block_until_ready()
+
+    def forget(self) -> None:
+        """Drops the recorded steps without waiting (after a failure that already surfaced)."""
+        self._in_flight.clear()
+
+
+# Steps a process of a multi-process job may run ahead of its last finished one. A step whose
+# collective failed (a peer died) fails every later step at once without running; the host
+# learns of it only when it waits on a result, so the bound also says how soon a dead peer
+# reaches Python as an error, instead of at the end of the epoch or never.
+MULTI_PROCESS_WINDOW = 8
+
+
+def window_for(devices: list[jax.Device], num_processes: int) -> int:
+    """The bound on steps in flight for a strategy over ``devices`` (0 = no bound)."""
+    if needs_bound(devices):
+        return cpu_window_from_env()
+    return MULTI_PROCESS_WINDOW if num_processes > 1 else 0

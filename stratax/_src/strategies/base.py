@@ -74,8 +74,8 @@ class Strategy:
         self._concat_real_rows = replicated(_concat_real_rows, static_argnums=1)
         self._reduce_stacked = replicated(_reduce_stacked, static_argnums=(1, 2))
         self._gather_stacked = replicated(_gather_stacked, static_argnums=1)
-        window = throttle.cpu_window_from_env() if throttle.needs_bound(self._devices) else 0
-        self._window = throttle.DispatchWindow(window)
+        self._window = throttle.DispatchWindow(
+            throttle.window_for(self._devices, self._num_processes))
 
     # ----------------------------------------------------------------- properties
     @property
@@ -123,7 +123,8 @@ class Strategy:
 
     @property
     def dispatch_window(self) -> throttle.DispatchWindow:
-        """The bound on steps in flight (non-zero only for several CPU devices in one process)."""
+        """The bound on steps in flight: several CPU devices in one process (XLA's CPU
+        all-reduce hazard) and several processes (a failed step reaches Python within it)."""
         return self._window
 
     def replicated_sharding(self) -> NamedSharding:
