@@ -16,7 +16,7 @@ import logging
 import os
 import sys
 
-from stratax._src.core import env
+from stratax._src.core import env, envvars
 
 logger = logging.getLogger(__name__)
 
@@ -50,21 +50,11 @@ def cpu_device_count_from_env() -> int | None:
     """``STRATAX_CPU_DEVICES`` as a count, or ``None`` when unset.
 
     Raises:
-        ValueError: the variable is not a positive integer.
+        ValueError: the variable is not an integer >= 1.
     """
-    raw = os.environ.get(env.STRATAX_CPU_DEVICES, "").strip()
-    if not raw:
-        return None
-    try:
-        count = int(raw)
-    except ValueError:
-        count = 0
-    if count < 1:
-        raise ValueError(
-            f"{env.STRATAX_CPU_DEVICES}={raw!r} is not a positive integer; set it to the number "
-            f"of CPU replicas wanted, e.g. {env.STRATAX_CPU_DEVICES}=2."
-        )
-    return count
+    return envvars.get_optional_int(env.STRATAX_CPU_DEVICES, 1,
+                                    meaning="CPU devices to split the host into, one replica each",
+                                    unset="for one CPU device")
 
 
 def force_cpu_devices_flag(count: int) -> None:

@@ -46,7 +46,8 @@ def test_explicit_variables_and_arguments(cluster_env: pytest.MonkeyPatch) -> No
         ({"JOB_COMPLETION_INDEX": "x"}, {}, r"JOB_COMPLETION_INDEX='x' is not an integer"),
         ({"STRATAX_K8S_NUM_WORKERS": None}, {}, r"STRATAX_K8S_NUM_WORKERS is not set .*pod "
                                                 r"template"),
-        ({"STRATAX_K8S_NUM_WORKERS": "0"}, {}, r"STRATAX_K8S_NUM_WORKERS='0' is below 1"),
+        ({"STRATAX_K8S_NUM_WORKERS": "0"}, {}, r"STRATAX_K8S_NUM_WORKERS='0' is not an integer "
+                                               r">= 1"),
         ({"STRATAX_K8S_NUM_WORKERS": "2"}, {}, r"JOB_COMPLETION_INDEX=2 is not below the number "
                                                r"of workers 2"),
         ({"STRATAX_K8S_SERVICE": None}, {}, r"STRATAX_K8S_SERVICE is not set"),

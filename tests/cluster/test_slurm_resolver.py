@@ -88,7 +88,7 @@ def test_gpus_per_task_from_slurm(cluster_env: pytest.MonkeyPatch) -> None:
     [
         ({"PROCID": None}, {}, r"SLURM_PROCID is not set .*srun python train.py"),
         ({"PROCID": "one"}, {}, r"SLURM_PROCID='one' is not an integer"),
-        ({"PROCID": "-1"}, {}, r"SLURM_PROCID='-1' is below 0"),
+        ({"PROCID": "-1"}, {}, r"SLURM_PROCID='-1' is not an integer >= 0"),
         ({"NTASKS": None}, {}, r"Neither SLURM_STEP_NUM_TASKS nor SLURM_NTASKS is set"),
         ({"NTASKS": "four"}, {}, r"SLURM_NTASKS='four' is not an integer"),
         ({"PROCID": "4"}, {}, r"SLURM_PROCID=4 is not below the task count SLURM_NTASKS=4"),

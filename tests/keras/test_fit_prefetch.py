@@ -51,5 +51,5 @@ def test_prefetch_depth_default_on_cpu_and_from_the_environment(monkeypatch):
     _, threads = _fit(x, sx.MirroredStrategy(["cpu:0", "cpu:1"]), y=y, batch_size=8)
     assert threads
     monkeypatch.setenv("STRATAX_PREFETCH_DEPTH", "two")
-    with pytest.raises(ValueError, match="STRATAX_PREFETCH_DEPTH='two' is not a non-negative"):
+    with pytest.raises(ValueError, match="STRATAX_PREFETCH_DEPTH='two' is not an integer >= 0"):
         _fit(x, sx.OneDeviceStrategy("cpu:0"), y=y, batch_size=8)

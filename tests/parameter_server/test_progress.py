@@ -97,9 +97,15 @@ def test_bad_period_is_named(value):
 
 
 def test_period_from_the_environment(monkeypatch):
+    monkeypatch.delenv("STRATAX_PS_PROGRESS_SECONDS", raising=False)
+    assert progress.resolve_every_seconds() == progress.DEFAULT_EVERY_SECONDS
     monkeypatch.setenv("STRATAX_PS_PROGRESS_SECONDS", "0")
     assert progress.resolve_every_seconds() == 0.0
     assert progress.resolve_every_seconds(2) == 2.0
+    monkeypatch.setenv("STRATAX_PS_PROGRESS_SECONDS", "soon")
+    with pytest.raises(ValueError, match=r"STRATAX_PS_PROGRESS_SECONDS='soon' is not a number "
+                                         r">= 0 \(seconds between progress lines; 0 = off\)"):
+        progress.resolve_every_seconds()
 
 
 @pytest.mark.timeout(120)

@@ -89,4 +89,4 @@ def test_set_cpu_device_count_before_jax_starts_and_env_variable():
     assert done.stdout.split()[-1] == "5"
     done = _run("import stratax", STRATAX_CPU_DEVICES="two")
     assert (done.returncode != 0
-            and "STRATAX_CPU_DEVICES='two' is not a positive integer" in done.stderr)
+            and "STRATAX_CPU_DEVICES='two' is not an integer >= 1" in done.stderr)

@@ -13,14 +13,6 @@ def test_shm_is_a_cpu_collectives_choice(monkeypatch):
     assert distributed.cpu_collectives_from_env() == "shm"
 
 
-def test_slot_bytes_are_checked(monkeypatch):
-    monkeypatch.setenv("STRATAX_SHM_SLOT_BYTES", "12x")
-    with pytest.raises(ValueError, match=r"STRATAX_SHM_SLOT_BYTES='12x'.*integer >= 64"):
-        shm_collectives.slot_bytes_from_env()
-    monkeypatch.setenv("STRATAX_SHM_SLOT_BYTES", "1000")
-    assert shm_collectives.slot_bytes_from_env() == 960  # a multiple of 64
-
-
 def test_a_missing_compiler_is_a_clear_error(monkeypatch, tmp_path):
     monkeypatch.setenv("STRATAX_EXTENSION_CACHE", str(tmp_path))
     monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
@@ -64,14 +56,6 @@ def test_a_failed_shm_all_reduce_names_the_worker(monkeypatch, problem):
     with pytest.raises(distributed.WorkerUnavailableError,
                        match=rf"worker 1 \(127.0.0.1:5\) \(pid 42\) {problem}\. Restart"):
         distributed.translate_collective_errors(lambda: (_ for _ in ()).throw(error))
-
-
-def test_spin_time_is_checked(monkeypatch):
-    monkeypatch.setenv("STRATAX_SHM_SPIN_US", "-3")
-    with pytest.raises(ValueError, match=r"STRATAX_SHM_SPIN_US='-3'.*microseconds >= 0"):
-        shm_collectives.spin_seconds_from_env()
-    monkeypatch.setenv("STRATAX_SHM_SPIN_US", "250")
-    assert shm_collectives.spin_seconds_from_env() == pytest.approx(250e-6)
 
 
 def test_only_call_drops_the_effect_that_blocks_jax_fast_dispatch():

@@ -14,10 +14,9 @@ from __future__ import annotations
 import os
 import re
 
-from stratax._src.cluster import envvars
 from stratax._src.cluster.cluster_spec import ClusterSpec
 from stratax._src.cluster.resolver import ClusterResolver
-from stratax._src.core import env
+from stratax._src.core import env, envvars
 
 DEFAULT_PORT = 8888
 

@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import os
 
-from stratax._src.cluster import envvars
 from stratax._src.cluster.cluster_spec import ClusterSpec, parse_address
 from stratax._src.cluster.layout import SYNC_JOBS, ProcessLayout
 from stratax._src.cluster.resolver import ClusterResolver
 from stratax._src.cluster.tfconfig import parse_tf_config
-from stratax._src.core import env
+from stratax._src.core import env, envvars
 
 _SET_BY_LAUNCHER = (
     "it is set by `stratax launch` for every process it starts; start the program with "

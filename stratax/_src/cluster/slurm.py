@@ -13,11 +13,10 @@ import logging
 import os
 from collections.abc import Mapping
 
-from stratax._src.cluster import envvars
 from stratax._src.cluster.cluster_spec import ClusterSpec
 from stratax._src.cluster.resolver import ClusterResolver
 from stratax._src.cluster.slurm_hostlist import expand_hostlist, expand_tasks_per_node
-from stratax._src.core import env
+from stratax._src.core import env, envvars
 
 logger = logging.getLogger(__name__)
 

@@ -29,11 +29,10 @@ import os
 import re
 from typing import Any
 
-from stratax._src.cluster import envvars
 from stratax._src.cluster.cluster_spec import ClusterSpec
 from stratax._src.cluster.layout import ProcessLayout
 from stratax._src.cluster.resolver import ClusterResolver
-from stratax._src.core import env
+from stratax._src.core import env, envvars
 
 # Port of the jax.distributed coordinator on host 0 of a pod slice (JAX's own TPU default).
 TPU_COORDINATOR_PORT = 8482

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import os
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -45,7 +44,7 @@ import keras
 import numpy as np
 
 from stratax._src import seam
-from stratax._src.core import env
+from stratax._src.core import env, envvars
 from stratax._src.data import global_batch
 from stratax._src.data.distributed_dataset import (
     DistributedDataset,
@@ -274,16 +273,9 @@ class FeedEpochs(keras.callbacks.Callback):
 
 def prefetch_depth_from_env() -> int | None:
     """``STRATAX_PREFETCH_DEPTH`` (batches placed ahead of the step, 0 = off), or ``None``."""
-    raw = os.environ.get(env.STRATAX_PREFETCH_DEPTH, "").strip()
-    if not raw:
-        return None
-    if not raw.isdigit():
-        raise ValueError(
-            f"{env.STRATAX_PREFETCH_DEPTH}={raw!r} is not a non-negative integer; set it to how "
-            "many batches fit may place ahead of the step (0 = off; unset: 2 on accelerators, "
-            "0 on CPU)."
-        )
-    return int(raw)
+    return envvars.get_optional_int(
+        env.STRATAX_PREFETCH_DEPTH, 0, meaning="batches fit places ahead of the step; 0 = off",
+        unset="for 2 on accelerators, 0 on CPU")
 
 
 def data_seed() -> int:

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import statistics
 import sys
 import threading
@@ -40,7 +39,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, TextIO
 
-from stratax._src.core import env
+from stratax._src.core import env, envvars
 from stratax._src.observe.record import MetricsWriter
 from stratax._src.observe.run_dir import PathLike, resolve_run_dir
 
@@ -58,18 +57,17 @@ def resolve_every_seconds(every_seconds: float | None = None) -> float:
     Raises:
       ValueError: a value that is not a number >= 0, naming it.
     """
-    value: object = every_seconds
-    if value is None:
-        value = os.environ.get(env.STRATAX_PS_PROGRESS_SECONDS, DEFAULT_EVERY_SECONDS)
+    if every_seconds is None:
+        return envvars.get_float_or(env.STRATAX_PS_PROGRESS_SECONDS, DEFAULT_EVERY_SECONDS, 0,
+                                    meaning="seconds between progress lines; 0 = off")
     try:
-        seconds = float(value)  # type: ignore[arg-type]
+        seconds = float(every_seconds)
     except (TypeError, ValueError):
         seconds = -1.0
-    if isinstance(value, bool) or not seconds >= 0:
+    if isinstance(every_seconds, bool) or not seconds >= 0:
         raise ValueError(
-            f"The progress period must be a number of seconds >= 0 (0 = off), got {value!r}; "
-            f"e.g. ClusterCoordinator(strategy, progress_seconds=5) or "
-            f"{env.STRATAX_PS_PROGRESS_SECONDS}=5.")
+            f"The progress period must be a number of seconds >= 0 (0 = off), got "
+            f"{every_seconds!r}; e.g. ClusterCoordinator(strategy, progress_seconds=5).")
     return seconds
 
 

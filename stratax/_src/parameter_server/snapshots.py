@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from stratax._src.core import env
+from stratax._src.core import env, envvars
 from stratax._src.core.files import write_atomically
 from stratax._src.parameter_server import wire
 from stratax._src.parameter_server.optimizers import ShardOptimizer
@@ -86,11 +86,8 @@ class Snapshots:
         if not directory:
             return None
         if every is None:
-            text = os.environ.get(env.STRATAX_PS_SNAPSHOT_EVERY, "100")
-            if not text.isdigit():
-                raise ValueError(f"{env.STRATAX_PS_SNAPSHOT_EVERY}={text!r} must be a positive "
-                                 "integer (pushes between snapshots).")
-            every = int(text)
+            every = envvars.get_int_or(env.STRATAX_PS_SNAPSHOT_EVERY, 100, 1,
+                                       meaning="pushes between snapshots")
         return cls(directory, task_index, every)
 
     def attach(self, server: Any) -> None:

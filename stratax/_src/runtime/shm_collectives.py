@@ -35,7 +35,7 @@ import jax
 import numpy as np
 
 from stratax._src import seam
-from stratax._src.core import env
+from stratax._src.core import env, envvars
 from stratax._src.core.errors import CollectiveTimeoutError
 from stratax._src.runtime import shm_build
 
@@ -77,18 +77,10 @@ def slot_bytes_from_env() -> int:
     """``STRATAX_SHM_SLOT_BYTES`` (default 1 MiB): larger buffers go through in chunks.
 
     Raises:
-        ValueError: not a positive integer.
+        ValueError: not an integer >= 64.
     """
-    raw = os.environ.get(env.STRATAX_SHM_SLOT_BYTES, "").strip()
-    if not raw:
-        return DEFAULT_SLOT_BYTES
-    try:
-        value = int(raw)
-    except ValueError:
-        value = 0
-    if value < 64:
-        raise ValueError(f"{env.STRATAX_SHM_SLOT_BYTES}={raw!r} must be an integer >= 64 "
-                         f"(bytes per process slot); unset it for {DEFAULT_SLOT_BYTES}.")
+    value = envvars.get_int_or(env.STRATAX_SHM_SLOT_BYTES, DEFAULT_SLOT_BYTES, 64,
+                               meaning="bytes per process slot")
     return value - value % 64
 
 
@@ -98,17 +90,9 @@ def spin_seconds_from_env() -> float:
     Raises:
         ValueError: not a number >= 0.
     """
-    raw = os.environ.get(env.STRATAX_SHM_SPIN_US, "").strip()
-    if not raw:
-        return DEFAULT_SPIN_US * 1e-6
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if value < 0:
-        raise ValueError(f"{env.STRATAX_SHM_SPIN_US}={raw!r} must be a number of microseconds "
-                         f">= 0; unset it for {DEFAULT_SPIN_US}.")
-    return value * 1e-6
+    microseconds = envvars.get_float_or(env.STRATAX_SHM_SPIN_US, DEFAULT_SPIN_US, 0,
+                                        meaning="microseconds a wait spins before it sleeps")
+    return microseconds * 1e-6
 
 
 def _load() -> ctypes.CDLL:

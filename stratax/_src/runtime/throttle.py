@@ -17,32 +17,19 @@ before dispatching step ``k``. Accelerators and single-device strategies are not
 from __future__ import annotations
 
 import collections
-import os
 from typing import Any
 
 import jax
 
-from stratax._src.core import env
+from stratax._src.core import env, envvars
 
 DEFAULT_CPU_WINDOW = 2
 
 
 def cpu_window_from_env() -> int:
     """``STRATAX_MAX_STEPS_IN_FLIGHT`` if set (0 = unbounded), else ``DEFAULT_CPU_WINDOW``."""
-    raw = os.environ.get(env.STRATAX_MAX_STEPS_IN_FLIGHT, "").strip()
-    if not raw:
-        return DEFAULT_CPU_WINDOW
-    try:
-        value = int(raw)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise ValueError(
-            f"{env.STRATAX_MAX_STEPS_IN_FLIGHT}={raw!r} is not a non-negative integer; set it to "
-            f"the number of steps the host may dispatch ahead (default {DEFAULT_CPU_WINDOW}; "
-            "0 disables the bound)."
-        )
-    return value
+    return envvars.get_int_or(env.STRATAX_MAX_STEPS_IN_FLIGHT, DEFAULT_CPU_WINDOW, 0,
+                              meaning="steps the host may dispatch ahead; 0 = no bound")
 
 
 def needs_bound(devices: list[jax.Device]) -> bool:
