@@ -18,8 +18,8 @@ strategy = sx.MultiWorkerMirroredStrategy(
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
-from jax.experimental import multihost_utils  # noqa: E402
 from data import GLOBAL_BATCH, make_data, make_model  # noqa: E402
+from jax.experimental import multihost_utils  # noqa: E402
 
 from stratax._src.runtime import shm_collectives  # noqa: E402
 

@@ -1,8 +1,8 @@
 """MultiWorkerMirroredStrategy with real processes: equivalence, launcher, failures, preemption."""
 
 import json
-import re
 import os
+import re
 import sys
 import time
 

@@ -74,8 +74,7 @@ class Strategy:
         self._concat_real_rows = replicated(_concat_real_rows, static_argnums=1)
         self._reduce_stacked = replicated(_reduce_stacked, static_argnums=(1, 2))
         self._gather_stacked = replicated(_gather_stacked, static_argnums=1)
-        self._window = throttle.DispatchWindow(
-            throttle.window_for(self._devices, self._num_processes))
+        self._window = throttle.window_for(self._devices, self._num_processes)
 
     # ----------------------------------------------------------------- properties
     @property
