@@ -100,6 +100,24 @@ def test_auto_picks_shm_on_one_host_and_gloo_otherwise_and_says_why(workers, tmp
         assert "WARNING" not in output, output[-2000:]
 
 
+def test_a_dev_shm_too_small_falls_back_to_gloo_at_set_up(workers, tmp_path):
+    """A container-sized /dev/shm (here 1 MiB, below the 2 x 1 MiB slots): the segment cannot
+    be reserved, so auto uses gloo everywhere and says why; the all-reduces still work."""
+    outputs, cluster = _run(workers, ["small_shm.py", "shm_program.py", str(tmp_path), "once"],
+                            None)
+    if any(p.returncode == 77 for p in workers.procs):
+        pytest.skip("cannot make a mount namespace with its own /dev/shm: " + outputs[0][-300:])
+    assert [p.returncode for p in workers.procs] == [0, 0], outputs[0][-3000:]
+    for worker, output in enumerate(outputs):
+        assert "shm False" in output and "traced 0" in output, output[-2000:]
+        assert f"done {worker}" in output, output[-2000:]
+        assert re.search(
+            r"CPU collectives: gloo \(auto: no shared-memory all-reduce because "
+            rf"worker 0 \({re.escape(cluster['worker'][0])}\) could not create the "
+            r"shared-memory segment: reserving \d+ bytes in /dev/shm failed: No space left",
+            output), output[-2000:]
+
+
 def test_fit_over_shm_equals_one_process(workers, tmp_path):
     outputs, _ = _run(workers, ["mwms_program.py", str(tmp_path), "2"], "shm")
     assert [p.returncode for p in workers.procs] == [0, 0], outputs[0][-3000:]
