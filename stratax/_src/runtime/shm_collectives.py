@@ -172,14 +172,14 @@ def setup(process_id: int, num_processes: int, timeout_seconds: float,
                          if build_error else "ok")
     verdicts = {p: _get(client, f"{_KEY}/verdict/{p}", timeout_ms, task_name(p))
                 for p in range(num_processes)}
-    # Nobody acts on the verdicts before all have read them: a process that raised and exited
-    # first would take the coordination service (process 0) down under the others' reads.
-    try:
-        client.wait_at_barrier(f"{_KEY}/verdicts", timeout_ms)
-    except Exception as error:  # XlaRuntimeError: DEADLINE_EXCEEDED or a peer is gone
-        raise CollectiveTimeoutError(
-            f"Not every process read the shared-memory set-up verdicts within "
-            f"{timeout_seconds:g} s ({error}); check the other workers' logs.") from error
+    # Process 0 hosts the coordination service: it acts on the verdicts (and may raise and
+    # exit) only once every other process has read them. The others need the service no more
+    # on an error, so they act at once. (A barrier here lost a race: process 0 could leave it
+    # and exit before a peer's own barrier call had returned, which then failed.)
+    client.key_value_set(f"{_KEY}/read/{process_id}", "1")
+    if process_id == 0:
+        for p in range(1, num_processes):
+            _get(client, f"{_KEY}/read/{p}", timeout_ms, task_name(p))
     for p, text in verdicts.items():
         if text.startswith("error:"):
             if required:
