@@ -283,12 +283,8 @@ def embedding_lookups(lookup: Callable[[Any, Any], Any]) -> Iterator[None]:
 
         embedding.call = call
         setattr(embedding, _HOOKED, True)
-    previous = getattr(_embedding_lookup, "fn", None)
-    _embedding_lookup.fn = lookup
-    try:
+    with _set_in_thread(_embedding_lookup, lookup):
         yield
-    finally:
-        _embedding_lookup.fn = previous
 
 
 _variable_placement = threading.local()
@@ -314,12 +310,19 @@ def variable_placement(place: Callable[[Any, Any], Any]) -> Iterator[None]:
 
         distribution_lib.distribute_tensor = distribute_tensor
         setattr(distribution_lib, _HOOKED, True)
-    previous = getattr(_variable_placement, "fn", None)
-    _variable_placement.fn = place
+    with _set_in_thread(_variable_placement, place):
+        yield
+
+
+@contextlib.contextmanager
+def _set_in_thread(slot: threading.local, fn: Callable[..., Any]) -> Iterator[None]:
+    """Makes ``fn`` the function a hook reads from ``slot`` in this thread, for the block."""
+    previous = getattr(slot, "fn", None)
+    slot.fn = fn
     try:
         yield
     finally:
-        _variable_placement.fn = previous
+        slot.fn = previous
 
 
 def set_initial_epoch(model: Any, epoch: int) -> None:
