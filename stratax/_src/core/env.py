@@ -114,3 +114,7 @@ STRATAX_EXTENSION_CACHE = "STRATAX_EXTENSION_CACHE"
 STRATAX_SHM_SLOT_BYTES = "STRATAX_SHM_SLOT_BYTES"
 # Microseconds a shared-memory all-reduce spins for its peers before sleeping (default 50).
 STRATAX_SHM_SPIN_US = "STRATAX_SHM_SPIN_US"
+# XLA threads of a parameter-server worker task: "auto" (default: the host's cores shared among
+# the worker tasks on it), "all" (XLA's default, one per core) or a number; see
+# stratax._src.parameter_server.compute_threads.
+STRATAX_PS_WORKER_THREADS = "STRATAX_PS_WORKER_THREADS"
