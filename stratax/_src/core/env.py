@@ -104,8 +104,9 @@ STRATAX_PS_SNAPSHOT_EVERY = "STRATAX_PS_SNAPSHOT_EVERY"
 # Seconds between the ClusterCoordinator's progress lines (per-worker steps/s, the slowest
 # worker); default 10, 0 turns them off (stratax._src.parameter_server.progress).
 STRATAX_PS_PROGRESS_SECONDS = "STRATAX_PS_PROGRESS_SECONDS"
-# Parameter-server transport: "auto" (default: a Unix socket to servers on the same host, gRPC
-# to the others) or "grpc" (always gRPC); see docs/parameter_server.md, Transport and security.
+# Parameter-server transport: "auto" (default: a Unix socket with shared memory to servers on
+# the same host, gRPC to the others), "socket" (the same without shared memory) or "grpc"
+# (always gRPC); see docs/parameter_server.md, Transport and security.
 STRATAX_PS_TRANSPORT = "STRATAX_PS_TRANSPORT"
 
 # STRATAX_CPU_COLLECTIVES=shm/auto (docs/transport.md): where the compiled shared-memory all-reduce

@@ -129,7 +129,7 @@ class RpcServer:
     def __init__(self, name: str, host: str, port: int, handler: Handler,
                  token: str | None = None, max_workers: int = 8,
                  transport: str | None = None) -> None:
-        use_local = local_socket.transport_mode(transport) == "auto" and local_socket.SUPPORTED
+        use_local = local_socket.transport_mode(transport) != "grpc" and local_socket.SUPPORTED
         if token is None:
             token = read_token()
         if not is_loopback(host) and not token:
@@ -260,7 +260,9 @@ class RpcClient:
         self.address = address
         self.timeout = timeout
         self._token = token if token is not None else read_token()
-        self._auto = local_socket.transport_mode(transport) == "auto" and local_socket.SUPPORTED
+        mode = local_socket.transport_mode(transport)
+        self._auto = mode != "grpc" and local_socket.SUPPORTED
+        self._shared = mode == "auto"  # shared memory under the local socket
         self._channel = grpc.insecure_channel(address, options=_CLIENT_OPTIONS)
         self._unary = self._channel.unary_unary("/stratax.Service/Call")
         self._stream = self._channel.stream_stream("/stratax.Service/Stream")
@@ -358,7 +360,7 @@ class RpcClient:
                     b"", timeout=deadline, metadata=metadata), discovery=True)
                 endpoint = wire.decode(data).meta
                 self._local = local_socket.LocalChannel(self.name, self.address, endpoint,
-                                                        deadline)
+                                                        deadline, self._shared)
             except (grpc.RpcError, wire.WireError, ValueError, OSError) as err:
                 logger.info("%s at %s: calls go over gRPC (no usable local socket: %s)",
                             self.name, self.address, err)
