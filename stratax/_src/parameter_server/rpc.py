@@ -13,7 +13,8 @@ right token is refused (``UNAUTHENTICATED``) and logged.
 Same host: a server also listens on a Unix socket (``local_socket``) and names it, with its
 host's identity, to any client that asks over gRPC (the ``Local`` method, token-checked like
 the others); a client on the same host then sends its frames there instead (same frames, same
-handler, same errors and deadlines), unless ``STRATAX_PS_TRANSPORT=grpc``.
+handler, same errors and deadlines; frames up to 4 MiB in a buffer shared under the socket,
+see ``shared_frames``), unless ``STRATAX_PS_TRANSPORT=grpc``.
 """
 
 from __future__ import annotations
@@ -247,7 +248,8 @@ class RpcClient:
       name: The peer's task name for errors, e.g. ``"ps 0"``.
       address: ``host:port``.
       timeout: Default deadline of a call in seconds.
-      transport: ``"auto"`` or ``"grpc"`` (default: ``STRATAX_PS_TRANSPORT``, else ``"auto"``).
+      transport: ``"auto"``, ``"socket"`` (the local socket without shared memory) or
+        ``"grpc"`` (default: ``STRATAX_PS_TRANSPORT``, else ``"auto"``).
 
     Example:
       >>> client = RpcClient("ps 0", "127.0.0.1:2222", timeout=10)   # doctest: +SKIP

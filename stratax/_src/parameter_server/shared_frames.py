@@ -1,11 +1,11 @@
 """Shared memory under a local-socket connection: frames move by one memcpy each way.
 
-A frame sent over a Unix socket is copied twice by the kernel (into its buffers, then out);
-on the 2-core benchmark box that is about 90 us per copy of the MLP's 400 KB gradient or value
-frame, about 0.35 ms of CPU per parameter-server step over both ends. With a shared buffer the
-sender copies the frame in and the receiver copies it out (about 10 us each); the socket then
-carries only an 8-byte marker, which also keeps the call's deadline and failure handling as
-they are.
+A frame sent over a Unix socket is copied by the kernel on both sides inside large system
+calls; with a shared buffer the sender copies the frame in and the receiver copies it out (10
+us each for the MLP's 400 KB on the benchmark box) and the socket carries only an 8-byte
+marker, which keeps the call's deadline and failure handling as they are. Measured on the MLP's
+push-and-pull: about 15% less CPU per call on the client, 7% on the server
+(docs/parameter_server.md, "Issue 9's last speed goal").
 
 The client of a connection creates the buffer (an anonymous ``memfd``, sealed against shrinking
 and growing, so the server can never fault on a truncated mapping), maps it, and passes its
