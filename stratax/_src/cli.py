@@ -80,11 +80,15 @@ def build_parser(strategy_names: Sequence[str] | None = None) -> argparse.Argume
 def _run_server(args: argparse.Namespace) -> int:
     # Imported here: only `server` needs gRPC.
     from stratax._src.cluster.tfconfig import TFConfigClusterResolver
+    from stratax._src.parameter_server import compute_threads
     from stratax._src.parameter_server.server import Server
 
     resolver = TFConfigClusterResolver()
-    Server(resolver, job_name=args.job or resolver.task_type,
-           task_index=args.index if args.index is not None else resolver.task_id).join()
+    job = args.job or resolver.task_type
+    index = args.index if args.index is not None else resolver.task_id
+    if job == "worker" and index is not None:  # this process only serves
+        compute_threads.limit_worker_threads(resolver.cluster_spec(), index)
+    Server(resolver, job_name=job, task_index=index).join()
     return 0
 
 

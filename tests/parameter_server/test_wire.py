@@ -79,6 +79,8 @@ def _value(server):
     ({"method": "push", "step": "s", "dense": [], "sparse": ["v"]},
      [np.array([0, 0]), np.ones((2, 2), np.float32)]),
     ({"method": "push", "step": "s", "dense": [], "sparse": ["v"]},
+     [np.array([2, 0]), np.ones((2, 2), np.float32)]),  # distinct but not sorted
+    ({"method": "push", "step": "s", "dense": [], "sparse": ["v"]},
      [np.array([5]), np.ones((1, 2), np.float32)]),
     ({"method": "push", "step": "s", "dense": [], "sparse": ["v"]},
      [np.array([0.5]), np.ones((1, 2), np.float32)]),
@@ -124,3 +126,16 @@ def test_tensors_are_aligned_views_writable_only_in_a_bytearray():
     for data, writable in ((frame, False), (bytearray(frame), True)):
         for tensor in wire.decode(data).tensors:
             assert tensor.flags.aligned and tensor.flags.writeable is writable
+
+
+def test_sparse_push_needs_sorted_distinct_rows_and_says_where_they_are_not():
+    server, value = _server_with_state()
+    bad = wire.encode({"method": "push", "step": "s", "dense": [], "sparse": ["v"]},
+                      [np.array([0, 2, 2]), np.ones((3, 2), np.float32)])
+    reply = wire.decode(rpc.RpcServer._dispatch(_Dispatcher(server), bad))
+    assert "distinct and sorted" in reply.meta["error"]
+    assert "rows[1]=2 then rows[2]=2" in reply.meta["error"]
+    server.handle(wire.decode(wire.encode(
+        {"method": "push", "step": "s", "dense": [], "sparse": ["v"]},
+        [np.array([0, 2]), np.ones((2, 2), np.float32)])))
+    np.testing.assert_array_equal(_value(server), value - [[1, 1], [0, 0], [1, 1]])

@@ -104,8 +104,9 @@ STRATAX_PS_SNAPSHOT_EVERY = "STRATAX_PS_SNAPSHOT_EVERY"
 # Seconds between the ClusterCoordinator's progress lines (per-worker steps/s, the slowest
 # worker); default 10, 0 turns them off (stratax._src.parameter_server.progress).
 STRATAX_PS_PROGRESS_SECONDS = "STRATAX_PS_PROGRESS_SECONDS"
-# Parameter-server transport: "auto" (default: a Unix socket to servers on the same host, gRPC
-# to the others) or "grpc" (always gRPC); see docs/parameter_server.md, Transport and security.
+# Parameter-server transport: "auto" (default: a Unix socket with shared memory to servers on
+# the same host, gRPC to the others), "socket" (the same without shared memory) or "grpc"
+# (always gRPC); see docs/parameter_server.md, Transport and security.
 STRATAX_PS_TRANSPORT = "STRATAX_PS_TRANSPORT"
 
 # STRATAX_CPU_COLLECTIVES=shm/auto (docs/transport.md): where the compiled shared-memory all-reduce
@@ -114,3 +115,7 @@ STRATAX_EXTENSION_CACHE = "STRATAX_EXTENSION_CACHE"
 STRATAX_SHM_SLOT_BYTES = "STRATAX_SHM_SLOT_BYTES"
 # Microseconds a shared-memory all-reduce spins for its peers before sleeping (default 50).
 STRATAX_SHM_SPIN_US = "STRATAX_SHM_SPIN_US"
+# XLA threads of a parameter-server worker task: "auto" (default: the host's cores shared among
+# the worker tasks on it), "all" (XLA's default, one per core) or a number; see
+# stratax._src.parameter_server.compute_threads.
+STRATAX_PS_WORKER_THREADS = "STRATAX_PS_WORKER_THREADS"

@@ -7,7 +7,10 @@ the same host (learned over gRPC, see ``RpcServer``), gRPC otherwise; ``STRATAX_
 turns it off.
 
 Protocol: a connection carries requests and replies in turn, each an 8-byte little-endian
-length followed by one wire frame (at most ``wire.MAX_FRAME_BYTES``).
+length followed by one wire frame (at most ``wire.MAX_FRAME_BYTES``). Unless
+``STRATAX_PS_TRANSPORT=socket``, a client first passes the server a shared buffer
+(``shared_frames``), and frames that fit in it travel there, the socket carrying only their
+length word (its high bit set).
 
 Security: the socket lives in a private directory (``mkdtemp``, mode 0700, removed on stop), and
 the server accepts a connection only from a process of its own uid (``SO_PEERCRED``): that is
@@ -35,11 +38,12 @@ from typing import Any
 
 from stratax._src.core import env
 from stratax._src.core.errors import WorkerUnavailableError
-from stratax._src.parameter_server import wire
+from stratax._src.parameter_server import shared_frames, wire
+from stratax._src.parameter_server.shared_frames import SharedFrames
 
 logger = logging.getLogger(__name__)
 
-TRANSPORTS = ("auto", "grpc")
+TRANSPORTS = ("auto", "socket", "grpc")
 SUPPORTED = hasattr(socket, "AF_UNIX") and hasattr(socket, "SO_PEERCRED")
 _LENGTH = struct.Struct("<Q")
 _CRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
@@ -60,7 +64,8 @@ def transport_mode(value: str | None = None) -> str:
     if mode not in TRANSPORTS:
         raise ValueError(
             f"{source}={mode!r} is not a parameter-server transport; use 'auto' (a Unix socket "
-            "to servers on the same host, gRPC to the others) or 'grpc' (always gRPC).")
+            "and shared memory to servers on the same host, gRPC to the others), 'socket' (the "
+            "same without shared memory) or 'grpc' (always gRPC).")
     return mode
 
 
@@ -108,13 +113,21 @@ def _recv_exact(sock: socket.socket, view: memoryview, end: float | None) -> boo
     return True
 
 
-def _recv_frame(sock: socket.socket, end: float | None, peer: str) -> bytearray | None:
+def _recv_frame(sock: socket.socket, end: float | None, peer: str,
+                shared: SharedFrames | None = None, half: int = 0,
+                head: bytes = b"") -> bytearray | None:
     """One length-prefixed frame into a fresh buffer (decoded tensors are views of it, which a
-    receiver may keep); None on a clean end of stream."""
-    head = bytearray(_LENGTH.size)
-    if not _recv_exact(sock, memoryview(head), end):
+    receiver may keep): from the socket, or copied out of ``shared``'s ``half`` when the
+    length word says so; None on a clean end of stream. ``head``: the length word's first
+    bytes, already read."""
+    word = bytearray(head) + bytearray(_LENGTH.size - len(head))
+    if not _recv_exact(sock, memoryview(word)[len(head):], end) and not head:
         return None
-    (length,) = _LENGTH.unpack(head)
+    (length,) = _LENGTH.unpack(word)
+    if length & shared_frames.IN_BUFFER:
+        if shared is None:
+            raise ConnectionError(f"{peer} announced a frame in a shared buffer it never gave")
+        return shared.read(half, length & ~shared_frames.IN_BUFFER)
     if length > wire.MAX_FRAME_BYTES:
         raise ConnectionError(f"{peer} announced a frame of {length} bytes, over the limit of "
                               f"{wire.MAX_FRAME_BYTES}")
@@ -124,9 +137,18 @@ def _recv_frame(sock: socket.socket, end: float | None, peer: str) -> bytearray 
     return data
 
 
-def _send_frame(sock: socket.socket, parts: Sequence[Any], end: float | None) -> None:
+def _send_frame(sock: socket.socket, parts: Sequence[Any], end: float | None,
+                shared: SharedFrames | None = None, half: int = 0) -> None:
     """Sends the length prefix and ``parts`` with ``sendmsg`` (no join of the frame), however
-    many calls the kernel's buffer takes."""
+    many calls the kernel's buffer takes; with ``shared``, a frame that fits goes into its
+    ``half`` and only the length word (marked) goes over the socket."""
+    length = shared.write(half, parts) if shared is not None else None
+    if length is not None:
+        parts = [_LENGTH.pack(shared_frames.IN_BUFFER | length)]
+        if end is not None:
+            sock.settimeout(_remaining(end))
+        sock.sendall(parts[0])
+        return
     views = [memoryview(p).cast("B") for p in parts]
     views = [memoryview(_LENGTH.pack(sum(len(v) for v in views))), *(v for v in views if len(v))]
     while views:
@@ -239,16 +261,23 @@ class LocalListener:
 
     def _serve(self, conn: socket.socket, pid: int) -> None:
         peer = f"local client pid {pid}"
+        shared = None
         try:
+            shared, head = shared_frames.receive_first(conn)
+            if shared is None and not head:
+                return
             while True:
-                data = _recv_frame(conn, None, peer)
+                data = _recv_frame(conn, None, peer, shared, 0, head)
+                head = b""
                 if data is None:
                     return
-                _send_frame(conn, [self._dispatch(data)], None)
-        except OSError as err:
+                _send_frame(conn, [self._dispatch(data)], None, shared, 1)
+        except (OSError, ValueError) as err:
             if not self._stopping:
                 logger.warning("%s: dropped the connection of %s: %s", self.name, peer, err)
         finally:
+            if shared is not None:
+                shared.close()
             with self._lock:
                 self._connections.pop(conn, None)
             conn.close()
@@ -288,11 +317,13 @@ class LocalChannel:
     is never shared, so concurrent calls from several threads each get their own).
 
     Built only from an endpoint that passes every check (see the module docstring); raises
-    ``OSError`` or ``ValueError`` otherwise, and the caller stays on gRPC.
+    ``OSError`` or ``ValueError`` otherwise, and the caller stays on gRPC. With ``shared``
+    (default where the system allows), each connection brings the server a shared buffer for
+    its frames (``shared_frames``).
     """
 
     def __init__(self, name: str, address: str, endpoint: dict[str, Any],
-                 timeout: float) -> None:
+                 timeout: float, shared: bool = True) -> None:
         self._label = f"{name} at {address}"
         self.path = _checked_path(endpoint)
         self._pid = endpoint["pid"]
@@ -300,6 +331,8 @@ class LocalChannel:
         self._idle: list[socket.socket] = []
         self._closed = False
         self._owner = os.getpid()
+        self._shared = shared and shared_frames.SUPPORTED
+        self._frames: dict[socket.socket, SharedFrames] = {}  # each connection's buffer
         self._idle.append(self._connect(time.monotonic() + timeout))
 
     def _connect(self, end: float) -> socket.socket:
@@ -313,24 +346,36 @@ class LocalChannel:
                     f"{self.path} is served by pid {pid} as uid {uid}, not by pid {self._pid} "
                     f"as uid {os.getuid()}")
             _tune(sock)
+            frames = shared_frames.send_hello(sock) if self._shared else None
         except BaseException:
             sock.close()
             raise
+        if frames is not None:
+            with self._lock:
+                self._frames[sock] = frames
         return sock
+
+    def _discard(self, sock: socket.socket) -> None:
+        """Closes a connection and unmaps its buffer."""
+        with self._lock:
+            frames = self._frames.pop(sock, None)
+        sock.close()
+        if frames is not None:
+            frames.close()
 
     def close(self) -> None:
         with self._lock:
             self._closed = True
             idle, self._idle = self._idle, []
         for sock in idle:
-            sock.close()
+            self._discard(sock)
 
     def _take(self, end: float) -> socket.socket:
         """An idle connection the server has not closed (it closes them when it stops or
         dies), else a new one; ``SocketGone`` if none can be made."""
         with self._lock:
             if self._owner != os.getpid():  # a forked child: never share the parent's
-                self._idle, self._owner = [], os.getpid()
+                self._idle, self._owner, self._frames = [], os.getpid(), {}
             sock = self._idle.pop() if self._idle else None
         if sock is not None:
             sock.settimeout(0)
@@ -340,7 +385,7 @@ class LocalChannel:
                 return sock
             except OSError:
                 pass
-            sock.close()
+            self._discard(sock)
         try:
             return self._connect(end)
         except OSError as err:
@@ -359,26 +404,28 @@ class LocalChannel:
         """
         end = time.monotonic() + timeout
         sock = self._take(end)
+        frames = self._frames.get(sock)
         try:
-            _send_frame(sock, parts, end)
-            data = _recv_frame(sock, end, self._label)
+            _send_frame(sock, parts, end, frames, 0)
+            data = _recv_frame(sock, end, self._label, frames, 1)
             if data is None:
                 raise ConnectionError("connection closed before the reply")
         except TimeoutError:
-            sock.close()
+            self._discard(sock)
             raise WorkerUnavailableError(
                 f"{self._label} did not answer {method!r} within {timeout:g} s (local socket "
                 f"{self.path}); check that the task is running.") from None
         except OSError as err:
-            sock.close()
+            self._discard(sock)
             raise WorkerUnavailableError(
                 f"{self._label} failed {method!r} ({type(err).__name__}: {err}; local socket "
                 f"{self.path}: unreachable or died); check that the task is running.") from None
         with self._lock:
-            if self._closed:
-                sock.close()
-            else:
+            closed = self._closed
+            if not closed:
                 self._idle.append(sock)
+        if closed:
+            self._discard(sock)
         return data
 
 

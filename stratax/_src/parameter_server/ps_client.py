@@ -7,6 +7,7 @@ concurrently.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from concurrent import futures
@@ -185,7 +186,5 @@ class _PullPlan:
 
 
 def _row_bytes(var: VarDesc) -> int:
-    shape = var["shape"]
-    return int(np.prod(shape[1:], dtype=np.int64)) * np.dtype(var["dtype"]).itemsize if shape \
-        else np.dtype(var["dtype"]).itemsize
+    return math.prod(var["shape"][1:]) * np.dtype(var["dtype"]).itemsize
 

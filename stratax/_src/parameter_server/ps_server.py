@@ -214,8 +214,10 @@ class ParameterServer(rpc.Dispatcher):
             if grad.shape != (rows.shape[0], *shard.value.shape[1:]):
                 raise wire.WireError(f"Row gradient for {name!r} has shape {grad.shape}, "
                                      f"expected {(rows.shape[0], *shard.value.shape[1:])}.")
-            if np.unique(rows).size != rows.size:
-                raise wire.WireError(f"Row indices for {name!r} must be distinct.")
+            if rows.size > 1 and not (rows[1:] > rows[:-1]).all():
+                raise wire.WireError(
+                    f"Row indices for {name!r} must be distinct and sorted in increasing order "
+                    f"(as np.unique gives them), got {_excerpt(rows)}.")
             updates.append((name, shard, rows, grad))
         for name, shard, _, _ in updates:
             if shard.optimizer is None:
@@ -285,6 +287,12 @@ class ParameterServer(rpc.Dispatcher):
             with shard.lock:
                 out[name] = sorted(shard.ledger)
         return rpc.response({"ledger": out})
+
+
+def _excerpt(rows: np.ndarray) -> str:
+    """The first out-of-order place of ``rows`` for an error message."""
+    bad = int(np.argmax(rows[1:] <= rows[:-1]))
+    return f"rows[{bad}]={rows[bad]} then rows[{bad + 1}]={rows[bad + 1]} (of {rows.size})"
 
 
 def _summed(grads: list[tuple[Any, np.ndarray]]) -> tuple[Any, np.ndarray]:

@@ -13,7 +13,8 @@ right token is refused (``UNAUTHENTICATED``) and logged.
 Same host: a server also listens on a Unix socket (``local_socket``) and names it, with its
 host's identity, to any client that asks over gRPC (the ``Local`` method, token-checked like
 the others); a client on the same host then sends its frames there instead (same frames, same
-handler, same errors and deadlines), unless ``STRATAX_PS_TRANSPORT=grpc``.
+handler, same errors and deadlines; frames up to 4 MiB in a buffer shared under the socket,
+see ``shared_frames``), unless ``STRATAX_PS_TRANSPORT=grpc``.
 """
 
 from __future__ import annotations
@@ -129,7 +130,7 @@ class RpcServer:
     def __init__(self, name: str, host: str, port: int, handler: Handler,
                  token: str | None = None, max_workers: int = 8,
                  transport: str | None = None) -> None:
-        use_local = local_socket.transport_mode(transport) == "auto" and local_socket.SUPPORTED
+        use_local = local_socket.transport_mode(transport) != "grpc" and local_socket.SUPPORTED
         if token is None:
             token = read_token()
         if not is_loopback(host) and not token:
@@ -247,7 +248,8 @@ class RpcClient:
       name: The peer's task name for errors, e.g. ``"ps 0"``.
       address: ``host:port``.
       timeout: Default deadline of a call in seconds.
-      transport: ``"auto"`` or ``"grpc"`` (default: ``STRATAX_PS_TRANSPORT``, else ``"auto"``).
+      transport: ``"auto"``, ``"socket"`` (the local socket without shared memory) or
+        ``"grpc"`` (default: ``STRATAX_PS_TRANSPORT``, else ``"auto"``).
 
     Example:
       >>> client = RpcClient("ps 0", "127.0.0.1:2222", timeout=10)   # doctest: +SKIP
@@ -260,7 +262,9 @@ class RpcClient:
         self.address = address
         self.timeout = timeout
         self._token = token if token is not None else read_token()
-        self._auto = local_socket.transport_mode(transport) == "auto" and local_socket.SUPPORTED
+        mode = local_socket.transport_mode(transport)
+        self._auto = mode != "grpc" and local_socket.SUPPORTED
+        self._shared = mode == "auto"  # shared memory under the local socket
         self._channel = grpc.insecure_channel(address, options=_CLIENT_OPTIONS)
         self._unary = self._channel.unary_unary("/stratax.Service/Call")
         self._stream = self._channel.stream_stream("/stratax.Service/Stream")
@@ -358,7 +362,7 @@ class RpcClient:
                     b"", timeout=deadline, metadata=metadata), discovery=True)
                 endpoint = wire.decode(data).meta
                 self._local = local_socket.LocalChannel(self.name, self.address, endpoint,
-                                                        deadline)
+                                                        deadline, self._shared)
             except (grpc.RpcError, wire.WireError, ValueError, OSError) as err:
                 logger.info("%s at %s: calls go over gRPC (no usable local socket: %s)",
                             self.name, self.address, err)

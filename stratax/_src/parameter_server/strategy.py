@@ -20,9 +20,10 @@ from typing import Any
 import jax
 import numpy as np
 
+from stratax._src.cluster.cluster_spec import ClusterSpec
 from stratax._src.cluster.resolver import ClusterResolver
 from stratax._src.core.context import strategy_scope
-from stratax._src.parameter_server import checkpoint, functions, program
+from stratax._src.parameter_server import checkpoint, compute_threads, functions, program
 from stratax._src.parameter_server import coordinator as coord
 from stratax._src.parameter_server.partitioners import shard_offsets, shard_sizes
 from stratax._src.parameter_server.ps_client import PSClients
@@ -118,6 +119,8 @@ class ParameterServerStrategy:
         atexit.register(self.shutdown)
 
     def _serve_and_exit(self, spec: Any, task_type: str, task_id: int | None) -> None:
+        if task_type == "worker" and task_id is not None:  # a process that only serves
+            compute_threads.limit_worker_threads(ClusterSpec(spec), task_id)
         server = Server(spec, job_name=task_type, task_index=task_id,
                         timeout_seconds=self._timeout)
         server.join()

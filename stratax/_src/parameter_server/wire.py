@@ -39,6 +39,11 @@ ALLOWED_DTYPES = frozenset(
 )
 
 
+# Native-order dtypes of the allow-list by value, to name a tensor's dtype without numpy's slow
+# ``dtype.name`` (a frame may carry hundreds of tensors).
+_DTYPE_NAMES = {np.dtype(n): n for n in ALLOWED_DTYPES if n != "bfloat16"}
+
+
 class WireError(ValueError):
     """A frame that does not follow the wire format; the message says which field is wrong."""
 
@@ -72,18 +77,23 @@ def encode_parts(meta: Mapping[str, Any] | None = None,
                  tensors: Sequence[Any] = ()) -> list[bytes | memoryview]:
     """``encode``'s frame as a list of buffers (prefix and header, then a view of each
     tensor's bytes), so a large frame can be sent in chunks without being copied whole."""
-    arrays = [np.asarray(t) for t in tensors]
-    arrays = [a if a.flags.c_contiguous else np.ascontiguousarray(a) for a in arrays]
+    arrays = []
     specs = []
-    for index, array in enumerate(arrays):
-        name = array.dtype.name
-        if name not in ALLOWED_DTYPES:
-            raise WireError(
-                f"Tensor {index} has dtype {name!r}, which the wire does not carry; "
-                f"cast it to one of {sorted(ALLOWED_DTYPES)}."
-            )
-        if array.dtype.byteorder == ">":
-            array = arrays[index] = array.astype(array.dtype.newbyteorder("<"))
+    for index, tensor in enumerate(tensors):
+        array = tensor if type(tensor) is np.ndarray else np.asarray(tensor)
+        if not array.flags.c_contiguous:
+            array = np.ascontiguousarray(array)
+        name = _DTYPE_NAMES.get(array.dtype)
+        if name is None:
+            name = array.dtype.name
+            if name not in ALLOWED_DTYPES:
+                raise WireError(
+                    f"Tensor {index} has dtype {name!r}, which the wire does not carry; "
+                    f"cast it to one of {sorted(ALLOWED_DTYPES)}."
+                )
+            if array.dtype.byteorder == ">":
+                array = array.astype(array.dtype.newbyteorder("<"))
+        arrays.append(array)
         specs.append({"dtype": name, "shape": list(array.shape)})
     header = json.dumps({"meta": dict(meta or {}), "tensors": specs}, separators=(",", ":"))
     header_bytes = header.encode("utf-8")
