@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import stratax as sx
-from stratax._src.keras import packed_step
+from stratax._src.keras import group_step, packed_step
 
 _ALL_REDUCE = re.compile(r"=\s*(\(.*?\)|\S+)\s+all-reduce(?:-start)?\(")
 
@@ -93,23 +93,39 @@ def test_bytes_per_pack_cuts_the_buffer_into_packs():
         "f32[208]", "f32[89]"]
 
 
-def test_fit_uses_the_packed_step_and_matches_one_device(monkeypatch):
+@pytest.mark.parametrize("steps_per_execution", [1, 2])
+def test_fit_uses_the_packed_step_and_matches_one_device(monkeypatch, steps_per_execution):
+    """With steps_per_execution 2, each epoch's 3 batches run as one 2-step program and one
+    step alone (the group the epoch cannot fill)."""
     rng = np.random.default_rng(1)
     x = rng.normal(size=(96, 12)).astype(np.float32)
     y = rng.integers(0, 5, 96)
     results = {}
-    built = []
+    built, grouped = [], []
     original = packed_step.compiled_packed_step
     monkeypatch.setattr(packed_step, "compiled_packed_step",
                         lambda *a: built.append(a) or original(*a))
+    original_group = group_step.grouped_steps
+
+    def counting_group(size, traced_step, single_step, groupable):
+        def traced(*args):
+            grouped.append(size)  # once per step of the group program, when it is traced
+            return traced_step(*args)
+        return original_group(size, traced, single_step, groupable)
+
+    monkeypatch.setattr(group_step, "grouped_steps", counting_group)
     for name, strategy in (("one", sx.OneDeviceStrategy("cpu:0")),
                            ("two", sx.MirroredStrategy(["cpu:0", "cpu:1"]))):
         keras.utils.set_random_seed(3)
         with strategy.scope():
             model = _compiled(_model())
+            model.compile(optimizer=keras.optimizers.Adam(0.01), metrics=["accuracy"],
+                          loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                          steps_per_execution=steps_per_execution)
         history = model.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0)
         results[name] = (model.get_weights(), history.history)
     assert len(built) == 1  # the 2-replica fit took the packed step; one device needs none
+    assert grouped == ([2, 2] if steps_per_execution == 2 else [])
     for got, want in zip(results["two"][0], results["one"][0], strict=True):
         np.testing.assert_allclose(got, want, atol=2e-5, rtol=2e-5)
     for key in ("loss", "accuracy"):

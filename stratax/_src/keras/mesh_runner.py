@@ -3,8 +3,9 @@
 Several replicas (or several processes) use the strategy's Keras distribution
 (``StrategyDistribution``: variables mirrored, each batch split over the ``"replica"`` axis or,
 when it does not split, given whole to every replica). ``fit``'s train step all-reduces its
-gradients in one packed collective (``keras.packed_step``) where the model allows it; otherwise
-XLA inserts one all-reduce per gradient. A
+gradients in one packed collective (``keras.packed_step``) where the model allows it, a group of
+``steps_per_execution`` such steps as one program (``keras.group_step``); otherwise XLA inserts
+one all-reduce per gradient. A
 one-replica strategy needs no mesh: Keras runs its own single-device path with the strategy's
 device as JAX's default device (a 1-device mesh made Keras recompile its step every epoch).
 
@@ -24,7 +25,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from stratax._src import seam
-from stratax._src.keras import binding, model_parallel, packed_step
+from stratax._src.keras import binding, group_step, model_parallel, packed_step
 from stratax._src.keras.distribution import StrategyDistribution
 from stratax._src.keras.runner import KerasRunner
 from stratax._src.runtime import distributed
@@ -88,17 +89,26 @@ class MeshRunner(KerasRunner):
         if (kind == "train" and isinstance(self.distribution, StrategyDistribution)
                 and self.strategy.num_replicas_in_sync > 1
                 and packed_step.eligible(model) is None):
-            step_fn = packed_step.packed_train_step(model, self.strategy, step_fn)
+            compiled = packed_step.compiled_packed_step(model, self.strategy)
+            step_fn = packed_step.packed_train_step(compiled, step_fn)
+            group = max(int(getattr(model, "steps_per_execution", 1) or 1), 1)
+            if group > 1:
+                return self._bounded(group_step.grouped_steps(
+                    group, compiled, step_fn, packed_step.splits_over_replicas))
+        return build(self._bounded(step_fn))
+
+    def _bounded(self, step_fn: Callable[..., Any]) -> Callable[..., Any]:
+        """``step_fn`` admitting its results to the strategy's dispatch window."""
         window = self.strategy.dispatch_window
         if window.size <= 0:
-            return build(step_fn)
+            return step_fn
 
         def bounded_step(state: Any, data: Any) -> Any:
             result = step_fn(state, data)
             window.admit(result[0])
             return result
 
-        return build(bounded_step)
+        return bounded_step
 
     def call(self, run: Callable[[], Any]) -> Any:
         def run_to_the_last_step() -> Any:

@@ -55,7 +55,7 @@ def eligible(model: Any) -> str | None:
     return None
 
 
-def _splits_over_replicas(data: Any) -> bool:
+def splits_over_replicas(data: Any) -> bool:
     """True when every array of the batch is sharded along its first axis over the replicas."""
     leaves = jax.tree.leaves(data)
     return bool(leaves) and all(
@@ -98,17 +98,17 @@ def compiled_packed_step(model: Any, strategy: Any) -> Callable[..., Any]:
     return jax.jit(mapped, donate_argnums=0)
 
 
-def packed_train_step(model: Any, strategy: Any,
+def packed_train_step(compiled: Callable[..., Any],
                       gspmd_step: Callable[..., Any]) -> Callable[..., Any]:
-    """Keras' train step for ``model``: packed when the batch splits over the replicas.
+    """Keras' train step: ``compiled`` (:func:`compiled_packed_step`) when the batch splits
+    over the replicas.
 
     ``gspmd_step`` (Keras' own jitted step) runs the batches that do not split (the last,
     partial batch of a one-process run, given whole to every replica).
     """
-    compiled = compiled_packed_step(model, strategy)
 
     def step(state: Any, data: Any) -> Any:
-        if _splits_over_replicas(data):
+        if splits_over_replicas(data):
             return compiled(state, data)
         return gspmd_step(state, data)
 
