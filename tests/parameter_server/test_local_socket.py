@@ -20,22 +20,6 @@ from stratax._src.parameter_server import local_socket, rpc, wire
 from stratax._src.parameter_server.ps_server import ParameterServer
 
 
-def _echo(frame: wire.Frame) -> bytes:
-    """Sleeps ``meta["sleep"]`` seconds, then answers with the request's ``x`` and tensors."""
-    time.sleep(frame.meta.get("sleep", 0))
-    if frame.meta.get("fail"):
-        raise KeyError("no such variable 'w'")
-    return rpc.response({"x": frame.meta.get("x")}, frame.tensors)
-
-
-@pytest.fixture
-def echo_server():
-    server = rpc.RpcServer("ps 0", "127.0.0.1", 0, _echo, max_workers=2)
-    server.start()
-    yield server
-    server.stop(0)
-
-
 @pytest.fixture
 def client(echo_server):
     client = rpc.RpcClient("ps 0", f"127.0.0.1:{echo_server.port}", timeout=10)
@@ -190,9 +174,9 @@ def test_an_endpoint_that_fails_a_check_keeps_the_calls_on_grpc(echo_server, mon
             client.close()
 
 
-def test_the_grpc_switch(monkeypatch):
+def test_the_grpc_switch(monkeypatch, echo_handler):
     monkeypatch.setenv("STRATAX_PS_TRANSPORT", "grpc")
-    server = rpc.RpcServer("ps 0", "127.0.0.1", 0, _echo, max_workers=2)
+    server = rpc.RpcServer("ps 0", "127.0.0.1", 0, echo_handler, max_workers=2)
     assert server.local is None
     server.start()
     try:

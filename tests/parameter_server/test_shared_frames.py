@@ -6,21 +6,9 @@ import os
 import numpy as np
 import pytest
 
-from stratax._src.parameter_server import rpc, shared_frames, wire
+from stratax._src.parameter_server import rpc, shared_frames
 
 pytestmark = pytest.mark.skipif(not shared_frames.SUPPORTED, reason="needs memfd and SCM_RIGHTS")
-
-
-def _echo(frame: wire.Frame) -> bytes:
-    return rpc.response({"x": frame.meta.get("x")}, frame.tensors)
-
-
-@pytest.fixture
-def server():
-    server = rpc.RpcServer("ps 0", "127.0.0.1", 0, _echo, max_workers=2)
-    server.start()
-    yield server
-    server.stop(0)
 
 
 @pytest.fixture
@@ -39,8 +27,9 @@ def shared_writes(monkeypatch):
     return written
 
 
-def test_small_frames_travel_in_shared_memory_and_replies_do_not_alias_it(server, shared_writes):
-    client = rpc.RpcClient("ps 0", f"127.0.0.1:{server.port}", timeout=10)
+def test_small_frames_travel_in_shared_memory_and_replies_do_not_alias_it(echo_server,
+                                                                         shared_writes):
+    client = rpc.RpcClient("ps 0", f"127.0.0.1:{echo_server.port}", timeout=10)
     try:
         first = client.call("echo", {"x": 1}, [np.full((784, 128), 1.0, np.float32)])
         second = client.call("echo", {"x": 2}, [np.full((784, 128), 2.0, np.float32)])
@@ -58,8 +47,8 @@ def test_small_frames_travel_in_shared_memory_and_replies_do_not_alias_it(server
         client.close()
 
 
-def test_socket_transport_keeps_frames_on_the_socket(server, shared_writes):
-    client = rpc.RpcClient("ps 0", f"127.0.0.1:{server.port}", timeout=10, transport="socket")
+def test_socket_transport_keeps_frames_on_the_socket(echo_server, shared_writes):
+    client = rpc.RpcClient("ps 0", f"127.0.0.1:{echo_server.port}", timeout=10, transport="socket")
     try:
         reply = client.call("echo", {"x": 3}, [np.ones(10, np.float32)])
         assert client.transport == "unix" and reply.meta["x"] == 3
