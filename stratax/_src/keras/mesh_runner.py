@@ -27,7 +27,7 @@ from jax.sharding import PartitionSpec as P
 from stratax._src import seam
 from stratax._src.keras import binding, group_step, model_parallel, packed_step
 from stratax._src.keras.distribution import StrategyDistribution
-from stratax._src.keras.runner import KerasRunner
+from stratax._src.keras.runner import KerasRunner, steps_per_execution
 from stratax._src.runtime import distributed
 from stratax._src.strategies.replica_context import REPLICA_AXIS
 
@@ -91,7 +91,7 @@ class MeshRunner(KerasRunner):
                 and packed_step.eligible(model) is None):
             compiled = packed_step.compiled_packed_step(model, self.strategy)
             step_fn = packed_step.packed_train_step(compiled, step_fn)
-            group = max(int(getattr(model, "steps_per_execution", 1) or 1), 1)
+            group = steps_per_execution(model)
             if group > 1:
                 return self._bounded(group_step.grouped_steps(
                     group, compiled, step_fn, packed_step.splits_over_replicas))

@@ -42,6 +42,7 @@ import numpy as np
 
 from stratax._src import seam
 from stratax._src.core.reduce_op import ReduceOp
+from stratax._src.keras.runner import steps_per_execution
 from stratax._src.parameter_server.coordinator import PerWorkerValues
 from stratax._src.parameter_server.program import optimizer_spec
 
@@ -264,13 +265,13 @@ class GroupPipeline:
         self.discard()
         self._iterator = iterator
         steps = self._planned_steps()
-        group = max(int(getattr(self.model, "steps_per_execution", 1) or 1), 1)
+        group = steps_per_execution(self.model)
         self._groups = math.inf if steps is None else math.ceil(steps / group)
         self._scheduled = self._returned = 0
         self._exhausted = False
 
     def _fill(self, iterator: Iterator[Any]) -> None:
-        group = max(int(getattr(self.model, "steps_per_execution", 1) or 1), 1)
+        group = steps_per_execution(self.model)
         while (len(self._queue) < self._depth and self._scheduled < self._groups
                and not self._exhausted):
             refs = []

@@ -93,6 +93,11 @@ class KerasRunner:
         """Makes ``model``'s variables current before they are read for a save."""
 
 
+def steps_per_execution(model: Any) -> int:
+    """How many steps ``model`` runs per call of its step function (at least 1)."""
+    return max(int(getattr(model, "steps_per_execution", 1) or 1), 1)
+
+
 _RUNNERS: list[tuple[type, type[KerasRunner]]] = []
 _RUNNER_ATTR = "_stratax_keras_runner"  # the strategy's runner, kept on the strategy object
 

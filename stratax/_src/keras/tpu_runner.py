@@ -48,7 +48,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from stratax._src.keras import model_parallel
-from stratax._src.keras.runner import KerasRunner
+from stratax._src.keras.runner import KerasRunner, steps_per_execution
 from stratax._src.strategies.replica_context import REPLICA_AXIS
 from stratax._src.strategies.tpu import TPUStrategy
 
@@ -171,7 +171,7 @@ class TPURunner(KerasRunner):
         """
         if kind not in _METRICS_INDEX:
             raise ValueError(f"kind must be 'train', 'test' or 'predict'; received {kind!r}.")
-        group = max(int(getattr(model, "steps_per_execution", 1) or 1), 1)
+        group = steps_per_execution(model)
         program = self._group_program(model, kind, step_fn)
         compiled: list[Callable[..., Any]] = []
 

@@ -20,7 +20,7 @@ import logging
 import os
 
 from stratax._src.cluster.cluster_spec import ClusterSpec, parse_address
-from stratax._src.core import env
+from stratax._src.core import env, envvars
 from stratax._src.core.addresses import is_loopback
 
 logger = logging.getLogger(__name__)
@@ -55,11 +55,10 @@ def worker_threads(spec: ClusterSpec, task_index: int, cores: int | None = None)
     if setting == "all":
         return None
     if setting != "auto":
-        if not setting.isdigit() or int(setting) < 1:
-            raise ValueError(
-                f"{env.STRATAX_PS_WORKER_THREADS}={setting!r}; use 'auto' (cores shared among "
-                "the worker tasks on this host), 'all' (XLA's default) or a positive number.")
-        return int(setting)
+        return envvars.parse_int(
+            env.STRATAX_PS_WORKER_THREADS, setting, 1,
+            meaning="XLA threads per worker, or 'all' for XLA's default",
+            unset="for 'auto' (the host's cores shared among its worker tasks)")
     cores = host_cores() if cores is None else cores
     workers = colocated_workers(spec, task_index)
     return max(1, cores // workers) if workers > 1 else None
