@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from stratax._src.launch import EXIT_TIMEOUT, launch
+from stratax._src.launch import EXIT_TIMEOUT, launch, process_group
 
 # Worker 0 sleeps (with a sleeping grandchild); worker 1 fails once both are running.
 FAIL_ONE = '''
@@ -165,6 +165,51 @@ def test_worker_whose_traceback_came_first_is_named_not_the_first_to_abort(scrip
     assert quoted[1] == "  [worker 1] Traceback (most recent call last):"
     assert "  [worker 1] RuntimeError: the real error, on worker one" in quoted
     assert "noise" not in result.summary
+
+
+# Worker 1 dies of SIGTERM; worker 0's collective notices and fails with the error that names
+# the lost peer.
+PEER_DIES_THEN_THE_SURVIVOR_FAILS = '''
+if RANK == 1:
+    wait_for("started")
+    os.kill(os.getpid(), signal.SIGTERM)
+record_pid("survivor")
+open(os.path.join(OUT, "started"), "w").close()
+wait_for("peer_is_a_zombie")
+print("Traceback (most recent call last):", file=sys.stderr)
+print("stratax._src.core.errors.WorkerUnavailableError: The shared-memory all-reduce failed: "
+      "worker 1 exited.", file=sys.stderr)
+sys.exit(1)
+'''
+
+
+@pytest.mark.timeout(20)
+def test_a_worker_that_lost_a_peer_is_not_named_before_the_peer(scripts, monkeypatch):
+    """On a loaded box the launcher may reap the killed peer only after the survivor printed
+    its traceback and exited (CI saw this): the peer, not the survivor, is still named."""
+    reap = process_group.WorkerGroup._wait
+
+    def late_reap_of_worker_1(group, worker):
+        if worker.spec.name == "worker 1":
+            while not _is_zombie(worker.pid):
+                time.sleep(0.01)
+            (scripts.out / "peer_is_a_zombie").touch()
+            # Reaped after the survivor's exit was seen and the teardown began.
+            while group._signalled_at is None:
+                time.sleep(0.01)
+        reap(group, worker)
+
+    monkeypatch.setattr(process_group.WorkerGroup, "_wait", late_reap_of_worker_1)
+    script = scripts.write("peer.py", PEER_DIES_THEN_THE_SURVIVOR_FAILS)
+    result = launch([sys.executable, script], nproc_per_node=2, stream_output=False)
+    failure = result.failure
+    assert failure is not None and failure.name == "worker 1", result.summary
+    assert failure.signal_name == "SIGTERM" and result.exit_code == 128 + signal.SIGTERM
+
+
+def _is_zombie(pid: int) -> bool:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] == "Z"
 
 
 LONG_TRACEBACK_THEN_NOISE = '''

@@ -49,6 +49,7 @@ class WorkerOutput:
         self._traceback_omitted = 0
         self._after_exception: int | None = None
         self.traceback_at: float | None = None  # time.monotonic() of the last header
+        self._exception_line = ""  # the "SomeError: message" line of the last traceback
         self._captured: list[str] | None = [] if capture else None
         self._state_lock = threading.Lock()
         self._threads: list[threading.Thread] = []
@@ -116,6 +117,14 @@ class WorkerOutput:
             return (self.traceback_at is not None
                     and (self._after_exception or 0) <= LINES_AFTER_EXCEPTION)
 
+    def exception_name(self) -> str | None:
+        """The class name (without its module) of the exception that ended the worker's last
+        traceback, e.g. ``"WorkerUnavailableError"``; ``None`` before a traceback ends."""
+        with self._state_lock:
+            if not self._exception_line:
+                return None
+            return self._exception_line.split(":", 1)[0].rsplit(".", 1)[-1]
+
     def captured(self) -> list[str] | None:
         """Every line printed so far when ``capture=True``, else ``None``."""
         with self._state_lock:
@@ -164,6 +173,7 @@ class WorkerOutput:
             self._traceback.clear()
             self._traceback_omitted = 0
             self._after_exception = None
+            self._exception_line = ""
             return
         if self.traceback_at is None:
             return
@@ -173,6 +183,7 @@ class WorkerOutput:
                 return
         elif line and not line[0].isspace():
             self._after_exception = 0  # the "SomeError: message" line ends the frames
+            self._exception_line = line
         if len(self._traceback) == self._traceback.maxlen:
             self._traceback_omitted += 1
         self._traceback.append(line)

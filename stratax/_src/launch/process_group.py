@@ -30,6 +30,8 @@ logger = logging.getLogger(__name__)
 # How a worker ends when the teardown stops it: killed by SIGTERM or SIGKILL, or exiting with
 # 128 + SIGTERM from a handler.
 _TEARDOWN_STATUSES = (-signal.SIGTERM, -signal.SIGKILL, 128 + signal.SIGTERM)
+# The error a worker raises when a collective finds a peer gone: the peer failed first.
+_PEER_LOST = "WorkerUnavailableError"
 
 
 @dataclasses.dataclass
@@ -65,6 +67,15 @@ def describe_returncode(returncode: int) -> str:
         return f"signal {-returncode}"
 
 
+def _has_exited(pid: int) -> bool:
+    """True once child ``pid`` has exited, even if its waiter thread has not reaped it yet
+    (``WNOWAIT`` leaves the zombie to that thread)."""
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return True  # already reaped
+
+
 class WorkerGroup:
     """The processes of one start of the group (a restart makes a new ``WorkerGroup``).
 
@@ -80,6 +91,7 @@ class WorkerGroup:
         self._waiters: list[threading.Thread] = []
         self._torn_down = False
         self._signalled_at: float | None = None  # when teardown first signalled the group
+        self._dead_before_signal: set[int] = set()  # pids already exited (maybe unreaped) then
         self._start_args: tuple[Any, ...] = ()  # what `start` was given, for restart_one
 
     @classmethod
@@ -190,16 +202,22 @@ class WorkerGroup:
         teardown stopped are victims, not causes. Of the candidates, the one whose failure
         showed first wins: the earlier of the time it began printing its last traceback and the
         time it exited. So a worker that printed a traceback is named before peers that aborted
-        (SIGABRT from JAX's coordination service) because it stopped answering.
+        (SIGABRT from JAX's coordination service) because it stopped answering. A worker that
+        ended on stratax's ``WorkerUnavailableError`` (a collective found a peer gone) names a
+        peer as the cause, so it is a candidate only when no other is: a peer killed by a
+        signal may be reaped after the survivor has already printed its traceback.
         """
         failed = [w for w in self.workers if w.returncode not in (None, 0)]
         candidates = [w for w in failed
                       if not self._stopped_by_teardown(w) or w.output.ends_with_traceback()]
-        return min(candidates or failed, key=lambda w: w.failed_at) if failed else None
+        first_causes = [w for w in candidates if w.output.exception_name() != _PEER_LOST]
+        pool = first_causes or candidates or failed
+        return min(pool, key=lambda w: w.failed_at) if failed else None
 
     def _stopped_by_teardown(self, worker: Worker) -> bool:
         signalled = self._signalled_at
-        return (signalled is not None and worker.exited_at is not None
+        return (signalled is not None and worker.pid not in self._dead_before_signal
+                and worker.exited_at is not None
                 and worker.exited_at >= signalled
                 and worker.returncode in _TEARDOWN_STATUSES)
 
@@ -224,6 +242,7 @@ class WorkerGroup:
             return
         self._torn_down = True
         if not self.all_exited():
+            self._dead_before_signal = {w.pid for w in self.workers if _has_exited(w.pid)}
             self._signalled_at = time.monotonic()
             self.signal_all(signal.SIGTERM)
         deadline = time.monotonic() + grace_period
