@@ -1,6 +1,9 @@
 """A straggler: chief + 2 workers + 1 ps, async; worker 1's dataset_fn sleeps per batch.
 
 The coordinator reports every 0.5 s; with ``STRATAX_RUN_DIR`` (argv[1]) its records go there.
+The result names the wall-clock span of the timed phase (after the step compiled), so a test
+can judge the windows that lie inside it: the compile window and the short last window at
+shutdown may have no step of worker 1.
 """
 
 import json
@@ -43,6 +46,7 @@ def main():
     iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
     coordinator.schedule(lambda it: strategy.run(replica_fn, args=next(it)), args=(iterator,))
     coordinator.join()  # compiled and registered on one worker: time the rest
+    timed_from = time.time()
     deadline = time.monotonic() + 2.0
     while time.monotonic() < deadline:
         for _ in range(20):
@@ -54,6 +58,7 @@ def main():
         "slowest": window.slowest.name if window and window.slowest else None,
         "straggler": bool(window and window.slowest and window.slowest.straggler),
         "stats": coordinator.stats(),
+        "timed": [timed_from, time.time()],
     }), flush=True)
 
 
