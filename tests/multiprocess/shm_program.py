@@ -6,7 +6,8 @@ MIN, saved to OUT_DIR/reduce_<worker>.npz. MODE ``stall``: worker 1 never joins 
 all-reduce; worker 0's must fail within the timeout (argument 3, seconds), naming it. MODE
 ``die``: worker 1 kills itself (SIGKILL) while worker 0 waits in the all-reduce. MODE ``once``:
 one ``ctx.all_reduce`` per operation, then "traced N" and "done <worker>". stratax logs at
-INFO. Prints "segment NAME" and "shm <active>"; after the work, "named after the set-up
+INFO. Prints "segment NAME", "shm <active>" and "idle threads N" (threads under SCHED_IDLE:
+gloo's I/O thread, unless STRATAX_GLOO_IO_PRIORITY says otherwise); after the work, "named after the set-up
 <bool>" (whether the segment's name is still in /dev/shm) and "traced N" (shared-memory
 all-reduces traced).
 """
@@ -35,6 +36,8 @@ out_dir, mode = sys.argv[1], sys.argv[2]
 worker = strategy.worker_index
 print("shm", shm_collectives.state.active, flush=True)
 print("segment", shm_collectives.state.name, flush=True)
+print("idle threads", sum(os.sched_getscheduler(int(tid)) == os.SCHED_IDLE  # gloo's I/O thread
+                          for tid in os.listdir("/proc/self/task")), flush=True)
 
 
 def still_named():

@@ -84,9 +84,12 @@ def test_auto_picks_shm_on_one_host_and_gloo_otherwise_and_says_why(workers, tmp
     for output in outputs:
         assert "shm True" in output and "traced 4" in output  # one per op, output[-2000:]
         assert output.count(_AUTO_SHM) == 1, output[-2000:]
-    outputs, cluster = _auto(workers, tmp_path, STRATAX_CPU_DEVICES="2")
+        assert "idle threads 1" in output, output[-2000:]  # gloo's I/O thread (gloo_io)
+    outputs, cluster = _auto(workers, tmp_path, STRATAX_CPU_DEVICES="2",
+                             STRATAX_GLOO_IO_PRIORITY="normal")
     for output in outputs:
         assert "shm False" in output and "traced 0" in output, output[-2000:]
+        assert "idle threads 0" in output, output[-2000:]
         assert output.count("CPU collectives: gloo (auto: no shared-memory all-reduce because "
                             f"worker 0 ({cluster['worker'][0]}) it has 2 local cpu device(s)"
                             ) == 1, output[-2000:]

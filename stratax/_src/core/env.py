@@ -97,6 +97,9 @@ STRATAX_PS_ROLES = "STRATAX_PS_ROLES"
 # "gloo" (TCP), "shm" (gloo plus a shared-memory all-reduce; an error where impossible) or
 # "mpi" (JAX's MPI collectives through MPItrampoline).
 STRATAX_CPU_COLLECTIVES = "STRATAX_CPU_COLLECTIVES"
+# Scheduling of gloo's busy-polling I/O thread: "idle" (default: SCHED_IDLE, so it never delays
+# the thread a collective waits for), "nice" (nice 19) or "normal" (stratax._src.runtime.gloo_io).
+STRATAX_GLOO_IO_PRIORITY = "STRATAX_GLOO_IO_PRIORITY"
 # Parameter-server snapshots (docs/parameter_server.md, Failures): a directory where each ps
 # writes `ps<index>.npz` every STRATAX_PS_SNAPSHOT_EVERY pushes, and reloads it on restart.
 STRATAX_PS_SNAPSHOT_DIR = "STRATAX_PS_SNAPSHOT_DIR"

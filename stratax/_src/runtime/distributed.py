@@ -35,7 +35,7 @@ from stratax._src.cluster.layout import ProcessLayout
 from stratax._src.core import env
 from stratax._src.core.addresses import is_loopback
 from stratax._src.core.errors import CollectiveTimeoutError, WorkerUnavailableError
-from stratax._src.runtime import shm_collectives, worker_exit
+from stratax._src.runtime import gloo_io, shm_collectives, worker_exit
 from stratax._src.runtime.devices import jax_started
 
 logger = logging.getLogger(__name__)
@@ -181,6 +181,7 @@ def initialize(layout: ProcessLayout, *, timeout_seconds: float, task_names: dic
             "The jax.distributed coordinator listens on %s. JAX's coordination service has no "
             "authentication: run multi-worker jobs on a trusted private network only.", bind)
     collectives = cpu_collectives or cpu_collectives_from_env()
+    gloo_priority = gloo_io.priority_from_env()
     _configure_cpu_collectives(collectives, host)
     timeout = max(int(timeout_seconds), 1)
     if not layout.is_coordinator:
@@ -204,6 +205,8 @@ def initialize(layout: ProcessLayout, *, timeout_seconds: float, task_names: dic
             )
     finally:
         watchdog.cancel()
+    if collectives != "mpi":
+        gloo_io.start_backend(gloo_priority)
     if collectives in ("shm", "auto"):
         shm_collectives.setup(layout.process_id, layout.num_processes, timeout_seconds,
                               task_name, required=collectives == "shm")
