@@ -7,9 +7,9 @@ all-reduce; worker 0's must fail within the timeout (argument 3, seconds), namin
 ``die``: worker 1 kills itself (SIGKILL) while worker 0 waits in the all-reduce. MODE ``once``:
 one ``ctx.all_reduce`` per operation, then "traced N" and "done <worker>". stratax logs at
 INFO. Prints "segment NAME", "shm <active>" and "idle threads N" (threads under SCHED_IDLE:
-gloo's I/O thread, unless STRATAX_GLOO_IO_PRIORITY says otherwise); after the work, "named after the set-up
-<bool>" (whether the segment's name is still in /dev/shm) and "traced N" (shared-memory
-all-reduces traced).
+gloo's I/O thread, unless STRATAX_GLOO_IO_PRIORITY says otherwise); after the work, "named
+after the set-up <bool>" (whether the segment's name is still in /dev/shm) and "traced N"
+(shared-memory all-reduces traced).
 """
 
 import logging
