@@ -75,6 +75,26 @@ def test_fit_step_all_reduces_one_flat_buffer():
     assert len(gspmd) >= 4, gspmd  # what the packed step replaces: one buffer per gradient
 
 
+def test_the_steps_return_their_state_placed_as_the_variables_are():
+    """Equal placements written differently (Keras' ``P(None,)`` and jit's ``P()``) are
+    different keys of jit's dispatch cache: the group program returned 1-D state as ``P()``,
+    so the first group of every fit's second epoch missed the cache and took JAX's slow
+    Python path."""
+    strategy = sx.MirroredStrategy(["cpu:0", "cpu:1"])
+    with strategy.scope():
+        model = _compiled(_model())
+    state, batch = _state_and_batch(model, strategy)
+    placed = [leaf.sharding for leaf in jax.tree.leaves(state)]
+    assert jax.sharding.PartitionSpec(None) in [s.spec for s in placed]  # Keras' layout
+    step = packed_step.compiled_packed_step(model, strategy)
+    group = group_step.grouped_steps(2, step, step, packed_step.splits_over_replicas,
+                                     packed_step.output_shardings(model, strategy))
+    _, state = step(state, batch)
+    assert [leaf.sharding for leaf in jax.tree.leaves(state)] == placed
+    _, state = group(state, iter([batch, batch]))
+    assert [leaf.sharding for leaf in jax.tree.leaves(state)] == placed
+
+
 def test_bytes_per_pack_cuts_the_buffer_into_packs():
     mirrored = sx.MirroredStrategy(["cpu:0", "cpu:1"])
     with mirrored.scope():
@@ -107,11 +127,11 @@ def test_fit_uses_the_packed_step_and_matches_one_device(monkeypatch, steps_per_
                         lambda *a: built.append(a) or original(*a))
     original_group = group_step.grouped_steps
 
-    def counting_group(size, traced_step, single_step, groupable):
+    def counting_group(size, traced_step, single_step, groupable, *rest):
         def traced(*args):
             grouped.append(size)  # once per step of the group program, when it is traced
             return traced_step(*args)
-        return original_group(size, traced, single_step, groupable)
+        return original_group(size, traced, single_step, groupable, *rest)
 
     monkeypatch.setattr(group_step, "grouped_steps", counting_group)
     for name, strategy in (("one", sx.OneDeviceStrategy("cpu:0")),

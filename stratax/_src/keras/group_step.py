@@ -31,7 +31,8 @@ def _signature(batch: Any) -> tuple[Any, ...]:
 
 
 def grouped_steps(size: int, traced_step: Step, single_step: Step,
-                  groupable: Callable[[Any], bool]) -> Callable[[Any, Iterator[Any]], Any]:
+                  groupable: Callable[[Any], bool],
+                  out_shardings: Any = None) -> Callable[[Any, Iterator[Any]], Any]:
     """Keras' ``iterator_step(state, iterator) -> (logs, state)`` for groups of ``size`` steps.
 
     Args:
@@ -40,6 +41,8 @@ def grouped_steps(size: int, traced_step: Step, single_step: Step,
         single_step: the step as it runs alone (for groups that cannot run as one program).
         groupable: whether a batch may run in the group program (e.g. it is split over the
             replicas the way ``traced_step`` expects).
+        out_shardings: the group program's ``(logs, state)`` output shardings (``None``: jit's
+            choice), so its state comes back placed as it went in.
     """
 
     def steps(state: Any, batches: list[Any]) -> tuple[Any, Any]:
@@ -48,7 +51,7 @@ def grouped_steps(size: int, traced_step: Step, single_step: Step,
             logs, state = traced_step(state, batch)
         return logs, state
 
-    program = jax.jit(steps, donate_argnums=0)
+    program = jax.jit(steps, donate_argnums=0, out_shardings=out_shardings)
 
     def iterator_step(state: Any, iterator: Iterator[Any]) -> tuple[Any, Any]:
         batches = [next(iterator)]  # StopIteration here ends the epoch, as in Keras' loop

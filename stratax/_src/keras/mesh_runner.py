@@ -94,7 +94,8 @@ class MeshRunner(KerasRunner):
             group = steps_per_execution(model)
             if group > 1:
                 return self._bounded(group_step.grouped_steps(
-                    group, compiled, step_fn, packed_step.splits_over_replicas))
+                    group, compiled, step_fn, packed_step.splits_over_replicas,
+                    packed_step.output_shardings(model, self.strategy)))
         return build(self._bounded(step_fn))
 
     def _bounded(self, step_fn: Callable[..., Any]) -> Callable[..., Any]:
