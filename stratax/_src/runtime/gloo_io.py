@@ -8,7 +8,7 @@ core each, or more busy threads than cores), the poster runs only at the next sc
 (4 ms at HZ=250), so every gloo collective cost a tick: `docs/transport.md`. Under
 ``SCHED_IDLE`` the poller runs only when nothing else on its core is runnable, so the poster
 runs at once. MWMS ``fit`` of the benchmark MLP, 2 processes x 1 core, gloo: ~54k samples/s
-before, ~160k after (`benchmarks/README.md`).
+before, ~200k after (`benchmarks/README.md`).
 
 The price: the I/O thread also moves gloo's bytes, so *other* processes that keep the same
 cores busy slow gloo's collectives down (the thread still runs, with the smallest share of its
