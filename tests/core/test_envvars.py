@@ -1,4 +1,5 @@
-"""The one reader of numeric environment variables: values, defaults and the error's wording."""
+"""The one reader of numeric and choice environment variables: values, defaults and the error's
+wording."""
 
 import pytest
 
@@ -48,3 +49,14 @@ def test_float_error_rejects_nan_and_reads_like_the_int_one(monkeypatch, value):
     assert str(raised.value) == (f"Environment variable STRATAX_TEST_N={value!r} is not a number "
                                  ">= 0 (seconds); set it to a number >= 0 or unset it for the "
                                  "default 2.5.")
+
+
+def test_choice_reader_ignores_case_and_names_the_choices(monkeypatch):
+    monkeypatch.delenv("STRATAX_TEST_CHOICE", raising=False)
+    assert envvars.get_choice("STRATAX_TEST_CHOICE", ("a", "b"), "a", what="a letter") == "a"
+    monkeypatch.setenv("STRATAX_TEST_CHOICE", " B ")
+    assert envvars.get_choice("STRATAX_TEST_CHOICE", ("a", "b"), "a", what="a letter") == "b"
+    monkeypatch.setenv("STRATAX_TEST_CHOICE", "c")
+    with pytest.raises(ValueError, match=r"^STRATAX_TEST_CHOICE='c' is not a letter; use one of "
+                                         r"a, b \(or unset it for a\)\.$"):
+        envvars.get_choice("STRATAX_TEST_CHOICE", ("a", "b"), "a", what="a letter")

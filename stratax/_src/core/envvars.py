@@ -1,4 +1,5 @@
-"""Reading numeric environment variables with one error that names the variable and the fix.
+"""Reading numeric and choice environment variables with one error that names the variable and
+the fix.
 
 Every ``STRATAX_*`` setting (and every cluster variable a resolver reads) goes through these
 functions, so a bad value reads the same everywhere, e.g.::
@@ -31,6 +32,20 @@ def get_str(name: str, context: str) -> str:
     value = os.environ.get(name, "").strip()
     if not value:
         raise ValueError(f"Environment variable {name} is not set (or empty); {context}")
+    return value
+
+
+def get_choice(name: str, choices: tuple[str, ...], default: str, *, what: str) -> str:
+    """The value of ``name``, case and surrounding spaces ignored, or ``default`` when unset.
+
+    Raises:
+      ValueError: a value outside ``choices``; the message says it is not ``what`` (e.g. "a
+        CPU collectives implementation") and lists the choices.
+    """
+    value = os.environ.get(name, "").strip().lower() or default
+    if value not in choices:
+        raise ValueError(f"{name}={value!r} is not {what}; use one of {', '.join(choices)} "
+                         f"(or unset it for {default}).")
     return value
 
 

@@ -32,7 +32,7 @@ import jax
 
 from stratax._src import seam
 from stratax._src.cluster.layout import ProcessLayout
-from stratax._src.core import env
+from stratax._src.core import env, envvars
 from stratax._src.core.addresses import is_loopback
 from stratax._src.core.errors import CollectiveTimeoutError, WorkerUnavailableError
 from stratax._src.runtime import gloo_io, shm_collectives, worker_exit
@@ -107,11 +107,8 @@ def cpu_collectives_from_env() -> str:
         ValueError: the variable names another implementation, or ``mpi`` without
             ``MPITRAMPOLINE_LIB``.
     """
-    raw = os.environ.get(env.STRATAX_CPU_COLLECTIVES, "").strip().lower() or "auto"
-    if raw not in CPU_COLLECTIVES:
-        raise ValueError(
-            f"{env.STRATAX_CPU_COLLECTIVES}={raw!r} is not a CPU collectives implementation; "
-            f"use one of {', '.join(CPU_COLLECTIVES)} (or unset it for auto).")
+    raw = envvars.get_choice(env.STRATAX_CPU_COLLECTIVES, CPU_COLLECTIVES, "auto",
+                             what="a CPU collectives implementation")
     if raw == "mpi" and not os.environ.get("MPITRAMPOLINE_LIB"):
         raise ValueError(
             f"{env.STRATAX_CPU_COLLECTIVES}=mpi needs MPITRAMPOLINE_LIB set to an MPIwrapper "

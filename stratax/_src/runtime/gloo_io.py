@@ -31,7 +31,7 @@ import time
 
 import jax
 
-from stratax._src.core import env
+from stratax._src.core import env, envvars
 
 logger = logging.getLogger(__name__)
 
@@ -47,12 +47,8 @@ def priority_from_env() -> str:
     Raises:
         ValueError: another value, naming it and the choices.
     """
-    raw = os.environ.get(env.STRATAX_GLOO_IO_PRIORITY, "").strip().lower() or "idle"
-    if raw not in PRIORITIES:
-        raise ValueError(
-            f"{env.STRATAX_GLOO_IO_PRIORITY}={raw!r} is not a priority for gloo's I/O thread; "
-            f"use one of {', '.join(PRIORITIES)} (or unset it for idle).")
-    return raw
+    return envvars.get_choice(env.STRATAX_GLOO_IO_PRIORITY, PRIORITIES, "idle",
+                              what="a priority for gloo's I/O thread")
 
 
 def start_backend(priority: str = "idle") -> list[int]:
