@@ -93,6 +93,9 @@ class System:
     # processes with one mpiexec and needs MPITRAMPOLINE_LIB (docs/transport.md); "shm" is
     # stratax's same-host shared-memory all-reduce (STRATAX_CPU_COLLECTIVES=shm).
     transport: Literal["gloo", "mpi", "shm"] = "gloo"
+    # stratax only: False cuts every batch on the host and places it, as releases before
+    # array input kept on the devices did (STRATAX_RESIDENT_ARRAY_BYTES=0).
+    resident_arrays: bool = True
     note: str = ""
 
     @property
@@ -145,6 +148,13 @@ SYSTEMS: dict[str, System] = {
         System("sx-mwms-2proc-shm", "stratax MultiWorkerMirroredStrategy, 2 processes x 1 core, "
                "shared-memory all-reduce (STRATAX_CPU_COLLECTIVES=shm)", "stratax", "mwms",
                processes=2, pin=True, transport="shm"),
+        System("sx-1proc-1core-host", "stratax OneDeviceStrategy, 1 process on 1 core, batches "
+               "placed from the host (STRATAX_RESIDENT_ARRAY_BYTES=0)", "stratax", "onedevice",
+               pin=True, resident_arrays=False),
+        System("sx-mwms-2proc-shm-host", "stratax MultiWorkerMirroredStrategy, 2 processes x 1 "
+               "core, shared-memory all-reduce, batches placed from the host "
+               "(STRATAX_RESIDENT_ARRAY_BYTES=0)", "stratax", "mwms", processes=2, pin=True,
+               transport="shm", resident_arrays=False),
         System("torch-1proc-1core", "PyTorch (eager), 1 process on 1 core", "torch", "none",
                pin=True, note="eager: steps_per_execution does not apply"),
         System("torch-ddp-2proc", "PyTorch DistributedDataParallel (gloo), 2 processes x 1 core",
@@ -247,12 +257,17 @@ BENCHMARKS: dict[str, Benchmark] = {
                          ("torch-ddp-2proc", "torch-1proc-1core")),
                   quick_workloads=("mlp", "wide_mlp"), quick_spes=(32,)),
         Benchmark("multiworker_shm", "stratax 2 processes x 1 core: gloo vs shared memory, "
-                  "against 1 process on 1 core",
-                  ("sx-1proc-1core", "sx-mwms-2proc", "sx-mwms-2proc-shm"),
+                  "arrays kept on the devices vs batches placed from the host, against 1 "
+                  "process on 1 core",
+                  ("sx-1proc-1core", "sx-mwms-2proc", "sx-mwms-2proc-shm",
+                   "sx-1proc-1core-host", "sx-mwms-2proc-shm-host"),
                   ("mlp", "wide_mlp"), (32,), baseline="sx-1proc-1core",
                   pairs=(("sx-mwms-2proc", "sx-1proc-1core"),
                          ("sx-mwms-2proc-shm", "sx-1proc-1core"),
-                         ("sx-mwms-2proc-shm", "sx-mwms-2proc")),
+                         ("sx-mwms-2proc-shm", "sx-mwms-2proc"),
+                         ("sx-mwms-2proc-shm-host", "sx-1proc-1core-host"),
+                         ("sx-mwms-2proc-shm", "sx-mwms-2proc-shm-host"),
+                         ("sx-1proc-1core", "sx-1proc-1core-host")),
                   default=False),
         Benchmark("gpu", "One GPU: Keras 3 JAX vs stratax vs TF", ("tf-none", "kjax-single",
                   "sx-mirrored-1"), ("mlp", "cnn"), (1, 32), baseline="tf-none",

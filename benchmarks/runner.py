@@ -72,6 +72,8 @@ def child_env(config: Config, device: Device, tf_config: str | None) -> dict[str
         env["TF_USE_LEGACY_KERAS"] = "1"
     if system.prefetch is not None:
         env["STRATAX_PREFETCH_DEPTH"] = str(system.prefetch)
+    if not system.resident_arrays:
+        env["STRATAX_RESIDENT_ARRAY_BYTES"] = "0"
     # Explicit even for gloo: unset means auto, which is shm for same-host single-device workers.
     env["STRATAX_CPU_COLLECTIVES"] = "shm" if system.transport == "shm" else "gloo"
     if tf_config is not None:

@@ -253,3 +253,21 @@ def test_steps_without_batch_size_cut_the_data_as_keras_does():
     plain.fit(x, y, steps_per_epoch=3, epochs=1, shuffle=False, verbose=0)
     reference.fit(x, y, steps_per_epoch=3, epochs=1, shuffle=False, verbose=0)
     _assert_same_weights(plain, reference, tol=1e-6)
+
+
+def test_validation_data_with_dict_inputs_is_one_set_of_arrays():
+    """``validation_data=(x_dict, y)`` is x and y, not a list of two batches (it was taken for
+    one, and the validation step got no labels)."""
+    rng = np.random.default_rng(0)
+    x = {"a": rng.normal(size=(64, 3)).astype(np.float32),
+         "b": rng.normal(size=(64, 2)).astype(np.float32)}
+    y = rng.integers(0, 3, 64)
+    with sx.MirroredStrategy(["cpu:0", "cpu:1"]).scope():
+        a, b = keras.Input((3,), name="a"), keras.Input((2,), name="b")
+        model = keras.Model({"a": a, "b": b},
+                            keras.layers.Dense(3)(keras.layers.Concatenate()([a, b])))
+        model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(
+            from_logits=True))
+    history = model.fit(x, y, batch_size=16, epochs=1, verbose=0, validation_data=(x, y))
+    np.testing.assert_allclose(history.history["val_loss"][0],
+                               model.evaluate(x, y, batch_size=16, verbose=0), rtol=1e-6)

@@ -2,13 +2,16 @@
 
 Each variant builds a binary classifier, trains it under the given strategy and returns what a
 test compares: final weights, the loss history, evaluation counts (true positives and false
-negatives, which a mean would hide when examples are double counted) and predictions.
+negatives, which a mean would hide when examples are double counted), predictions, and how many
+times ``fit`` placed its arrays on the devices (``keras.device_rows``: once for array input,
+under every strategy).
 """
 
 import keras
 import numpy as np
 
 import stratax as sx
+from stratax._src.keras import device_rows
 
 GLOBAL_BATCH = 16
 SEED = 11
@@ -74,11 +77,24 @@ def run_variant(strategy, variant, backup_dir=None):
     x, y = make_data()
     model = make_model(strategy)
     callbacks = [sx.BackupAndRestore(backup_dir, save_freq=3)] if backup_dir else []
-    history = model.fit(epochs=2, verbose=0, callbacks=callbacks, **_fit_kwargs(variant, x, y))
+    kept = []
+    original = device_rows.Resident.__init__
+
+    def counted(self, *args, **kwargs):
+        kept.append(self)
+        original(self, *args, **kwargs)
+
+    device_rows.Resident.__init__ = counted
+    try:
+        history = model.fit(epochs=2, verbose=0, callbacks=callbacks,
+                            **_fit_kwargs(variant, x, y))
+    finally:
+        device_rows.Resident.__init__ = original
     counts = model.evaluate(_generator(x, y), steps=-(-len(x) // GLOBAL_BATCH), verbose=0,
                             return_dict=True)
     predictions = model.predict(_generator(x, y), steps=-(-len(x) // GLOBAL_BATCH), verbose=0)
     return {"loss": np.asarray(history.history["loss"]),
             "counts": np.asarray([counts["tp"], counts["fn"]]),
             "predictions": np.asarray(predictions),
+            "kept_on_devices": np.asarray(len(kept)),
             **{f"w{i}": w for i, w in enumerate(model.get_weights())}}

@@ -44,6 +44,14 @@ def test_input_kind_equals_one_device(variant, replicas, backup, tmp_path):
     _assert_equal(got, _reference(variant), f"{variant}, {replicas} replicas, backup={backup}")
 
 
+def test_array_inputs_are_kept_on_the_devices():
+    """What the matrix compares includes where the batches came from: every strategy must keep
+    array input on its devices once per fit, as one device does, and gather the batches there."""
+    for variant in VARIANTS:
+        arrays = variant in ("class_weight", "shuffled_arrays")
+        assert int(_reference(variant)["kept_on_devices"]) == int(arrays), variant
+
+
 def test_class_weight_changes_the_loss():
     """The weighted loss differs from the unweighted one, so the comparison above has teeth."""
     weighted = _reference("class_weight")["loss"]

@@ -68,6 +68,9 @@ STRATAX_DASHBOARD_TOKEN = "STRATAX_DASHBOARD_TOKEN"
 STRATAX_SKIP_VERSION_CHECK = "STRATAX_SKIP_VERSION_CHECK"
 # How many batches fit places on the devices ahead of the step (default 2, 0 = off).
 STRATAX_PREFETCH_DEPTH = "STRATAX_PREFETCH_DEPTH"
+# The most bytes of fit's array input kept on a process's devices (per device; 0 = off;
+# default 1 GiB on CPU, 0 on accelerators): batches are then gathered inside the step.
+STRATAX_RESIDENT_ARRAY_BYTES = "STRATAX_RESIDENT_ARRAY_BYTES"
 
 # Cloud TPU VM / GKE TPU / Colab (read by TPUClusterResolver; set by the TPU runtime, libtpu or
 # the TPU VM's tpu-env metadata). Names as JAX's jax/_src/clusters/cloud_tpu_cluster.py reads them.

@@ -144,6 +144,12 @@ class _ArraySource:
                         if isinstance(rows, slice) else rows[share])
             yield jax.tree.map(lambda a, r=rows: a[r], self._arrays), share is None
 
+    def row_pass(self, seed: int, epoch: int, skip: int) -> RowPass:
+        """The pass of epoch ``epoch`` from batch ``skip``, by rows (:class:`RowPass`)."""
+        rows = np.arange(self._n, dtype=np.int64 if self._n >= 2**31 else np.int32)
+        order = np.concatenate([rows[r] for r in self._row_indices(seed, epoch, 0)])
+        return RowPass(self._arrays, order, self._batch, skip)
+
     def _row_indices(self, seed: int, epoch: int, skip: int) -> Iterator[Any]:
         """Each global batch's rows (a slice, or indices when shuffled), from batch ``skip``."""
         order = _permutation(self._n, seed, epoch) if self._shuffle is True else None
@@ -155,6 +161,26 @@ class _ArraySource:
                 yield start + np.random.default_rng((seed, epoch, index)).permutation(stop - start)
             else:
                 yield slice(start, stop)
+
+
+@dataclasses.dataclass(frozen=True)
+class RowPass:
+    """One pass over a feed cut from arrays, named by rows: batch ``i`` (from ``first`` on) is
+    rows ``order[i * batch_size:][:batch_size]`` of ``arrays`` (the last one may be shorter)."""
+
+    arrays: Any
+    order: np.ndarray
+    batch_size: int
+    first: int
+
+    def spans(self) -> Iterator[tuple[int, int]]:
+        """``(start, rows)`` of each batch of the pass, in ``order``."""
+        for start in range(self.first * self.batch_size, len(self.order), self.batch_size):
+            yield start, min(self.batch_size, len(self.order) - start)
+
+    def batch(self, start: int, rows: int) -> Any:
+        """The batch of ``rows`` rows from ``start``, cut on the host."""
+        return jax.tree.map(lambda a: a[self.order[start:start + rows]], self.arrays)
 
 
 class _SequenceSource:
@@ -218,6 +244,18 @@ class GlobalFeed(keras.utils.PyDataset):
         """For a feed cut from arrays, ``_ArraySource.split``'s ``(arrays, row source)``;
         ``None`` for other inputs."""
         return self._source.split() if isinstance(self._source, _ArraySource) else None
+
+    def arrays(self) -> Any:
+        """The arrays a feed cut from arrays (the same on every worker) serves, else ``None``."""
+        if isinstance(self._source, _ArraySource) and not self.per_worker:
+            return self._source.split()[0]
+        return None
+
+    def row_pass(self) -> RowPass:
+        """One pass from the current position, like :meth:`local_batches`, as a
+        :class:`RowPass` (for a feed whose :meth:`arrays` is not ``None``)."""
+        skip, self._skip = self._skip, 0
+        return self._source.row_pass(self.seed, self.epoch, skip)
 
     @property
     def num_batches(self) -> int | None:
@@ -292,7 +330,9 @@ def _is_array_like(x: Any) -> bool:
 
 
 def _is_batch_list(x: Any) -> bool:
-    return isinstance(x, (list, tuple)) and bool(x) and isinstance(x[0], (tuple, dict))
+    # Every element a batch: ``(x_dict, y)`` (e.g. ``validation_data``) is one batch's arrays.
+    return isinstance(x, (list, tuple)) and bool(x) and all(
+        isinstance(batch, (tuple, dict)) for batch in x)
 
 
 def is_array_input(x: Any) -> bool:

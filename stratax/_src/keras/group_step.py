@@ -26,8 +26,9 @@ Step = Callable[[Any, Any], tuple[Any, Any]]
 
 
 def _signature(batch: Any) -> tuple[Any, ...]:
-    return tuple((leaf.shape, leaf.dtype, getattr(leaf, "sharding", None))
-                 for leaf in jax.tree.leaves(batch))
+    leaves, structure = jax.tree.flatten(batch)
+    return structure, tuple((getattr(leaf, "shape", None), getattr(leaf, "dtype", None),
+                             getattr(leaf, "sharding", None)) for leaf in leaves)
 
 
 def grouped_steps(size: int, traced_step: Step, single_step: Step,

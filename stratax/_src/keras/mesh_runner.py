@@ -25,7 +25,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from stratax._src import seam
-from stratax._src.keras import binding, group_step, model_parallel, packed_step
+from stratax._src.keras import binding, device_rows, group_step, model_parallel, packed_step
 from stratax._src.keras.distribution import StrategyDistribution
 from stratax._src.keras.runner import KerasRunner, steps_per_execution
 from stratax._src.runtime import distributed
@@ -45,6 +45,8 @@ class MeshRunner(KerasRunner):
             self.distribution = StrategyDistribution(strategy)
         self._split = NamedSharding(strategy.mesh, P(REPLICA_AXIS))
         self._whole = NamedSharding(strategy.mesh, P())
+        self._kept = (self._whole if self.distribution is not None
+                      else jax.sharding.SingleDeviceSharding(strategy.devices[0]))
         binding.remember_mesh(strategy)
 
     def placement_scope(self) -> contextlib.AbstractContextManager[Any]:
@@ -63,6 +65,43 @@ class MeshRunner(KerasRunner):
             sharding = self._whole if replicated else self._split
             yield jax.tree.map(lambda a, s=sharding: jax.make_array_from_process_local_data(s, a),
                                batch)
+
+    def feed_batches(self, feed: Any, call: Any) -> Iterator[Any]:
+        resident = self._resident(feed, call)
+        if resident is None:
+            return self.batches(feed.local_batches())
+        return self._row_batches(resident, feed)
+
+    def _row_batches(self, resident: device_rows.Resident, feed: Any) -> Iterator[Any]:
+        for batch in resident.batches(feed.row_pass(), feed.layout):
+            if isinstance(batch, device_rows.RowBatch):
+                yield batch
+            else:  # a batch that does not split over the replicas: fed whole, from the host
+                yield from self.batches(iter([(batch, True)]))
+
+    def _resident(self, feed: Any, call: Any) -> device_rows.Resident | None:
+        """The arrays of ``fit``'s training input kept on the devices (once per call), or
+        ``None``: another input, another step, or arrays over the budget."""
+        if "resident" not in call.kept:
+            arrays = feed.arrays() if feed is call.feed and call.method == "fit" else None
+            takes_rows = arrays is not None and self._takes_rows(call.model)
+            call.kept["resident"] = (
+                device_rows.Resident(arrays, self._kept)
+                if takes_rows and device_rows.fits(arrays, self._kept.addressable_devices)
+                else None)
+        return call.kept["resident"]
+
+    def _takes_rows(self, model: Any) -> bool:
+        """Whether ``model``'s train step (:meth:`make_step`) takes ``RowBatch`` batches."""
+        if self.distribution is None:
+            return model.jit_compile and not model.run_eagerly
+        return self._packs(model)
+
+    def _packs(self, model: Any) -> bool:
+        """Whether ``model``'s train step all-reduces in one packed collective."""
+        return (isinstance(self.distribution, StrategyDistribution)
+                and self.strategy.num_replicas_in_sync > 1
+                and packed_step.eligible(model) is None)
 
     def place_unconverted(self, batches: Iterator[Any]) -> Iterator[Any]:
         if self.distribution is None:
@@ -85,10 +124,10 @@ class MeshRunner(KerasRunner):
                   build: Callable[[Callable[..., Any]], Callable[..., Any]],
                   step_fn: Callable[..., Any]) -> Callable[..., Any]:
         if self.distribution is None:
+            if kind == "train" and self._takes_rows(model):
+                step_fn = _taking_rows(step_fn)
             return build(_committed(step_fn, self.strategy.devices[0]))
-        if (kind == "train" and isinstance(self.distribution, StrategyDistribution)
-                and self.strategy.num_replicas_in_sync > 1
-                and packed_step.eligible(model) is None):
+        if kind == "train" and self._packs(model):
             compiled = packed_step.compiled_packed_step(model, self.strategy)
             step_fn = packed_step.packed_train_step(compiled, step_fn)
             group = steps_per_execution(model)
@@ -123,6 +162,21 @@ class MeshRunner(KerasRunner):
 
     def finish(self) -> None:
         self.strategy.dispatch_window.forget()  # drained by `call`, unless it failed
+
+
+def _taking_rows(step_fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``step_fn`` (jitted) that also takes ``RowBatch`` batches, gathered in its program."""
+    def train_step(state: Any, data: Any) -> Any:  # Keras' name, for jit's logs and profiles
+        return step_fn(state, device_rows.whole_batch(data))
+
+    gathered = jax.jit(train_step, donate_argnums=0)
+
+    def step(state: Any, data: Any) -> Any:
+        if isinstance(data, device_rows.RowBatch):
+            return gathered(state, data)
+        return step_fn(state, data)
+
+    return step
 
 
 def _committed(step_fn: Callable[..., Any], device: Any) -> Callable[..., Any]:

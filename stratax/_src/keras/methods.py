@@ -44,7 +44,7 @@ def model_method(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
         if name == "compile":
             binding.bind(self, strategy)
         runner = runner_for(strategy)
-        call = session.Call(runner, name)
+        call = session.Call(runner, name, self)
         if name in _BATCHED_METHODS:
             kwargs = runner.prepare(name, _bind(original, args, kwargs))
             args = ()

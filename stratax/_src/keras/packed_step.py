@@ -31,6 +31,7 @@ from jax.sharding import PartitionSpec as P
 
 from stratax._src import seam
 from stratax._src.core.reduce_op import ReduceOp
+from stratax._src.keras import device_rows
 from stratax._src.strategies.packing import packed_collective
 from stratax._src.strategies.replica_context import REPLICA_AXIS, shm_reducer
 
@@ -56,7 +57,10 @@ def eligible(model: Any) -> str | None:
 
 
 def splits_over_replicas(data: Any) -> bool:
-    """True when every array of the batch is sharded along its first axis over the replicas."""
+    """True when every array of the batch is sharded along its first axis over the replicas
+    (or the batch is a ``device_rows.RowBatch``, which names only batches that split)."""
+    if isinstance(data, device_rows.RowBatch):
+        return True
     leaves = jax.tree.leaves(data)
     return bool(leaves) and all(
         isinstance(getattr(leaf, "sharding", None), NamedSharding)
@@ -68,15 +72,17 @@ def splits_over_replicas(data: Any) -> bool:
 def compiled_packed_step(model: Any, strategy: Any) -> Callable[..., Any]:
     """The jitted ``step(state, data) -> (logs, state)`` with one packed gradient all-reduce.
 
-    ``data`` must be sharded over the replicas along its first axis; ``state`` is Keras' JAX
-    train state (replicated) and is donated, as Keras' own step donates it.
+    ``data`` must be sharded over the replicas along its first axis, or a
+    ``device_rows.RowBatch``; ``state`` is Keras' JAX train state (replicated) and is donated,
+    as Keras' own step donates it.
     """
     replicas = strategy.num_replicas_in_sync
     bytes_per_pack = strategy.bytes_per_pack
 
-    def train_step(state: Any, data: Any) -> Any:
-        """One replica's step (named as Keras' own, so jit logs and profiles read the same)."""
+    def replica_step(state: Any, data: Any) -> Any:
+        """One replica's step."""
         trainable, non_trainable, optimizer_vars, metrics_vars = state
+        data = device_rows.replica_batch(data, replicas)
         grads, non_trainable, local_metrics = seam.keras_gradients_and_metrics(
             model, trainable, non_trainable, optimizer_vars, metrics_vars, data)
         deltas = [new - old for new, old in zip(local_metrics, metrics_vars, strict=True)]
@@ -92,10 +98,14 @@ def compiled_packed_step(model: Any, strategy: Any) -> Callable[..., Any]:
             logs = model.get_metrics_result()
         return logs, (trainable, non_trainable, optimizer_vars, metrics_vars)
 
-    mapped = jax.shard_map(train_step, mesh=strategy.mesh, in_specs=(P(), P(REPLICA_AXIS)),
-                           out_specs=(P(), P()), axis_names=frozenset({REPLICA_AXIS}),
-                           check_vma=False)
-    return jax.jit(mapped, donate_argnums=0, out_shardings=output_shardings(model, strategy))
+    def train_step(state: Any, data: Any) -> Any:  # Keras' name, for jit's logs and profiles
+        # A RowBatch is whole on every replica; each gathers its own rows.
+        split = P() if isinstance(data, device_rows.RowBatch) else P(REPLICA_AXIS)
+        return jax.shard_map(replica_step, mesh=strategy.mesh, in_specs=(P(), split),
+                             out_specs=(P(), P()), axis_names=frozenset({REPLICA_AXIS}),
+                             check_vma=False)(state, data)
+
+    return jax.jit(train_step, donate_argnums=0, out_shardings=output_shardings(model, strategy))
 
 
 def output_shardings(model: Any, strategy: Any) -> tuple[Any, Any]:

@@ -8,7 +8,8 @@ strategy changes only what its runner says. Follow a batch from ``model.fit`` to
    :class:`~stratax._src.keras.feed.GlobalFeed`, the one batch path of every input kind (global
    batches, this process's share, the last partial batch, shuffling, class weights).
 2. Keras builds its epoch iterator over the feed; each epoch it asks for an iterator, which the
-   runner gives as :meth:`~KerasRunner.batches`: the feed's batches placed on the replicas.
+   runner gives as :meth:`~KerasRunner.feed_batches`: the feed's batches placed on the replicas
+   (or, for arrays kept on the devices, named by their rows: ``keras.device_rows``).
 3. Keras compiles ``train_step`` and asks how a group of ``steps_per_execution`` steps runs;
    :meth:`~KerasRunner.make_step` answers (the mirrored runner bounds the steps in flight; a TPU
    runner loops on the device; a parameter-server runner schedules the group on a worker).
@@ -57,6 +58,11 @@ class KerasRunner:
     def batches(self, local_batches: Iterator[tuple[Any, bool]]) -> Iterator[Any]:
         """Places one epoch of ``(local batch, replicated)`` pairs where the step reads them."""
         raise NotImplementedError  # pragma: no cover - every registered runner implements it
+
+    def feed_batches(self, feed: feed_lib.GlobalFeed, call: Any) -> Iterator[Any]:
+        """One pass of ``feed`` for ``call`` (``session.Call``), placed: :meth:`batches` of the
+        feed's local batches, unless the runner serves the feed another way."""
+        return self.batches(feed.local_batches())
 
     def default_prefetch(self) -> int:
         """Batches ``fit`` places ahead of the step when nothing says otherwise.

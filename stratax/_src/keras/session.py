@@ -25,7 +25,10 @@ class Call:
 
     runner: KerasRunner
     method: str  # "fit", "evaluate", "predict", "compile", "train_on_batch", ...
+    model: Any = None
     feed: GlobalFeed | None = None
+    # What the runner keeps for the length of the call (e.g. arrays placed on the devices).
+    kept: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 class _Calls(threading.local):
@@ -60,5 +63,5 @@ def epoch_batches(data_adapter: Any, keras_iterator: Callable[[], Iterator[Any]]
     feed = seam.adapter_dataset(data_adapter)
     if isinstance(feed, GlobalFeed):
         depth = call.runner.default_prefetch() if feed.prefetch is None else feed.prefetch
-        return Prefetcher(call.runner.batches(feed.local_batches()), depth)
+        return Prefetcher(call.runner.feed_batches(feed, call), depth)
     return call.runner.place_unconverted(data_adapter.get_jax_iterator())
