@@ -61,36 +61,6 @@ def _fit(monkeypatch, budget, replicas, *, rows=200, shuffle=False, spe=1, dict_
     return model.get_weights(), history.history
 
 
-@pytest.mark.parametrize("replicas,rows,shuffle,spe,dict_input,weights", [
-    (0, 203, True, 1, False, None),       # one device; every batch splits over 1 replica
-    (2, 200, False, 3, False, None),      # grouped steps; the last batch (8 rows) splits
-    (2, 203, True, 3, False, "sample"),   # the last batch (11 rows) is fed whole, from the host
-    (4, 200, "batch", 1, True, None),     # dict input, Keras' shuffle within batches
-    (4, 203, True, 4, False, "class"),
-])
-def test_kept_arrays_train_what_host_batches_train(monkeypatch, replicas, rows, shuffle, spe,
-                                                   dict_input, weights):
-    placed = []
-    original = device_rows.Resident.__init__
-
-    def spy(self, *args, **kwargs):
-        placed.append(self)
-        original(self, *args, **kwargs)
-
-    monkeypatch.setattr(device_rows.Resident, "__init__", spy)
-    options = dict(replicas=replicas, rows=rows, shuffle=shuffle, spe=spe,
-                   dict_input=dict_input, weights=weights)
-    host_weights, host_history = _fit(monkeypatch, 0, **options)
-    assert placed == []
-    kept_weights, kept_history = _fit(monkeypatch, 1 << 30, **options)
-    assert len(placed) == 1  # once per fit, not per epoch
-    for kept, host in zip(kept_weights, host_weights, strict=True):
-        np.testing.assert_allclose(kept, host, rtol=1e-6, atol=1e-7)
-    assert kept_history.keys() == host_history.keys()
-    for name, values in host_history.items():
-        np.testing.assert_allclose(kept_history[name], values, rtol=1e-6, err_msg=name)
-
-
 def _host_placed_batches(monkeypatch):
     """Counts the batches the runner places from the host."""
     count = [0]
@@ -105,15 +75,41 @@ def _host_placed_batches(monkeypatch):
     return count
 
 
-def test_batches_that_split_are_not_placed_from_the_host(monkeypatch):
-    count = _host_placed_batches(monkeypatch)
-    _fit(monkeypatch, 1 << 30, 2, rows=203, spe=3)
-    # Per epoch: 6 batches of 32 rows from the kept arrays; the last, of 11 rows, does not split
-    # over 2 replicas and comes whole from the host; validation (2 batches) is evaluate's.
-    assert count[0] == 3 * (1 + 2)
-    count[0] = 0
-    _fit(monkeypatch, 0, 2, rows=203, spe=3)
-    assert count[0] == 3 * (7 + 2)
+@pytest.mark.parametrize("replicas,rows,shuffle,spe,dict_input,weights,host_cut", [
+    # One device; every batch splits over 1 replica.
+    (0, 203, True, 1, False, None, 0),
+    # Grouped steps; the last batch (11 rows) does not split over 2 replicas: fed whole, from
+    # the host.
+    (2, 203, True, 3, False, "sample", 1),
+    # Dict input, Keras' shuffle within batches; the last batch (8 rows) splits over 4.
+    (4, 200, "batch", 1, True, "class", 0),
+])
+def test_kept_arrays_train_what_host_batches_train(monkeypatch, replicas, rows, shuffle, spe,
+                                                   dict_input, weights, host_cut):
+    placed = []
+    original = device_rows.Resident.__init__
+
+    def spy(self, *args, **kwargs):
+        placed.append(self)
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(device_rows.Resident, "__init__", spy)
+    host_placed = _host_placed_batches(monkeypatch)
+    options = dict(replicas=replicas, rows=rows, shuffle=shuffle, spe=spe,
+                   dict_input=dict_input, weights=weights)
+    host_weights, host_history = _fit(monkeypatch, 0, **options)
+    assert placed == []
+    # 3 epochs of 7 training batches and 2 validation batches (evaluate's, from the host).
+    assert host_placed[0] == 3 * (7 + 2)
+    host_placed[0] = 0
+    kept_weights, kept_history = _fit(monkeypatch, 1 << 30, **options)
+    assert len(placed) == 1  # once per fit, not per epoch
+    assert host_placed[0] == 3 * (host_cut + 2)
+    for kept, host in zip(kept_weights, host_weights, strict=True):
+        np.testing.assert_allclose(kept, host, rtol=1e-6, atol=1e-7)
+    assert kept_history.keys() == host_history.keys()
+    for name, values in host_history.items():
+        np.testing.assert_allclose(kept_history[name], values, rtol=1e-6, err_msg=name)
 
 
 def test_arrays_over_the_budget_and_gspmd_steps_get_host_batches(monkeypatch):
