@@ -36,6 +36,7 @@ import numpy as np
 from stratax._src.core.context import get_replica_context
 from stratax._src.core.reduce_op import ReduceOp
 from stratax._src.keras.binding import model_strategy
+from stratax._src.keras.device_rows import RowBatch
 from stratax._src.observe.record import MetricsWriter, writer_for
 from stratax._src.observe.run_dir import PathLike
 
@@ -198,6 +199,8 @@ class WorkerMetrics(keras.callbacks.Callback):
         window.reset(now)
 
     def _rows(self, data: Any) -> float:
+        if isinstance(data, RowBatch):  # a global batch named by its rows (arrays kept on the
+            return data.size / self._processes  # devices): this process's share
         # Keras batches are (x, y, sample_weight) tuples; look at x before walking the tree.
         first = data[0] if isinstance(data, tuple) and data else data
         if not getattr(first, "shape", None):
