@@ -115,8 +115,8 @@ class _ArraySource:
     """Global batches cut from arrays, in a ``(seed, epoch)`` order when shuffled."""
 
     def __init__(self, arrays: Any, batch_size: int, shuffle: bool | str) -> None:
-        self._arrays = jax.tree.map(np.asarray, arrays)
-        self._n = _rows(self._arrays)
+        self.arrays = jax.tree.map(np.asarray, arrays)
+        self._n = _rows(self.arrays)
         self._batch = batch_size
         self._shuffle = shuffle
 
@@ -126,11 +126,11 @@ class _ArraySource:
     def split(self) -> tuple[Any, _ArraySource]:
         """``(arrays, source)``: the arrays, and a source of the same batches' row indices
         ``(rows,)`` in the same order (for runners whose workers hold the arrays)."""
-        return self._arrays, _ArraySource((np.arange(self._n),), self._batch, self._shuffle)
+        return self.arrays, _ArraySource((np.arange(self._n),), self._batch, self._shuffle)
 
     def batches(self, seed: int, epoch: int, skip: int) -> Iterator[Any]:
         for rows in self._row_indices(seed, epoch, skip):
-            yield jax.tree.map(lambda a, r=rows: a[r], self._arrays)
+            yield jax.tree.map(lambda a, r=rows: a[r], self.arrays)
 
     def local_batches(self, seed: int, epoch: int, skip: int,
                       layout: FeedLayout) -> Iterator[tuple[Any, bool]]:
@@ -142,13 +142,13 @@ class _ArraySource:
             if share is not None and layout.num_processes > 1:
                 rows = (slice(rows.start + share.start, rows.start + share.stop)
                         if isinstance(rows, slice) else rows[share])
-            yield jax.tree.map(lambda a, r=rows: a[r], self._arrays), share is None
+            yield jax.tree.map(lambda a, r=rows: a[r], self.arrays), share is None
 
     def row_pass(self, seed: int, epoch: int, skip: int) -> RowPass:
         """The pass of epoch ``epoch`` from batch ``skip``, by rows (:class:`RowPass`)."""
         rows = np.arange(self._n, dtype=np.int64 if self._n >= 2**31 else np.int32)
         order = np.concatenate([rows[r] for r in self._row_indices(seed, epoch, 0)])
-        return RowPass(self._arrays, order, self._batch, skip)
+        return RowPass(self.arrays, order, self._batch, skip)
 
     def _row_indices(self, seed: int, epoch: int, skip: int) -> Iterator[Any]:
         """Each global batch's rows (a slice, or indices when shuffled), from batch ``skip``."""
@@ -248,7 +248,7 @@ class GlobalFeed(keras.utils.PyDataset):
     def arrays(self) -> Any:
         """The arrays a feed cut from arrays (the same on every worker) serves, else ``None``."""
         if isinstance(self._source, _ArraySource) and not self.per_worker:
-            return self._source.split()[0]
+            return self._source.arrays
         return None
 
     def row_pass(self) -> RowPass:

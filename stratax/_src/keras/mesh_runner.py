@@ -45,8 +45,9 @@ class MeshRunner(KerasRunner):
             self.distribution = StrategyDistribution(strategy)
         self._split = NamedSharding(strategy.mesh, P(REPLICA_AXIS))
         self._whole = NamedSharding(strategy.mesh, P())
-        self._kept = (self._whole if self.distribution is not None
-                      else jax.sharding.SingleDeviceSharding(strategy.devices[0]))
+        # Where fit's kept arrays go (keras.device_rows): every replica, or the one device.
+        self._resident_sharding = (self._whole if self.distribution is not None
+                                   else jax.sharding.SingleDeviceSharding(strategy.devices[0]))
         binding.remember_mesh(strategy)
 
     def placement_scope(self) -> contextlib.AbstractContextManager[Any]:
@@ -84,11 +85,10 @@ class MeshRunner(KerasRunner):
         ``None``: another input, another step, or arrays over the budget."""
         if "resident" not in call.kept:
             arrays = feed.arrays() if feed is call.feed and call.method == "fit" else None
-            takes_rows = arrays is not None and self._takes_rows(call.model)
-            call.kept["resident"] = (
-                device_rows.Resident(arrays, self._kept)
-                if takes_rows and device_rows.fits(arrays, self._kept.addressable_devices)
-                else None)
+            sharding = self._resident_sharding
+            kept = (arrays is not None and self._takes_rows(call.model)
+                    and device_rows.fits(arrays, sharding.addressable_devices))
+            call.kept["resident"] = device_rows.Resident(arrays, sharding) if kept else None
         return call.kept["resident"]
 
     def _takes_rows(self, model: Any) -> bool:
