@@ -148,27 +148,41 @@ def test_workers_that_never_join_are_named_within_the_timeout(workers):
             f"every task joined; expected: worker 1 ({cluster['worker'][1]})") in output
 
 
-@pytest.mark.timeout(420)
-def test_kill_and_preemption_resume_to_the_uninterrupted_weights(tmp_path):
-    """SIGKILL of a worker mid-epoch and a SIGTERM preemption notice: with the launcher's
-    restarts and step-level backups, the final weights equal an uninterrupted run's."""
+def _interrupted_run_resumes_to_the_uninterrupted_weights(tmp_path, mode, step):
+    """Runs the backup program uninterrupted and with ``mode`` at ``step`` (launcher restarts
+    and step-level backups): the interrupted run's final weights equal the uninterrupted one's.
+    Returns the failure the launcher recorded for the interrupted run."""
     results = {}
-    for mode, step in (("none", 0), ("kill9", int(np.random.default_rng().integers(4, 14))),
-                       ("sigterm", 8)):
-        out = tmp_path / mode
+    for name, at in (("none", 0), (mode, step)):
+        out = tmp_path / name
         out.mkdir()
-        results[mode] = _launch(["mwms_backup_program.py", out, out / "backup", mode, step],
+        results[name] = _launch(["mwms_backup_program.py", out, out / "backup", name, at],
                                 tmp_path, nproc_per_node=2, max_restarts=1, timeout=300)
-        assert results[mode].ok, results[mode].summary
+        assert results[name].ok, results[name].summary
     assert results["none"].restarts == 0
-    killed = results["kill9"].failures[0]
-    assert results["kill9"].restarts == 1 and killed.signal_name == "SIGKILL"
-    preempted = results["sigterm"].failures[0]
-    assert results["sigterm"].restarts == 1 and preempted.exit_code == sx.PREEMPTION_EXIT_CODE
+    assert results[mode].restarts == 1
     reference = load_weights(tmp_path / "none" / "weights_0.npz")
-    for mode in ("kill9", "sigterm"):
-        for worker in (0, 1):
-            assert_same_weights(load_weights(tmp_path / mode / f"weights_{worker}.npz"), reference)
+    for worker in (0, 1):
+        assert_same_weights(load_weights(tmp_path / mode / f"weights_{worker}.npz"), reference)
+    return results[mode].failures[0]
+
+
+@pytest.mark.timeout(420)
+def test_kill_9_at_a_random_step_resumes_to_the_uninterrupted_weights(tmp_path):
+    """SIGKILL of a worker mid-epoch, at a random step."""
+    step = int(np.random.default_rng().integers(4, 14))
+    killed = _interrupted_run_resumes_to_the_uninterrupted_weights(tmp_path, "kill9", step)
+    assert killed.signal_name == "SIGKILL"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_preemption_notice_resumes_to_the_uninterrupted_weights(tmp_path):
+    """A SIGTERM preemption notice mid-epoch: the worker saves and exits with the preemption
+    code, the launcher restarts it (the same path as kill -9, after a save on the way out;
+    ``tests/keras/test_backup.py`` pins the save and the exit code in one process)."""
+    preempted = _interrupted_run_resumes_to_the_uninterrupted_weights(tmp_path, "sigterm", 8)
+    assert preempted.exit_code == sx.PREEMPTION_EXIT_CODE
 
 
 def test_multi_worker_guide_example_via_stratax_launch(tmp_path):

@@ -107,6 +107,7 @@ def _check_tensorboard_equals_reports(tb_train: Path, reports: Path) -> None:
         assert step == epoch and value == pytest.approx(loss, rel=1e-6)
 
 
+@pytest.mark.slow  # ~15 s of training workers; the page in Chromium: the next test (saved run)
 def test_live_dashboard_of_two_workers_in_chromium(tmp_path):
     chromium = _chromium()
     run_dir, stop_file, tb_dir = tmp_path / "run", tmp_path / "stop", tmp_path / "tb"
