@@ -66,10 +66,22 @@ def _fit_kwargs(variant, x, y):
         return {"x": Batches(x, y), "shuffle": True}
     if variant == "generator":
         return {"x": _generator(x, y, passes=2), "steps_per_epoch": -(-len(x) // GLOBAL_BATCH)}
+    # Unshuffled: Keras alone draws its shuffled order elsewhere (README), and is the reference.
+    arrays = {"x": x, "y": y, "batch_size": GLOBAL_BATCH, "shuffle": False}
+    if variant == "steps_per_epoch":  # epochs of 4 of the 10 batches: the next picks up there
+        return {**arrays, "steps_per_epoch": 4}
+    if variant == "validation_split":
+        return {**arrays, "validation_split": 0.2}
+    if variant == "initial_epoch":
+        return {**arrays, "epochs": 3, "initial_epoch": 1}
+    if variant == "fit_twice":  # a second fit of the same arrays
+        return arrays
     raise ValueError(variant)
 
 
 VARIANTS = ("class_weight", "shuffled_arrays", "shuffled_pydataset", "generator")
+# fit's options on array input (the kept path of keras.device_rows, and its row order).
+OPTION_VARIANTS = ("steps_per_epoch", "validation_split", "initial_epoch", "fit_twice")
 
 
 def run_variant(strategy, variant, backup_dir=None):
@@ -85,15 +97,18 @@ def run_variant(strategy, variant, backup_dir=None):
         original(self, *args, **kwargs)
 
     device_rows.Resident.__init__ = counted
+    kwargs = {"epochs": 2, **_fit_kwargs(variant, x, y)}
     try:
-        history = model.fit(epochs=2, verbose=0, callbacks=callbacks,
-                            **_fit_kwargs(variant, x, y))
+        if variant == "fit_twice":
+            model.fit(x[::-1], y[::-1], batch_size=GLOBAL_BATCH, epochs=1, verbose=0,
+                      shuffle=False)
+        history = model.fit(verbose=0, callbacks=callbacks, **kwargs)
     finally:
         device_rows.Resident.__init__ = original
     counts = model.evaluate(_generator(x, y), steps=-(-len(x) // GLOBAL_BATCH), verbose=0,
                             return_dict=True)
     predictions = model.predict(_generator(x, y), steps=-(-len(x) // GLOBAL_BATCH), verbose=0)
-    return {"loss": np.asarray(history.history["loss"]),
+    return {**{key: np.asarray(values) for key, values in history.history.items()},
             "counts": np.asarray([counts["tp"], counts["fn"]]),
             "predictions": np.asarray(predictions),
             "kept_on_devices": np.asarray(len(kept)),

@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 from conftest import HERE
-from input_matrix import VARIANTS, run_variant
+from input_matrix import OPTION_VARIANTS, VARIANTS, run_variant
 
 import stratax as sx
 from stratax._src.launch import launch
@@ -24,9 +24,18 @@ _references: dict[str, dict[str, np.ndarray]] = {}
 
 
 def _reference(variant):
+    """OneDeviceStrategy; for fit's options on arrays, Keras alone (no strategy): one device
+    keeps arrays on the device too, and a row order wrong there would be wrong everywhere."""
     if variant not in _references:
-        _references[variant] = run_variant(sx.OneDeviceStrategy("cpu:0"), variant)
+        alone = variant in OPTION_VARIANTS
+        _references[variant] = run_variant(
+            sx.get_strategy() if alone else sx.OneDeviceStrategy("cpu:0"), variant)
+        if alone:  # Keras' own batches, cut on the host; the tests count what stratax keeps
+            assert int(_references[variant].pop("kept_on_devices")) == 0
     return _references[variant]
+
+
+_ARRAYS = ("class_weight", "shuffled_arrays")
 
 
 def _assert_equal(got, want, where):
@@ -44,11 +53,19 @@ def test_input_kind_equals_one_device(variant, replicas, backup, tmp_path):
     _assert_equal(got, _reference(variant), f"{variant}, {replicas} replicas, backup={backup}")
 
 
+@pytest.mark.parametrize("variant", OPTION_VARIANTS)
+def test_fit_option_on_array_input_equals_keras_alone(variant):
+    for devices in (["cpu:0"], ["cpu:0", "cpu:1"]):
+        got = run_variant(sx.MirroredStrategy(devices), variant)
+        _assert_equal(got, _reference(variant), f"{variant}, {len(devices)} replicas")
+        assert int(got["kept_on_devices"]) == (2 if variant == "fit_twice" else 1)
+
+
 def test_array_inputs_are_kept_on_the_devices():
     """What the matrix compares includes where the batches came from: every strategy must keep
     array input on its devices once per fit, as one device does, and gather the batches there."""
     for variant in VARIANTS:
-        arrays = variant in ("class_weight", "shuffled_arrays")
+        arrays = variant in _ARRAYS
         assert int(_reference(variant)["kept_on_devices"]) == int(arrays), variant
 
 
@@ -59,15 +76,24 @@ def test_class_weight_changes_the_loss():
     assert not np.allclose(weighted, unweighted, rtol=1e-3)
 
 
-def test_every_input_kind_on_two_workers(tmp_path, monkeypatch):
+def _on_two_workers(variants, tmp_path, monkeypatch):
     for name in ("STRATAX_CPU_DEVICES", "TF_CONFIG", "XLA_FLAGS"):
         monkeypatch.delenv(name, raising=False)
-    result = launch([sys.executable, "mwms_inputs_program.py", str(tmp_path)], cwd=str(HERE),
-                    capture_output=True, stream_output=False, env={"PYTHONPATH": _PATH},
-                    nproc_per_node=2, timeout=240)
+    result = launch([sys.executable, "mwms_inputs_program.py", str(tmp_path), *variants],
+                    cwd=str(HERE), capture_output=True, stream_output=False,
+                    env={"PYTHONPATH": _PATH}, nproc_per_node=2, timeout=240)
     assert result.ok, result.summary + "\n" + "\n".join(result.outputs[0][-30:])
-    for variant in VARIANTS:
+    for variant in variants:
         for worker in (0, 1):
             with np.load(tmp_path / f"{variant}_{worker}.npz") as saved:
                 got = {key: saved[key] for key in saved.files}
             _assert_equal(got, _reference(variant), f"{variant}, worker {worker} of 2")
+
+
+def test_every_input_kind_on_two_workers(tmp_path, monkeypatch):
+    _on_two_workers(VARIANTS, tmp_path, monkeypatch)
+
+
+@pytest.mark.slow
+def test_fit_options_on_array_input_on_two_workers(tmp_path, monkeypatch):
+    _on_two_workers(OPTION_VARIANTS, tmp_path, monkeypatch)
