@@ -74,7 +74,7 @@ def _fit_kwargs(variant, x, y):
         return {**arrays, "validation_split": 0.2}
     if variant == "initial_epoch":
         return {**arrays, "epochs": 3, "initial_epoch": 1}
-    if variant == "fit_twice":  # a second fit of the same arrays
+    if variant == "fit_twice":  # run_variant first fits the arrays reversed, then these
         return arrays
     raise ValueError(variant)
 

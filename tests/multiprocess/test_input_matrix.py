@@ -21,6 +21,7 @@ pytestmark = pytest.mark.timeout(300)
 # The workers import the stratax under test (this checkout), not whatever is installed.
 _PATH = os.pathsep.join([str(HERE), str(HERE.parent.parent)])
 _references: dict[str, dict[str, np.ndarray]] = {}
+_ARRAYS = ("class_weight", "shuffled_arrays")  # the VARIANTS that give fit arrays
 
 
 def _reference(variant):
@@ -33,9 +34,6 @@ def _reference(variant):
         if alone:  # Keras' own batches, cut on the host; the tests count what stratax keeps
             assert int(_references[variant].pop("kept_on_devices")) == 0
     return _references[variant]
-
-
-_ARRAYS = ("class_weight", "shuffled_arrays")
 
 
 def _assert_equal(got, want, where):
