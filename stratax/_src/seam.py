@@ -9,6 +9,9 @@ written), what for, and which stratax module relies on it:
 - ``keras.Model.{save, save_weights}`` (replaced): atomic, chief-only saves. -> ``keras.saving``
 - ``keras.Model.reset_metrics`` (replaced): resets of mirrored metrics placed without a
   cross-process check. -> ``keras.metric_reset``
+- ``Trainer._get_metrics_result_or_logs`` (replaced): an epoch's logs taken from the last
+  train step's, when they are Keras' own results of the metric values the model now holds.
+  -> ``keras.epoch_logs``
 - ``JAXTrainer._make_function`` (replaced): the runner decides how a group of
   ``steps_per_execution`` steps runs. -> ``keras.runner``
 - ``JAXEpochIterator._get_iterator`` (replaced) and its ``data_adapter`` (read): the runner
@@ -122,6 +125,7 @@ def install_keras_hooks(
     model_method: Callable[[str, Callable[..., Any]], Callable[..., Any]],
     save_method: Callable[[Callable[..., Any]], Callable[..., Any]],
     reset_metrics_method: Callable[[Callable[..., Any]], Callable[..., Any]],
+    metrics_result_or_logs_method: Callable[[Callable[..., Any]], Callable[..., Any]],
     make_step: Callable[[Any, Callable[..., Any], Callable[..., Any]], Callable[..., Any]],
     epoch_batches: Callable[[Any, Callable[[], Iterator[Any]]], Iterator[Any]],
 ) -> None:
@@ -131,6 +135,8 @@ def install_keras_hooks(
         model_method: ``(name, original) -> replacement`` for the public ``Model`` methods.
         save_method: ``original -> replacement`` for ``save`` and ``save_weights``.
         reset_metrics_method: ``original -> replacement`` for ``reset_metrics``.
+        metrics_result_or_logs_method: ``original -> replacement`` for
+            ``_get_metrics_result_or_logs`` (an epoch's or an evaluation's final logs).
         make_step: ``(model, build, step_function) -> iterator_step``, where ``build(step)`` is
             Keras' own ``_make_function`` for ``step``.
         epoch_batches: ``(data_adapter, keras_iterator) -> iterator`` of one pass of batches,
@@ -152,6 +158,8 @@ def install_keras_hooks(
     for name in ("save", "save_weights"):
         setattr(keras.Model, name, save_method(getattr(keras.Model, name)))
     keras.Model.reset_metrics = reset_metrics_method(keras.Model.reset_metrics)
+    base_trainer.Trainer._get_metrics_result_or_logs = metrics_result_or_logs_method(
+        base_trainer.Trainer._get_metrics_result_or_logs)
 
     original_make_function = trainer._make_function
 

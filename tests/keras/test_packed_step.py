@@ -115,8 +115,9 @@ def test_bytes_per_pack_cuts_the_buffer_into_packs():
 
 @pytest.mark.parametrize("steps_per_execution", [1, 2])
 def test_fit_uses_the_packed_step_and_matches_one_device(monkeypatch, steps_per_execution):
-    """With steps_per_execution 2, each epoch's 3 batches run as one 2-step program and one
-    step alone (the group the epoch cannot fill)."""
+    """With steps_per_execution 2, each epoch's 3 batches run as one 2-step program (a scan
+    over the arrays' rows: its step is traced once, in each fit) and one step alone (the group
+    the epoch cannot fill)."""
     rng = np.random.default_rng(1)
     x = rng.normal(size=(96, 12)).astype(np.float32)
     y = rng.integers(0, 5, 96)
@@ -129,7 +130,7 @@ def test_fit_uses_the_packed_step_and_matches_one_device(monkeypatch, steps_per_
 
     def counting_group(size, traced_step, single_step, groupable, *rest):
         def traced(*args):
-            grouped.append(size)  # once per step of the group program, when it is traced
+            grouped.append(size)  # when the group program traces its step
             return traced_step(*args)
         return original_group(size, traced, single_step, groupable, *rest)
 

@@ -44,6 +44,39 @@ jax.tree_util.register_dataclass(RowBatch, data_fields=["arrays", "order", "star
                                  meta_fields=["size"])
 
 
+@dataclasses.dataclass(frozen=True)
+class RowGroup:
+    """Batches of ``size`` rows of the same ``arrays`` in the same ``order``, one per start
+    (placed scalars): a group of :class:`RowBatch`es passed to a program as one."""
+
+    arrays: Any
+    order: jax.Array
+    starts: tuple[Any, ...]
+    size: int
+
+    @classmethod
+    def of(cls, batches: list[Any]) -> RowGroup | None:
+        """``batches`` as one group, or ``None`` unless all are :class:`RowBatch`es of the
+        same arrays, order and size."""
+        first = batches[0]
+        if not isinstance(first, RowBatch) or not all(
+                isinstance(batch, RowBatch) and batch.arrays is first.arrays
+                and batch.order is first.order and batch.size == first.size
+                for batch in batches):
+            return None
+        return cls(first.arrays, first.order, tuple(batch.start for batch in batches),
+                   first.size)
+
+    def batch(self, start: Any) -> RowBatch:
+        """The group's batch that starts at ``start`` (one of :attr:`starts`, or one of them
+        traced)."""
+        return RowBatch(self.arrays, self.order, start, self.size)
+
+
+jax.tree_util.register_dataclass(RowGroup, data_fields=["arrays", "order", "starts"],
+                                 meta_fields=["size"])
+
+
 def _gather(batch: RowBatch, first: Any, size: int) -> Any:
     rows = jax.lax.dynamic_slice_in_dim(batch.order, first, size)
     return jax.tree.map(lambda a: jnp.take(a, rows, axis=0, mode="clip"), batch.arrays)

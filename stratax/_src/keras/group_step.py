@@ -1,14 +1,25 @@
-"""A group of ``steps_per_execution`` packed train steps as one compiled program.
+"""A group of ``steps_per_execution`` train steps as one compiled program.
 
 Keras' JAX trainer runs a group of ``steps_per_execution`` steps as a Python loop, one host
 dispatch per step. Between processes pinned one core each, that host work shares the core
 with the step, and it does not shrink when the batch is split over more processes while the
-compute does. Here the group's placed batches go to one jitted program that runs the step on
-each in turn (unrolled: ``lax.scan`` over stacked batches was slower, because stacking copies
-the batches once more): one dispatch per group. ``benchmarks.step_profile``, 2 processes x 1
-core, MLP, quiet box: 1.09 ms per step against 1.23 ms with Keras' loop (median of 3
-interleaved runs). One process gains nothing from it (1.57 against 1.51 ms), so only the
-packed multi-replica step uses it.
+compute does. Here the group runs as one jitted program: one dispatch per group.
+
+Batches of array input kept on the devices (``device_rows.RowBatch``es over the same placed
+arrays and row order, the common case) run as a ``lax.scan`` over the batches' starts, each
+step gathering its rows right before it uses them. Unrolled, XLA hoisted all the group's
+gathers to the front: 32 gathered MLP batches live at once, a 13 MB scratch buffer per run
+(0.9 MB scanned) that the allocator now and then handed back fresh, so the first touch of its
+pages (~3,300 page faults, ~35 ms) stalled one process and, through the all-reduce, the
+other; and the batches were read back from memory rather than from cache. The arrays and the
+order are passed once (~50 arguments for the MLP instead of ~150, each ~1-2 us of C++
+dispatch). Scanned, one process gains too (~4% on the MLP), so the one-device step uses it as
+well (``benchmarks/README.md``).
+
+Other placed batches (cut on the host) run unrolled, for the packed multi-replica step only
+(``lax.scan`` would need them stacked, one more copy of each): ``benchmarks.step_profile``,
+2 processes x 1 core, MLP, quiet box: 1.09 ms per step against 1.23 ms with Keras' loop
+(median of 3 interleaved runs); one process gained nothing from it (1.57 against 1.51 ms).
 
 The steps and their order are the Python loop's; a group that cannot run as one (fewer batches
 left in the epoch, or batches of another shape or placement, e.g. the last, partial one) runs
@@ -21,6 +32,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
+import jax.numpy as jnp
+
+from stratax._src.keras import device_rows
 
 Step = Callable[[Any, Any], tuple[Any, Any]]
 
@@ -54,6 +68,16 @@ def grouped_steps(size: int, traced_step: Step, single_step: Step,
 
     program = jax.jit(steps, donate_argnums=0, out_shardings=out_shardings)
 
+    def row_steps(state: Any, rows: device_rows.RowGroup) -> tuple[Any, Any]:
+        def step(state: Any, start: Any) -> tuple[Any, Any]:
+            logs, state = traced_step(state, rows.batch(start))
+            return state, logs
+
+        state, logs = jax.lax.scan(step, state, jnp.stack(rows.starts))
+        return jax.tree.map(lambda stacked: stacked[-1], logs), state
+
+    row_program = jax.jit(row_steps, donate_argnums=0, out_shardings=out_shardings)
+
     def iterator_step(state: Any, iterator: Iterator[Any]) -> tuple[Any, Any]:
         batches = [next(iterator)]  # StopIteration here ends the epoch, as in Keras' loop
         for _ in range(size - 1):
@@ -61,6 +85,10 @@ def grouped_steps(size: int, traced_step: Step, single_step: Step,
                 batches.append(next(iterator))
             except StopIteration:
                 break
+        if len(batches) == size:
+            rows = device_rows.RowGroup.of(batches)
+            if rows is not None and groupable(batches[0]):
+                return row_program(state, rows)
         first = _signature(batches[0])
         if len(batches) == size and all(
                 groupable(batch) and _signature(batch) == first for batch in batches):

@@ -17,7 +17,8 @@ from jax.experimental import multihost_utils
 
 from stratax._src import seam
 from stratax._src.core import context
-from stratax._src.keras import distribution, methods, metric_reset, saving, session
+from stratax._src.keras import (distribution, epoch_logs, methods, metric_reset, saving,
+                                session)
 from stratax._src.keras.mesh_runner import MeshRunner
 from stratax._src.keras.ps_runner import ParameterServerRunner
 from stratax._src.keras.runner import register_runner, runner_for
@@ -73,6 +74,7 @@ def install() -> None:
         model_method=methods.model_method,
         save_method=saving.save_method,
         reset_metrics_method=metric_reset.reset_metrics_method,
+        metrics_result_or_logs_method=epoch_logs.metrics_result_or_logs_method,
         make_step=methods.make_step,
         epoch_batches=session.epoch_batches,
     )

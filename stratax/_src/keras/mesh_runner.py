@@ -25,7 +25,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from stratax._src import seam
-from stratax._src.keras import binding, device_rows, group_step, model_parallel, packed_step
+from stratax._src.keras import (binding, device_rows, epoch_logs, group_step, model_parallel,
+                                packed_step)
 from stratax._src.keras.distribution import StrategyDistribution
 from stratax._src.keras.runner import KerasRunner, steps_per_execution
 from stratax._src.runtime import distributed
@@ -123,10 +124,24 @@ class MeshRunner(KerasRunner):
     def make_step(self, model: Any, kind: str,
                   build: Callable[[Callable[..., Any]], Callable[..., Any]],
                   step_fn: Callable[..., Any]) -> Callable[..., Any]:
+        iterator_step = self._iterator_step(model, kind, build, step_fn)
+        if kind == "train" and epoch_logs.keeps_keras_logs(model):
+            return epoch_logs.marking_state_logs(iterator_step)
+        return iterator_step
+
+    def _iterator_step(self, model: Any, kind: str,
+                       build: Callable[[Callable[..., Any]], Callable[..., Any]],
+                       step_fn: Callable[..., Any]) -> Callable[..., Any]:
         if self.distribution is None:
+            device = self.strategy.devices[0]
             if kind == "train" and self._takes_rows(model):
-                step_fn = _taking_rows(step_fn)
-            return build(_committed(step_fn, self.strategy.devices[0]))
+                keras_step, step_fn = step_fn, _taking_rows(step_fn)
+                group = steps_per_execution(model)
+                if group > 1:  # groups of batches kept on the device: one scanned program each
+                    return _committed(group_step.grouped_steps(
+                        group, lambda state, data: keras_step(state, device_rows.whole_batch(data)),
+                        step_fn, lambda data: isinstance(data, device_rows.RowBatch)), device)
+            return build(_committed(step_fn, device))
         if kind == "train" and self._packs(model):
             compiled = packed_step.compiled_packed_step(model, self.strategy)
             step_fn = packed_step.packed_train_step(compiled, step_fn)
