@@ -17,8 +17,7 @@ from jax.experimental import multihost_utils
 
 from stratax._src import seam
 from stratax._src.core import context
-from stratax._src.keras import (distribution, epoch_logs, methods, metric_reset, saving,
-                                session)
+from stratax._src.keras import distribution, epoch_logs, methods, metric_reset, saving, session
 from stratax._src.keras.mesh_runner import MeshRunner
 from stratax._src.keras.ps_runner import ParameterServerRunner
 from stratax._src.keras.runner import register_runner, runner_for

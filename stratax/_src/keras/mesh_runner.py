@@ -25,8 +25,14 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from stratax._src import seam
-from stratax._src.keras import (binding, device_rows, epoch_logs, group_step, model_parallel,
-                                packed_step)
+from stratax._src.keras import (
+    binding,
+    device_rows,
+    epoch_logs,
+    group_step,
+    model_parallel,
+    packed_step,
+)
 from stratax._src.keras.distribution import StrategyDistribution
 from stratax._src.keras.runner import KerasRunner, steps_per_execution
 from stratax._src.runtime import distributed
