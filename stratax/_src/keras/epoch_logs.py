@@ -42,9 +42,15 @@ class StateLogs(dict):
             for variable, value in zip(variables, self.metrics_values, strict=True))
 
 
+def overridden(model: Any, names: tuple[str, ...]) -> str | None:
+    """The first of the ``keras.Model`` methods ``names`` that ``model``'s class overrides."""
+    return next((name for name in names
+                 if getattr(type(model), name) is not getattr(keras.Model, name)), None)
+
+
 def keeps_keras_logs(model: Any) -> bool:
     """Whether ``model``'s train step logs are Keras' own metric results of its final state."""
-    return all(getattr(type(model), name) is getattr(keras.Model, name) for name in _KERAS_OWN)
+    return overridden(model, _KERAS_OWN) is None
 
 
 def marking_state_logs(iterator_step: Step) -> Step:

@@ -31,7 +31,7 @@ from jax.sharding import PartitionSpec as P
 
 from stratax._src import seam
 from stratax._src.core.reduce_op import ReduceOp
-from stratax._src.keras import device_rows
+from stratax._src.keras import device_rows, epoch_logs
 from stratax._src.strategies.packing import packed_collective
 from stratax._src.strategies.replica_context import REPLICA_AXIS, shm_reducer
 
@@ -44,9 +44,9 @@ def eligible(model: Any) -> str | None:
         return "the step is not jit-compiled"
     if model.optimizer is None:
         return "no optimizer"
-    for name in ("train_step", "compute_loss", "compute_metrics"):
-        if getattr(type(model), name) is not getattr(keras.Model, name):
-            return f"the model overrides {name}"
+    name = epoch_logs.overridden(model, ("train_step", "compute_loss", "compute_metrics"))
+    if name is not None:
+        return f"the model overrides {name}"
     if model.non_trainable_variables:
         return "the model has non-trainable variables (batch statistics or random state)"
     for loss in keras.tree.flatten(model.loss):
