@@ -1,15 +1,16 @@
 """What each worker runs in tests/multiprocess/test_shm_collectives.py.
 
 Usage: python shm_program.py OUT_DIR MODE. MODE ``reduce``: ``ctx.all_reduce`` of a tree of
-tensors (several dtypes, a tensor larger than one shared-memory slot) with SUM, MEAN, MAX and
-MIN, saved to OUT_DIR/reduce_<worker>.npz. MODE ``stall``: worker 1 never joins the
-all-reduce; worker 0's must fail within the timeout (argument 3, seconds), naming it. MODE
-``die``: worker 1 kills itself (SIGKILL) while worker 0 waits in the all-reduce. MODE ``once``:
-one ``ctx.all_reduce`` per operation, then "traced N" and "done <worker>". stratax logs at
-INFO. Prints "segment NAME", "shm <active>" and "idle threads N" (threads under SCHED_IDLE:
-gloo's I/O thread, unless STRATAX_GLOO_IO_PRIORITY says otherwise); after the work, "named
-after the set-up <bool>" (whether the segment's name is still in /dev/shm) and "traced N"
-(shared-memory all-reduces traced).
+tensors (several dtypes, a tensor larger than one shared-memory slot, small ones sharing a
+slot's round, two that fill one) with SUM, MEAN, MAX and MIN, saved to
+OUT_DIR/reduce_<worker>.npz. MODE ``stall``: worker 1 never joins the all-reduce; worker 0's
+must fail within the timeout (argument 3, seconds), naming it. MODE ``die``: worker 1 kills
+itself (SIGKILL) while worker 0 waits in the all-reduce. MODE ``once``: one ``ctx.all_reduce``
+per operation, then "traced N" and "done <worker>". stratax logs at INFO. Prints "segment
+NAME", "shm <active>" and "idle threads N" (threads under SCHED_IDLE: gloo's I/O thread,
+unless STRATAX_GLOO_IO_PRIORITY says otherwise); after the work, "named after the set-up
+<bool>" (whether the segment's name is still in /dev/shm) and "traced N" (shared-memory
+all-reduces traced).
 """
 
 import logging
@@ -51,6 +52,10 @@ def make(ctx):
             "big": rng.normal(size=(70_000,)).astype(np.float32),  # > one slot in the test
             "f64": rng.normal(size=(7,)),
             "i32": rng.integers(-50, 50, size=(4,)).astype(np.int32),
+            # Two that fit in a slot alone but not together after the small ones: a round
+            # is full, the next one starts.
+            "w1": rng.normal(size=(100, 100)).astype(np.float32),
+            "w2": rng.normal(size=(10_000,)).astype(np.float32),
             **({"f16": rng.normal(size=(6,)).astype(np.float16)}  # not handled by shm: gloo
                if mode == "reduce" else {})}
 

@@ -32,12 +32,14 @@ class CommunicationOptions:
     """How the workers talk: TensorFlow's ``tf.distribute.experimental.CommunicationOptions``.
 
     Args:
-        bytes_per_pack: ``all_reduce`` inside ``strategy.run`` concatenates the tensors of one
-            dtype into flat packs of at most this many bytes and reduces each pack with one
-            collective (XLA on CPU otherwise calls the transport once per tensor, each call a
-            network round trip). 0 (default) = automatic: 32 MiB packs. A tensor larger than a
-            pack travels alone. ``fit`` is not affected: there XLA places the gradient
-            all-reduce itself (see docs/transport.md).
+        bytes_per_pack: ``all_reduce`` inside ``strategy.run``, and ``fit``'s packed train
+            step with its gradients, concatenate the tensors of one dtype into flat packs of at
+            most this many bytes and reduce each pack with one collective (XLA on CPU otherwise
+            calls the transport once per tensor, each call a network round trip). 0 (default)
+            = automatic: 32 MiB packs. A tensor larger than a pack travels alone. The
+            same-host shared-memory all-reduce (``STRATAX_CPU_COLLECTIVES=shm``) takes the
+            tensors it handles without that copy and packs them into its own slots
+            (``STRATAX_SHM_SLOT_BYTES``) instead (see docs/transport.md).
         timeout_seconds: bound on every blocking wait between workers (start-up rendezvous,
             heartbeats that detect a dead peer, shutdown). Default 120 s; TensorFlow's default
             (no timeout) would allow a silent hang, which stratax never does.

@@ -11,6 +11,7 @@ the same order, so results do not change.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -49,24 +50,41 @@ def plan_packs(shapes_dtypes: list[tuple[tuple[int, ...], Any]], bytes_per_pack:
     return packs
 
 
+@dataclasses.dataclass(frozen=True)
+class Batched:
+    """A transport that reduces a list of buffers in one call and packs them itself.
+
+    ``reduce`` takes and returns the list; ``takes(dtype)`` says which leaves it is handed as
+    they are (no concatenated copy: the shared-memory all-reduce copies them straight into its
+    slots, several to a round); leaves of other dtypes reach it packed as usual.
+    """
+
+    reduce: Callable[[list[jax.Array]], list[jax.Array]]
+    takes: Callable[[Any], bool]
+
+
 def packed_collective(collective: Callable[[jax.Array], jax.Array], value: Any,
-                      bytes_per_pack: int,
-                      batched: Callable[[list[jax.Array]], list[jax.Array]] | None = None
-                      ) -> Any:
+                      bytes_per_pack: int, batched: Batched | None = None) -> Any:
     """Applies an element-wise ``collective`` to every leaf of ``value`` through flat packs.
 
     ``collective`` must act element by element (psum, pmean, pmax, pmin), so applying it to a
     concatenation equals applying it to each part. Leaves that are alone in their pack are
     passed through unchanged (no copy). ``batched``, when given, reduces the list of all packs
     in one call instead (the shared-memory transport: one custom call, so the packs cannot be
-    reordered between processes).
+    reordered between processes), and is handed the leaves of the dtypes it ``takes``
+    unpacked, before the packs of the others.
     """
     leaves, treedef = jax.tree.flatten(value)
     arrays = [jnp.asarray(leaf) for leaf in leaves]
-    packs = plan_packs([(a.shape, a.dtype) for a in arrays], bytes_per_pack)
+    direct = [i for i, a in enumerate(arrays) if batched is not None and batched.takes(a.dtype)]
+    rest = [i for i in range(len(arrays)) if i not in set(direct)]
+    packs = [[i] for i in direct] + [
+        [rest[j] for j in pack]
+        for pack in plan_packs([(arrays[i].shape, arrays[i].dtype) for i in rest],
+                               bytes_per_pack)]
     buffers = [arrays[pack[0]] if len(pack) == 1
                else jnp.concatenate([arrays[i].reshape(-1) for i in pack]) for pack in packs]
-    reduced = batched(buffers) if batched is not None and buffers else [
+    reduced = batched.reduce(buffers) if batched is not None and buffers else [
         collective(b) for b in buffers]
     results: list[Any] = [None] * len(arrays)
     for pack, flat in zip(packs, reduced, strict=True):

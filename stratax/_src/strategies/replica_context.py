@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -11,7 +10,7 @@ import jax.numpy as jnp
 
 from stratax._src.core.reduce_op import ReduceOp
 from stratax._src.runtime import shm_collectives
-from stratax._src.strategies.packing import packed_collective
+from stratax._src.strategies.packing import Batched, packed_collective
 
 REPLICA_AXIS = "replica"
 # The logical cores of one replica (TPUStrategy, model parallelism); left to XLA inside `run`.
@@ -28,12 +27,12 @@ _COLLECTIVES = {
 _SHM_OPS = {ReduceOp.SUM: "sum", ReduceOp.MEAN: "sum", ReduceOp.MAX: "max", ReduceOp.MIN: "min"}
 
 
-def shm_reducer(strategy: Any, op: ReduceOp, *, only_call: bool = False
-                ) -> Callable[[list[jax.Array]], list[jax.Array]] | None:
-    """Reduces a list of packs: those of dtypes it handles in one shared-memory all-reduce
-    (``STRATAX_CPU_COLLECTIVES=shm``), the others with XLA's collective; ``None`` when shm is
-    off or the strategy's mesh is not one device per process. ``only_call``: the program runs
-    this reducer once and nothing else over shared memory (``shm_collectives.all_reduce``)."""
+def shm_reducer(strategy: Any, op: ReduceOp, *, only_call: bool = False) -> Batched | None:
+    """Reduces a list of buffers: those of dtypes it handles in one shared-memory all-reduce
+    (``STRATAX_CPU_COLLECTIVES=shm``, which takes them unpacked), the others with XLA's
+    collective; ``None`` when shm is off or the strategy's mesh is not one device per process.
+    ``only_call``: the program runs this reducer once and nothing else over shared memory
+    (``shm_collectives.all_reduce``)."""
     if not shm_collectives.covers(list(strategy.mesh.devices.flat)):
         return None
     replicas = strategy.num_replicas_in_sync
@@ -49,7 +48,7 @@ def shm_reducer(strategy: Any, op: ReduceOp, *, only_call: bool = False
                 out[i] = value / replicas if op is ReduceOp.MEAN else value
         return out
 
-    return reduce
+    return Batched(reduce=reduce, takes=shm_collectives.supports)
 
 
 @dataclasses.dataclass(frozen=True)

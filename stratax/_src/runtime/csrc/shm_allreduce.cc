@@ -1,11 +1,12 @@
 // A same-host all-reduce between CPU processes through one POSIX shared-memory segment.
 //
 // Layout: a header (one cache-line-aligned record per rank), then two buffers (even and odd
-// rounds) of `world` slots of `slot_bytes` each. One round: every rank copies its chunk into
-// its slot of buffer (seq % 2), publishes `arrived = seq`, waits until every rank arrived at
-// `seq`, then sums the slots in rank order into its output (so every rank gets bit-identical
-// results). Round seq + 2 reuses the buffer only after every rank arrived at seq + 1, i.e.
-// finished reading round seq: no overwrite can race a read.
+// rounds) of `world` slots of `slot_bytes` each. One round: every rank copies its chunk (or the
+// operands of one call that fit in a slot together) into its slot of buffer (seq % 2),
+// publishes `arrived = seq`, waits until every rank arrived at `seq`, then sums the slots in
+// rank order into its output (so every rank gets bit-identical results). Round seq + 2 reuses
+// the buffer only after every rank arrived at seq + 1, i.e. finished reading round seq: no
+// overwrite can race a read.
 //
 // Waiting spins briefly, then sleeps on a futex in the segment; it is bounded by the timeout
 // and watches the peers' pids, so a dead or failed peer gives an error naming it, never a hang.
@@ -28,6 +29,7 @@
 #include <cstring>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "xla/ffi/api/ffi.h"
 
@@ -271,14 +273,31 @@ ffi::Error Fail(const std::string& message) {
   return ffi::Error(ffi::ErrorCode::kAborted, message);
 }
 
-// One round: publish `bytes` of `in` (this rank's chunk), wait, reduce into `out`.
-ffi::Error Round(const char* in, char* out, size_t bytes, ffi::DataType dtype, int op,
-                 uint64_t signature) {
+// A piece of one operand that travels in a round: `bytes` of `in`, reduced into `out`.
+struct Segment {
+  const char* in;
+  char* out;
+  size_t bytes;
+  ffi::DataType dtype;
+};
+
+constexpr size_t kAlign = 64;  // segments start on cache lines (slot_bytes is a multiple)
+
+size_t Aligned(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+
+// One round: copy every segment into this rank's slot (one after the other, cache-line
+// aligned), publish, wait, reduce each segment into its output. Several operands that fit in
+// one slot share a round, so the caller needs no concatenated copy of them, and pays one
+// barrier for all.
+ffi::Error Round(const Segment* segments, size_t count, int op, uint64_t signature) {
   uint64_t seq = ++g_state.seq;
   int parity = static_cast<int>(seq & 1);
   char* buffer = g_state.data + parity * g_state.world * g_state.slot_bytes;
   Header* h = g_state.header;
-  std::memcpy(buffer + g_state.rank * g_state.slot_bytes, in, bytes);
+  char* slot = buffer + g_state.rank * g_state.slot_bytes;
+  for (size_t i = 0, offset = 0; i < count; offset += Aligned(segments[i].bytes), ++i) {
+    std::memcpy(slot + offset, segments[i].in, segments[i].bytes);
+  }
   h->ranks[g_state.rank].signature[parity] = signature;
   Publish(seq);
   std::string problem = WaitAll(seq);
@@ -295,12 +314,26 @@ ffi::Error Round(const char* in, char* out, size_t bytes, ffi::DataType dtype, i
                   "different order); use STRATAX_CPU_COLLECTIVES=gloo for this program.");
     }
   }
-  if (!ReduceTyped(dtype, out, in, bytes, op, buffer)) {
-    return Fail("stratax shared-memory all-reduce: unsupported dtype");
+  for (size_t i = 0, offset = 0; i < count; offset += Aligned(segments[i].bytes), ++i) {
+    const Segment& s = segments[i];
+    if (!ReduceTyped(s.dtype, s.out, s.in, s.bytes, op, buffer + offset)) {
+      return Fail("stratax shared-memory all-reduce: unsupported dtype");
+    }
   }
   return ffi::Error::Success();
 }
 
+// The same on every rank for the same piece of the same collective (mixed into the round's
+// signature, which every rank checks).
+uint64_t PieceSignature(int64_t call_id, size_t operand, size_t total, ffi::DataType dtype,
+                        int op, uint64_t chunk) {
+  return (static_cast<uint64_t>(call_id) * 1000003ULL) ^ (static_cast<uint64_t>(operand) << 48) ^
+         (total << 8) ^ (static_cast<uint64_t>(dtype) << 1) ^ static_cast<uint64_t>(op) ^
+         (chunk << 40);
+}
+
+// Operands that fit in a slot share rounds (as many as fit, in order); a larger one goes
+// alone, in slot-sized chunks.
 ffi::Error AllReduce(ffi::RemainingArgs args, ffi::RemainingRets rets, int32_t op,
                      int64_t call_id) {
   std::lock_guard<std::mutex> lock(g_state.mu);
@@ -312,6 +345,18 @@ ffi::Error AllReduce(ffi::RemainingArgs args, ffi::RemainingRets rets, int32_t o
   if (args.size() != rets.size()) {
     return ffi::Error::InvalidArgument("shm all-reduce needs one result per operand");
   }
+  std::vector<Segment> pending;
+  pending.reserve(args.size());
+  size_t pending_bytes = 0;
+  uint64_t pending_signature = 0;
+  auto flush = [&]() -> ffi::Error {
+    if (pending.empty()) return ffi::Error::Success();
+    ffi::Error error = Round(pending.data(), pending.size(), op, pending_signature);
+    pending.clear();
+    pending_bytes = 0;
+    pending_signature = 0;
+    return error;
+  };
   for (size_t i = 0; i < args.size(); ++i) {
     auto arg = args.get<ffi::AnyBuffer>(i);
     auto ret = rets.get<ffi::AnyBuffer>(i);
@@ -322,19 +367,29 @@ ffi::Error AllReduce(ffi::RemainingArgs args, ffi::RemainingRets rets, int32_t o
     size_t total = arg->size_bytes();
     const char* in = static_cast<const char*>(arg->untyped_data());
     char* out = static_cast<char*>((*ret)->untyped_data());
+    if (total <= g_state.slot_bytes) {
+      if (pending_bytes + total > g_state.slot_bytes) {
+        ffi::Error error = flush();
+        if (error.failure()) return error;
+      }
+      pending.push_back({in, out, total, dtype});
+      pending_bytes += Aligned(total);
+      pending_signature = pending_signature * 1099511628211ULL ^
+                          PieceSignature(call_id, i, total, dtype, op, 0);
+      continue;
+    }
+    ffi::Error error = flush();
+    if (error.failure()) return error;
     size_t chunk_max = (g_state.slot_bytes / width) * width;
     uint64_t chunk_index = 0;
     for (size_t offset = 0; offset < total; offset += chunk_max, ++chunk_index) {
-      size_t bytes = total - offset < chunk_max ? total - offset : chunk_max;
-      uint64_t signature = (static_cast<uint64_t>(call_id) * 1000003ULL) ^
-                           (static_cast<uint64_t>(i) << 48) ^ (total << 8) ^
-                           (static_cast<uint64_t>(dtype) << 1) ^ static_cast<uint64_t>(op) ^
-                           (chunk_index << 40);
-      ffi::Error error = Round(in + offset, out + offset, bytes, dtype, op, signature);
+      Segment chunk{in + offset, out + offset,
+                    total - offset < chunk_max ? total - offset : chunk_max, dtype};
+      error = Round(&chunk, 1, op, PieceSignature(call_id, i, total, dtype, op, chunk_index));
       if (error.failure()) return error;
     }
   }
-  return ffi::Error::Success();
+  return flush();
 }
 
 }  // namespace
