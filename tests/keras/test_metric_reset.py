@@ -72,13 +72,15 @@ class Custom(keras.Model):
         self.ones = ResetToOnes()
         self.two_sums = TwoSums()
         self.total = keras.metrics.Sum(name="total")
+        self.half = keras.metrics.Sum(name="half", dtype="bfloat16")
 
     def call(self, x):
         return self.dense(x)
 
     @property
     def metrics(self):
-        return [self.tracker, self.extra_mean, self.ones, self.two_sums, self.total]
+        return [self.tracker, self.extra_mean, self.ones, self.two_sums, self.total,
+                self.half]
 
 
 def _model(strategy):

@@ -104,8 +104,7 @@ def _reset_fast(model: Any) -> bool:
     if any(value is None for value in values):
         return False
     if zeroed:
-        layout = tuple((tuple(v.shape), np.dtype(v.dtype), value.sharding)
-                       for v, value in zip(zeroed, values, strict=True))
+        layout = tuple((value.shape, value.dtype, value.sharding) for value in values)
         for variable, zeros in zip(zeroed, _zeros_program(layout)(), strict=True):
             variable.assign(zeros)
     with seam.variable_placement(_replicated_from_local):

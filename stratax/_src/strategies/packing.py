@@ -76,9 +76,9 @@ def packed_collective(collective: Callable[[jax.Array], jax.Array], value: Any,
     """
     leaves, treedef = jax.tree.flatten(value)
     arrays = [jnp.asarray(leaf) for leaf in leaves]
-    direct = [i for i, a in enumerate(arrays) if batched is not None and batched.takes(a.dtype)]
-    rest = [i for i in range(len(arrays)) if i not in set(direct)]
-    packs = [[i] for i in direct] + [
+    direct = {i for i, a in enumerate(arrays) if batched is not None and batched.takes(a.dtype)}
+    rest = [i for i in range(len(arrays)) if i not in direct]
+    packs = [[i] for i in sorted(direct)] + [
         [rest[j] for j in pack]
         for pack in plan_packs([(arrays[i].shape, arrays[i].dtype) for i in rest],
                                bytes_per_pack)]
