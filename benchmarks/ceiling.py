@@ -31,6 +31,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks import workers
+
 RESULTS = Path(__file__).parent / "results"
 STEPS = 32
 LAYOUTS = ("alone-256", "alone-128", "pair-128")
@@ -69,8 +71,9 @@ def _worker(core: int, batch: int, seconds: float) -> None:
         t = time.perf_counter()
         carry = jax.block_until_ready(run(carry))
         times.append(time.perf_counter() - t)
-    print(json.dumps({"core": core, "samples_per_s": STEPS * batch / statistics.median(times),
-                      "executions": len(times)}), flush=True)
+    print("RESULT " + json.dumps({"core": core, "executions": len(times),
+                                  "samples_per_s": STEPS * batch / statistics.median(times)}),
+          flush=True)
 
 
 def _layout(layout: str, seconds: float) -> list[float]:
@@ -80,19 +83,11 @@ def _layout(layout: str, seconds: float) -> list[float]:
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     procs = [subprocess.Popen([sys.executable, "-m", "benchmarks.ceiling", "--worker", str(core),
                                str(batch), "--seconds", str(seconds)],
-                              env=env, stdout=subprocess.PIPE, text=True,
-                              cwd=Path(__file__).parent.parent, start_new_session=True)
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, cwd=workers.ROOT, start_new_session=True)
              for core in cores]
-    try:
-        outputs = [p.communicate(timeout=120 + seconds)[0] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, 9)
-                p.wait()
-    if any(p.returncode for p in procs):
-        raise RuntimeError(f"{layout}: a worker failed (exit {[p.returncode for p in procs]})")
-    return [json.loads(out.strip().splitlines()[-1])["samples_per_s"] for out in outputs]
+    outputs = workers.finish_all(procs, timeout=120 + seconds)
+    return [workers.result(output)["samples_per_s"] for output in outputs]
 
 
 def main() -> None:

@@ -59,7 +59,19 @@ def finish(procs: list[subprocess.Popen[str]], timeout: float = 600) -> str:
     """Waits for ``procs`` (killing their groups at the deadline); returns worker 0's output.
 
     Raises:
-        RuntimeError: a worker exited non-zero or printed no ``RESULT`` line.
+        RuntimeError: a worker exited non-zero or worker 0 printed no ``RESULT`` line.
+    """
+    outputs = finish_all(procs, timeout)
+    if "RESULT " not in outputs[0]:
+        raise RuntimeError("worker 0 printed no result:\n" + outputs[0][-2500:])
+    return outputs[0]
+
+
+def finish_all(procs: list[subprocess.Popen[str]], timeout: float = 600) -> list[str]:
+    """Waits for ``procs`` (killing their groups at the deadline); returns every output.
+
+    Raises:
+        RuntimeError: a worker exited non-zero (or was killed at the deadline).
     """
     try:
         outputs = [p.communicate(timeout=timeout)[0] for p in procs]
@@ -70,9 +82,9 @@ def finish(procs: list[subprocess.Popen[str]], timeout: float = 600) -> str:
             if p.poll() is None:
                 os.killpg(p.pid, 9)
                 p.wait()
-    if any(p.returncode for p in procs) or "RESULT " not in outputs[0]:
+    if any(p.returncode for p in procs):
         raise RuntimeError("a worker failed:\n" + "\n".join(o[-2500:] for o in outputs))
-    return outputs[0]
+    return outputs
 
 
 def result(output: str) -> dict:

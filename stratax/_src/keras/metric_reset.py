@@ -81,10 +81,10 @@ def reset_metrics_method(original: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(original)
     def reset_metrics(self: Any) -> Any:
-        if not _reset_fast(self):
-            with seam.variable_placement(_replicated_from_local):
-                return original(self)
-        return None
+        if _reset_fast(self):
+            return None
+        with seam.variable_placement(_replicated_from_local):
+            return original(self)
 
     return reset_metrics
 
