@@ -71,9 +71,13 @@ def _trace_breakdown(trace_dir: str, executions: int) -> dict[str, Any]:
             continue
         by_name[event["name"]] += event.get("dur", 0)
         counts[event["name"]] += 1
-    top = [{"name": n, "us_per_exec": us / executions, "calls_per_exec": counts[n] / executions}
-           for n, us in by_name.most_common(40)]
-    return {"top": top}
+    def rows(names: list[str]) -> list[dict[str, Any]]:
+        return [{"name": n, "us_per_exec": by_name[n] / executions,
+                 "calls_per_exec": counts[n] / executions} for n in names]
+
+    ranked = [n for n, _ in by_name.most_common()]
+    # Python frames are named "$file:line function"; the rest are XLA's and the runtime's.
+    return {"top": rows(ranked[:40]), "ops": rows([n for n in ranked if n[:1] != "$"][:40])}
 
 
 def _hlo_collectives(text: str) -> list[str]:
@@ -184,8 +188,8 @@ def main() -> None:
     runs: dict[str, list[dict[str, Any]]] = {layout: [] for layout in layouts}
     for rep in range(args.reps):
         for layout in layouts:
-            # jax.profiler under mpiexec ends the worker silently: trace gloo runs only.
-            runs[layout].append(_run(layout, args, trace=(rep == 0 and args.transport == "gloo")))
+            # jax.profiler under mpiexec ends the worker silently: trace the others only.
+            runs[layout].append(_run(layout, args, trace=(rep == 0 and args.transport != "mpi")))
     summary = {layout: statistics.median(r["step_ms"] for r in rs) for layout, rs in runs.items()}
     RESULTS.mkdir(exist_ok=True)
     stem = f"step_profile{('_' + args.tag) if args.tag else ''}"
@@ -195,8 +199,9 @@ def main() -> None:
     print(json.dumps(summary, indent=1))
     for layout in layouts:
         trace = runs[layout][0].get("trace", {})
-        print(f"\n== {layout}: top trace events (us per execution of {args.spe} steps)")
-        for row in trace.get("top", [])[:25]:
+        print(f"\n== {layout}: top XLA and runtime trace events (us per execution of "
+              f"{args.spe} steps)")
+        for row in trace.get("ops", [])[:25]:
             print(f"  {row['us_per_exec']:10.0f} us  x{row['calls_per_exec']:6.1f}  {row['name']}")
 
 

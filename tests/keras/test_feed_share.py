@@ -23,3 +23,19 @@ def test_own_rows_equal_the_share_of_the_global_batch(shuffle, rank):
         np.testing.assert_array_equal(mine[1], theirs[1])
         np.testing.assert_array_equal(mine[2], theirs[2])
     assert len(direct[0][0][1]) == 8  # half of a global batch of 16
+
+
+@pytest.mark.parametrize("shuffle", [False, True, "batch"])
+def test_a_row_pass_names_the_batches_rows(shuffle):
+    x = np.arange(70 * 3, dtype=np.float32).reshape(70, 3)
+    source = _ArraySource((x,), 16, shuffle)
+    for epoch in (0, 1):
+        rows = source.row_pass(seed=7, epoch=epoch, skip=1)
+        batches = list(source.batches(seed=7, epoch=epoch, skip=1))
+        assert rows.order.dtype == np.int32
+        assert len(batches) == len(list(rows.spans())) == 4
+        for (start, size), (cut,) in zip(rows.spans(), batches, strict=True):
+            np.testing.assert_array_equal(rows.batch(start, size)[0], cut)
+    # Unshuffled, every epoch's order is the same array: a runner that placed it keeps it.
+    same = source.row_pass(seed=7, epoch=5, skip=0).order is rows.order
+    assert same == (shuffle is False)

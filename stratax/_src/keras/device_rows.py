@@ -144,6 +144,7 @@ class Resident:
 
     def _placed_order(self, order: np.ndarray) -> jax.Array:
         """``order`` placed, once per distinct order (an unshuffled fit places it once)."""
-        if self._order is None or not np.array_equal(self._order[0], order):
+        if self._order is None or not (self._order[0] is order
+                                       or np.array_equal(self._order[0], order)):
             self._order = (order, self._place(order))
         return self._order[1]

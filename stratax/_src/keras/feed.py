@@ -119,6 +119,7 @@ class _ArraySource:
         self._n = _rows(self.arrays)
         self._batch = batch_size
         self._shuffle = shuffle
+        self._rows: np.ndarray | None = None
 
     def __len__(self) -> int:
         return -(-self._n // self._batch)
@@ -146,9 +147,19 @@ class _ArraySource:
 
     def row_pass(self, seed: int, epoch: int, skip: int) -> RowPass:
         """The pass of epoch ``epoch`` from batch ``skip``, by rows (:class:`RowPass`)."""
-        rows = np.arange(self._n, dtype=np.int64 if self._n >= 2**31 else np.int32)
-        order = np.concatenate([rows[r] for r in self._row_indices(seed, epoch, 0)])
-        return RowPass(self.arrays, order, self._batch, skip)
+        return RowPass(self.arrays, self._order(seed, epoch), self._batch, skip)
+
+    def _order(self, seed: int, epoch: int) -> np.ndarray:
+        """Every row, in the order of epoch ``epoch``'s batches. Unshuffled, the very same
+        array every epoch, so that a runner that placed it once sees at a glance that it has
+        not changed."""
+        if self._rows is None:
+            self._rows = np.arange(self._n, dtype=np.int64 if self._n >= 2**31 else np.int32)
+        if self._shuffle is True:
+            return self._rows[_permutation(self._n, seed, epoch)]
+        if self._shuffle == "batch":
+            return np.concatenate([self._rows[r] for r in self._row_indices(seed, epoch, 0)])
+        return self._rows
 
     def _row_indices(self, seed: int, epoch: int, skip: int) -> Iterator[Any]:
         """Each global batch's rows (a slice, or indices when shuffled), from batch ``skip``."""
