@@ -10,10 +10,10 @@ Runs the benchmark suite's MLP (784-128-10, Adam, global batch 256, ``steps_per_
 
 Every execution of ``steps_per_execution`` steps is timed with the host waiting for it
 (per-step time = execution time / spe). Process 0 of ``2proc`` also records a
-``jax.profiler`` trace of a few executions and sums the device-side time per kind of
-operation (all-reduce, the rest of the compiled step, host-side work between executions):
-that is the breakdown in ``benchmarks/README.md``. The compiled step's HLO is read to count
-the all-reduces and their sizes.
+``jax.profiler`` trace of a few executions (not under MPI, which the profiler ends) and sums
+the time of each trace event per execution: XLA's ops and the runtime's (``ops``: the
+all-reduce's custom call, the dots, the optimizer's fusions) apart from Python frames
+(``top``). That is the per-op breakdown in ``benchmarks/README.md``.
 
 Run: ``python -m benchmarks.step_profile [--workload mlp] [--spe 32] [--reps 3]``; writes
 ``benchmarks/results/step_profile.{json,md}``. Extra environment for the workers (e.g.
@@ -28,7 +28,6 @@ import glob
 import gzip
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -41,20 +40,6 @@ from benchmarks import workers
 
 RESULTS = Path(__file__).parent / "results"
 LAYOUTS = ("1proc", "2proc-local", "2proc")
-
-
-def _kind(name: str) -> str:
-    """Groups an XLA CPU trace event name into a kind of work."""
-    low = name.lower()
-    if "all-reduce" in low or "allreduce" in low or "all_reduce" in low:
-        return "all-reduce"
-    if "all-gather" in low or "collective" in low or "reduce-scatter" in low:
-        return "other collective"
-    if "copy" in low or "transpose" in low:
-        return "copies"
-    if "while" in low or "conditional" in low or "call" in low:
-        return "control"
-    return "compute"
 
 
 def _trace_breakdown(trace_dir: str, executions: int) -> dict[str, Any]:
@@ -78,15 +63,6 @@ def _trace_breakdown(trace_dir: str, executions: int) -> dict[str, Any]:
     ranked = [n for n, _ in by_name.most_common()]
     # Python frames are named "$file:line function"; the rest are XLA's and the runtime's.
     return {"top": rows(ranked[:40]), "ops": rows([n for n in ranked if n[:1] != "$"][:40])}
-
-
-def _hlo_collectives(text: str) -> list[str]:
-    """The all-reduce instructions of an optimized HLO module, with their shapes."""
-    found = []
-    for line in text.splitlines():
-        if re.search(r"\ball-reduce(-start)?\(", line):
-            found.append(line.strip()[:160])
-    return found
 
 
 def _worker(layout: str, index: int, workload_name: str, spe: int, epochs: int,
