@@ -43,6 +43,10 @@ written), what for, and which stratax module relies on it:
   metric resets placed without JAX's cross-process equality check. -> ``keras.metric_reset``
 - ``model._initial_epoch`` (written): Keras' own resume hook, the epoch ``fit`` starts at after
   a restore. -> ``keras.backup``
+- ``jax._src.ffi.FfiEffect`` (read) and ``Jaxpr.replace`` / ``JaxprEqn.replace`` (called): a
+  traced ``strategy.run`` program rewritten so that its one shared-memory all-reduce is not
+  side-effecting, which lets JAX dispatch the program from its C++ fast path.
+  -> ``runtime.shm_collectives``
 - ``jax._src.xla_bridge.backends_are_initialized``: whether JAX started (the CPU device count
   is then fixed). -> ``startup``, ``runtime.devices``
 - ``jax._src.distributed.global_state.client``: which processes the coordination service still
@@ -352,6 +356,63 @@ def distributed_client() -> Any:
 
     return jax_distributed.global_state.client
 
+
+
+def ffi_calls_without_side_effect(jaxpr: Any, target_name: str) -> Any | None:
+    """``jaxpr`` (a ``Jaxpr``) with its ``ffi_call``s of ``target_name`` not side-effecting.
+
+    Returns ``None`` when another side-effecting FFI call shares JAX's FFI effect with them
+    (the effect must then stay). Only the jaxprs that evaluating ``jaxpr`` runs are rewritten
+    (bodies of loops, branches, calls); rules for differentiation are left as they are.
+    """
+    from jax._src import core, ffi
+
+    def effectful(eqn: Any) -> bool:
+        return eqn.primitive.name == "ffi_call" and eqn.params.get("has_side_effect", False)
+
+    def others(j: Any) -> bool:
+        return any((effectful(e) and e.params.get("target_name") != target_name)
+                   or any(others(sub) for sub in jaxprs_in_params(e.params.values()))
+                   for e in j.eqns)
+
+    def without(effects: Any) -> Any:
+        return effects - {e for e in effects if isinstance(e, ffi.FfiEffect)}
+
+    def param(value: Any) -> Any:
+        if isinstance(value, core.ClosedJaxpr):
+            return value.replace(jaxpr=rewrite(value.jaxpr))
+        if isinstance(value, core.Jaxpr):
+            return rewrite(value)
+        if type(value) in (tuple, list):  # not a NamedTuple of settings
+            return type(value)(param(item) for item in value)
+        return value
+
+    def rewrite(j: Any) -> Any:
+        eqns = []
+        for eqn in j.eqns:
+            params = {name: param(value) for name, value in eqn.params.items()}
+            if effectful(eqn):
+                params["has_side_effect"] = False
+            eqns.append(eqn.replace(params=params, effects=without(eqn.effects)))
+        return j.replace(eqns=eqns, effects=without(j.effects))
+
+    if others(jaxpr):
+        return None
+    return rewrite(jaxpr)
+
+
+def jaxprs_in_params(values: Any) -> Iterator[Any]:
+    """The jaxprs (as open ``Jaxpr``s) among an equation's parameter ``values``, tuples and
+    lists searched: the bodies, branches and callees that evaluating the equation runs."""
+    from jax.extend import core
+
+    for value in values:
+        if isinstance(value, core.ClosedJaxpr):
+            yield value.jaxpr
+        elif isinstance(value, core.Jaxpr):
+            yield value
+        elif type(value) in (tuple, list):  # not a NamedTuple of settings
+            yield from jaxprs_in_params(value)
 
 
 def use_gloo_on_address(address: str) -> None:

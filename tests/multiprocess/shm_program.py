@@ -6,11 +6,12 @@ slot's round, two that fill one) with SUM, MEAN, MAX and MIN, saved to
 OUT_DIR/reduce_<worker>.npz. MODE ``stall``: worker 1 never joins the all-reduce; worker 0's
 must fail within the timeout (argument 3, seconds), naming it. MODE ``die``: worker 1 kills
 itself (SIGKILL) while worker 0 waits in the all-reduce. MODE ``once``: one ``ctx.all_reduce``
-per operation, then "traced N" and "done <worker>". stratax logs at INFO. Prints "segment
-NAME", "shm <active>" and "idle threads N" (threads under SCHED_IDLE: gloo's I/O thread,
-unless STRATAX_GLOO_IO_PRIORITY says otherwise); after the work, "named after the set-up
-<bool>" (whether the segment's name is still in /dev/shm) and "traced N" (shared-memory
-all-reduces traced).
+per operation, then "traced N" and "done <worker>". Mode ``reduce`` also prints the JAX
+effects of a program with one shared-memory all-reduce and of one with four. stratax logs at
+INFO. Prints "segment NAME", "shm <active>" and "idle threads N" (threads under SCHED_IDLE:
+gloo's I/O thread, unless STRATAX_GLOO_IO_PRIORITY says otherwise); after the work, "named
+after the set-up <bool>" (whether the segment's name is still in /dev/shm) and "traced N"
+(shared-memory all-reduces traced).
 """
 
 import logging
@@ -113,6 +114,19 @@ mixed = sum(
                == (20 * k + 1) * (0.5 if k % 2 else 1.0))
     for k, out in pending)
 print("order mismatches", mixed, flush=True)
+
+
+def program_effects(fn, argument):
+    """JAX's effects of the program ``strategy.run(fn, args=(argument,))`` compiled: they decide
+    whether JAX dispatches it from its C++ fast path (none) or through Python."""
+    (compiled,) = [c for key, c in strategy._runner._cache.items() if key[0] is fn]
+    placed = [strategy._to_global(stacked) for stacked in jax.tree.leaves(argument)]
+    shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding) for a in placed]
+    return sorted(type(e).__name__ for e in jax.make_jaxpr(compiled.call)(*shapes).effects)
+
+
+print("effects of one all-reduce", program_effects(whole, value), flush=True)
+print("effects of four", program_effects(step, values), flush=True)
 print("traced", shm_collectives.state.traced_calls, flush=True)
 print("named after the set-up", still_named(), flush=True)
 print("done", worker, flush=True)

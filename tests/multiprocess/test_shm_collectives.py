@@ -51,6 +51,9 @@ def test_all_reduce_over_shm_equals_gloo_bit_for_bit(workers, tmp_path):
     for output in outputs:
         assert "shm True" in output and "traced 6" in output, output[-2000:]
         assert "order mismatches 0" in output
+        # One all-reduce is no JAX effect (C++ dispatch); with four, the effect orders them.
+        assert "effects of one all-reduce []" in output, output[-2000:]
+        assert "effects of four ['FfiEffect']" in output, output[-2000:]
         assert "named after the set-up False" in output
         assert not os.path.exists("/dev/shm" + _segment(output))
     workers.kill_all()

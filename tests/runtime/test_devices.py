@@ -5,10 +5,11 @@ import sys
 import textwrap
 
 import jax
+import numpy as np
 import pytest
 
 import stratax as sx
-from stratax._src.runtime.devices import resolve_device, resolve_devices
+from stratax._src.runtime.devices import place, resolve_device, resolve_devices
 
 
 @pytest.mark.parametrize("name", ["cpu:1", "CPU:1", "/cpu:1", "/device:CPU:1",
@@ -90,3 +91,17 @@ def test_set_cpu_device_count_before_jax_starts_and_env_variable():
     done = _run("import stratax", STRATAX_CPU_DEVICES="two")
     assert (done.returncode != 0
             and "STRATAX_CPU_DEVICES='two' is not an integer >= 1" in done.stderr)
+
+
+def test_place_keeps_an_array_already_placed_and_places_the_rest():
+    mesh = jax.sharding.Mesh(np.array(jax.local_devices()[:2]), ("replica",))
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    split = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("replica"))
+    placed = jax.device_put(np.arange(4.0), replicated)
+    assert place(placed, replicated) is placed
+    moved = place(placed, split)  # same values, another sharding: placed anew
+    assert moved is not placed and moved.sharding == split
+    np.testing.assert_array_equal(np.asarray(moved), np.arange(4.0))
+    from_host = place(np.arange(4.0), replicated)
+    assert from_host.sharding == replicated
+    np.testing.assert_array_equal(np.asarray(from_host), np.arange(4.0))

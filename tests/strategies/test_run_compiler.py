@@ -198,3 +198,24 @@ def test_registered_variables_are_read_at_every_call(monkeypatch):
     kernel.assign(np.full((4, 1), -2.0, np.float32))
     np.testing.assert_allclose(strategy.gather(strategy.run(fresh, args=(batch,)), axis=0),
                                full.sum(axis=1, keepdims=True) * -2.0, rtol=1e-6)
+
+
+def test_results_passed_back_are_not_placed_again(monkeypatch):
+    """A training loop feeds ``run`` its own results; they are already where the step reads
+    them, and placing them again costs dispatch time between processes."""
+    strategy = _strategy(2)
+
+    def step(w, x):
+        ctx = sx.get_replica_context()
+        return w + ctx.all_reduce("sum", x).sum(), x * 2.0
+
+    _, batch = _rows(strategy)
+    w, x = strategy.run(step, args=(jnp.zeros(3), batch))  # replicated and PerReplica results
+    placements = []
+    original = jax.device_put
+    monkeypatch.setattr(jax, "device_put",
+                        lambda *a, **k: placements.append(a) or original(*a, **k))
+    w2, _ = strategy.run(step, args=(w, x))
+    assert placements == []
+    np.testing.assert_allclose(np.asarray(w2),
+                               np.asarray(w) + float(np.sum(strategy.gather(x, axis=0))))

@@ -275,6 +275,31 @@ def close() -> None:
     state.world, state.rank = 0, -1
 
 
+def unordered_if_alone(jaxpr: Any) -> Any:
+    """``jaxpr`` (a traced ``Jaxpr``), with its shared-memory all-reduce no longer a JAX effect
+    when it holds exactly one (see :func:`all_reduce`'s ``only_call``); else ``jaxpr`` itself.
+
+    One call site inside a loop body is one call: the iterations run one after the other. A
+    site in a ``scan`` that XLA unrolls may become several independent calls, so it counts as
+    two (the effect stays), as do sites in two branches of a ``cond``.
+    """
+    if _call_sites(jaxpr) != 1:
+        return jaxpr
+    rewritten = seam.ffi_calls_without_side_effect(jaxpr, TARGET)
+    return jaxpr if rewritten is None else rewritten
+
+
+def _call_sites(jaxpr: Any) -> int:
+    sites = 0
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "ffi_call" and eqn.params.get("target_name") == TARGET:
+            sites += 1
+        inner = sum(_call_sites(sub) for sub in seam.jaxprs_in_params(eqn.params.values()))
+        unrolled = eqn.primitive.name == "scan" and eqn.params.get("unroll", 1) not in (1, False)
+        sites += 2 * inner if unrolled else inner
+    return sites
+
+
 def covers(devices: Sequence[Any]) -> bool:
     """True when shm is set up and ``devices`` (a mesh's) are the one device of every process."""
     if not state.active or len(devices) != state.world:
@@ -297,9 +322,11 @@ def all_reduce(op: str, arrays: Sequence[jax.Array], *, only_call: bool = False
     The call is marked side-effecting, so XLA neither merges two of them nor runs two at once
     (processes must meet in the same order). That marking is also a JAX effect, which sends
     every call of the program through JAX's Python dispatch instead of its C++ fast path
-    (~1 ms of host time per call on a pinned core: ``benchmarks/README.md``). ``only_call=True``
-    drops it, for a caller whose program holds no other shared-memory all-reduce and uses its
-    result (``fit``'s packed step): nothing is then left to merge, drop or reorder.
+    (~1-2.5 ms of host time per call on a pinned core: ``benchmarks/README.md``).
+    ``only_call=True`` drops it, for a caller whose program holds no other shared-memory
+    all-reduce (``fit``'s packed step): nothing is then left to merge or reorder, and a call
+    whose result no one uses is dropped from the same program on every process alike.
+    :func:`unordered_if_alone` drops it after tracing, where the program is known.
     """
     state.traced_calls += 1
     shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in arrays]

@@ -32,7 +32,7 @@ from stratax._src.data.global_batch import check_same_shapes
 from stratax._src.data.input_context import InputContext, InputOptions, ValueContext
 from stratax._src.data.values import Mirrored, PerReplica, is_distributed_leaf
 from stratax._src.runtime import throttle
-from stratax._src.runtime.devices import local_replica_ids, process_rank
+from stratax._src.runtime.devices import local_replica_ids, place, process_rank
 from stratax._src.strategies.replica_context import CORE_AXIS, REPLICA_AXIS, ReplicaContext
 from stratax._src.strategies.run_compiler import RunCompiler
 
@@ -186,7 +186,7 @@ class Strategy:
         replicas only and are placed here.
         """
         if isinstance(stacked, jax.Array):
-            return jax.device_put(stacked, self._stacked)
+            return place(stacked, self._stacked)
         block = np.asarray(stacked)
         local = len(self._local_ids)
         if block.ndim == 0 or block.shape[0] != local:
