@@ -8,8 +8,12 @@ implicit all-reduce, which would silently double an explicit ``all_reduce`` of g
 the TensorFlow way. So replica functions run with ``check_vma=False`` (every value is per-replica,
 as in TensorFlow) and this module reads the traced jaxpr instead, with a sound rule: a value
 varies across replicas if it depends on a per-replica input or on the replica index, unless a
-collective over the replica axis made it uniform again. Anything the rule cannot see through is
-treated as varying, which is always safe (``PerReplica`` instead of mirrored).
+collective over the replica axis made it uniform again. Loops are followed to their fixed point
+(a ``scan`` or ``while`` carry that varies after some iteration varies), so the weights a
+scanned training loop updates with all-reduced gradients come back mirrored; a loop whose trip
+count or a ``cond`` whose branch may differ per replica gives varying outputs. Anything the
+rule cannot see through is treated as varying, which is always safe (``PerReplica`` instead of
+mirrored).
 
 Constants are the same on every replica: literals, and the values a replica function closes
 over (an array, a Keras model's weights). The analysis is given the whole traced program
@@ -20,11 +24,12 @@ like any other operand. Analysing the body alone would miss those operands.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from jax.extend import core as jex_core
 
+from stratax._src import seam
 from stratax._src.runtime import shm_collectives
 
 # Collectives whose result is the same on every participant of the axis.
@@ -83,6 +88,8 @@ def _equation_outputs(eqn: Any, flags: list[bool], axis: str) -> list[bool]:
         return [False] * n_out
     if name in _DIVERSIFYING and axis in _axes_of(eqn):
         return [True] * n_out
+    if name in _CONTROL_FLOW:
+        return _CONTROL_FLOW[name](eqn, flags, axis)
     sub = _same_arity_subjaxpr(eqn)
     if sub is not None:
         return varying_outputs(sub, flags, axis)
@@ -90,14 +97,60 @@ def _equation_outputs(eqn: Any, flags: list[bool], axis: str) -> list[bool]:
     return [any_varying] * n_out
 
 
+def _carried(body: Any, inputs: Callable[[list[bool]], list[bool]], carry: list[bool],
+             axis: str, steady: Callable[[list[bool]], bool] | None = None
+             ) -> tuple[list[bool], list[bool]]:
+    """A loop's carry flags at their fixed point, and the body's other output flags.
+
+    ``inputs(carry)`` gives the body's input flags, and the body gives ``carry + rest``. A carry
+    that varies after some iteration varies from then on, so the flags only grow: at most
+    ``len(carry)`` rounds. ``steady(carry)`` says whether every replica runs the loop as often
+    (if not, everything the loop gives varies).
+    """
+    while True:
+        if steady is not None and not steady(carry):
+            return [True] * len(carry), []
+        out = varying_outputs(body, inputs(carry), axis)
+        grown = [a or b for a, b in zip(carry, out[:len(carry)], strict=True)]
+        if grown == carry:
+            return carry, out[len(carry):]
+        carry = grown
+
+
+def _scan_outputs(eqn: Any, flags: list[bool], axis: str) -> list[bool]:
+    consts, carry = eqn.params["num_consts"], eqn.params["num_carry"]
+    before, xs = flags[:consts], flags[consts + carry:]  # the body takes consts, carry, xs
+    carry_flags, ys = _carried(eqn.params["jaxpr"], lambda c: before + c + xs,
+                               flags[consts:consts + carry], axis)
+    return carry_flags + ys
+
+
+def _while_outputs(eqn: Any, flags: list[bool], axis: str) -> list[bool]:
+    cond_consts, body_consts = eqn.params["cond_nconsts"], eqn.params["body_nconsts"]
+    cond_fixed = flags[:cond_consts]
+    body_fixed = flags[cond_consts:cond_consts + body_consts]
+
+    def steady(carry: list[bool]) -> bool:
+        return not any(varying_outputs(eqn.params["cond_jaxpr"], cond_fixed + carry, axis))
+
+    carry, _ = _carried(eqn.params["body_jaxpr"], lambda c: body_fixed + c,
+                        flags[cond_consts + body_consts:], axis, steady)
+    return carry
+
+
+def _cond_outputs(eqn: Any, flags: list[bool], axis: str) -> list[bool]:
+    if flags[0]:  # replicas may take different branches
+        return [True] * len(eqn.outvars)
+    branches = [varying_outputs(branch, flags[1:], axis) for branch in eqn.params["branches"]]
+    return [any(column) for column in zip(*branches, strict=True)]
+
+
+# Loops and branches: their outputs are followed through their bodies.
+_CONTROL_FLOW = {"scan": _scan_outputs, "while": _while_outputs, "cond": _cond_outputs}
+
+
 def _subjaxprs(eqn: Any) -> list[Any]:
-    found: list[Any] = []
-    for value in eqn.params.values():
-        candidates = value if isinstance(value, (tuple, list)) else (value,)
-        for item in candidates:
-            if isinstance(item, (jex_core.Jaxpr, jex_core.ClosedJaxpr)):
-                found.append(item)
-    return found
+    return list(seam.jaxprs_in_params(eqn.params.values()))
 
 
 def _same_arity_subjaxpr(eqn: Any) -> Any:
