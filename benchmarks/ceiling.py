@@ -14,7 +14,10 @@ processes pinned one core each:
   must, with no data to move;
 - ``sync-128``: the same, all-reducing the gradients (0.4 MB) each step: synchronous data
   parallelism written by hand with ``strategy.run`` and stratax's all-reduce (the transport of
-  ``STRATAX_CPU_COLLECTIVES``, shared memory by default here), no Keras.
+  ``STRATAX_CPU_COLLECTIVES``, shared memory by default here), no Keras;
+- ``sgd-128``: ``sync-128`` with plain SGD (``p - lr * g``) in place of Adam: an optimizer
+  update that costs next to nothing, the most that sharding the update over the processes
+  (each updating half of the parameters) could save, against the same Adam baseline.
 
 ``pair-128 / alone-256`` (the pair's samples/s summed, over twice one process's) is the
 scaling efficiency a 2-process ``fit`` would reach with a free all-reduce, no optimizer update
@@ -45,9 +48,9 @@ from benchmarks import workers
 
 RESULTS = Path(__file__).parent / "results"
 STEPS = 32
-LAYOUTS = ("alone-256", "alone-128", "pair-128", "barrier-128", "sync-128")
+LAYOUTS = ("alone-256", "alone-128", "pair-128", "barrier-128", "sync-128", "sgd-128")
 # What a synchronised layout all-reduces each step.
-_REDUCED = {"barrier": "loss", "sync": "gradients"}
+_REDUCED = {"barrier": "loss", "sync": "gradients", "sgd": "gradients"}
 
 
 def _worker(layout: str, core: int, batch: int, executions: int) -> None:
@@ -84,6 +87,8 @@ def _worker(layout: str, core: int, batch: int, executions: int) -> None:
             elif _REDUCED.get(kind) == "loss":  # wait for the peer; the gradients stay local
                 mean = all_reduce(value)
                 g = [a * (mean / jax.lax.stop_gradient(mean)) for a in g]
+            if kind == "sgd":
+                return ([a - 1e-3 * b for a, b in zip(p, g, strict=True)], m, v), None
             m = [0.9 * a + 0.1 * b for a, b in zip(m, g, strict=True)]
             v = [0.999 * a + 0.001 * b * b for a, b in zip(v, g, strict=True)]
             p = [a - 1e-3 * b / (jnp.sqrt(c) + 1e-7) for a, b, c in zip(p, m, v, strict=True)]

@@ -76,6 +76,11 @@ def test_replicated_values_count_once_per_replica(strategy):
     np.testing.assert_allclose(strategy.reduce(sx.ReduceOp.SUM, x, axis=None), n * np.arange(3.0))
     np.testing.assert_allclose(strategy.reduce(sx.ReduceOp.MEAN, sx.Mirrored(x), axis=None),
                                np.arange(3.0))
+    grid = np.arange(6.0, dtype=np.float32).reshape(2, 3)  # host values, reduced along an axis
+    np.testing.assert_allclose(strategy.reduce("sum", grid, axis=0), n * grid.sum(0))
+    np.testing.assert_allclose(strategy.reduce("sum", grid, axis=-1), n * grid.sum(1))
+    np.testing.assert_allclose(strategy.reduce("max", grid, axis=None), grid)
+    assert float(strategy.reduce("sum", 2.5, axis=None)) == 2.5 * n
     assert len(strategy.experimental_local_results(x)) == n
 
 

@@ -73,6 +73,9 @@ class Strategy:
         replicated = functools.partial(jax.jit, out_shardings=self._replicated)
         self._concat_real_rows = replicated(_concat_real_rows, static_argnums=1)
         self._reduce_stacked = replicated(_reduce_stacked, static_argnums=(1, 2))
+        self._reduce_copies = replicated(
+            functools.partial(_reduce_copies, copies=self.num_replicas_in_sync),
+            static_argnums=(1, 2))
         self._gather_stacked = replicated(_gather_stacked, static_argnums=1)
         self._window = throttle.window_for(self._devices, self._num_processes)
 
@@ -217,9 +220,15 @@ class Strategy:
             if isinstance(leaf, PerReplica) and leaf.is_padded:
                 self._require_row_axis(leaf, axis, "reduce")
                 return self._reduce_stacked(self._real_rows(leaf)[None], op, (0, 1))
-            stacked = self._stacked_components(leaf)
-            axes = (0,) if axis is None else (0, _normalize_axis(axis, stacked.ndim - 1) + 1)
-            return self._reduce_stacked(stacked, op, axes)
+            if isinstance(leaf, PerReplica):
+                stacked = self._to_global(leaf.stacked)
+                axes = (0,) if axis is None else (0, _normalize_axis(axis, stacked.ndim - 1) + 1)
+                return self._reduce_stacked(stacked, op, axes)
+            # A replicated value is copied per replica inside the reducing program: one
+            # dispatch (a custom loop reduces its loss every step).
+            base = leaf.value if isinstance(leaf, Mirrored) else leaf
+            axes = (0,) if axis is None else (0, _normalize_axis(axis, np.ndim(base)) + 1)
+            return self._reduce_copies(base, op, axes)
 
         return jax.tree.map(one, value, is_leaf=is_distributed_leaf)
 
@@ -346,6 +355,11 @@ def _normalize_axis(axis: int, ndim: int) -> int:
 
 def _reduce_stacked(stacked: jax.Array, op: ReduceOp, axes: tuple[int, ...]) -> jax.Array:
     return _REDUCERS[op](stacked, axis=axes)
+
+
+def _reduce_copies(value: Any, op: ReduceOp, axes: tuple[int, ...], copies: int) -> jax.Array:
+    """``value`` counted once per replica (``copies``), reduced over ``axes`` of that stack."""
+    return _reduce_stacked(jnp.broadcast_to(value, (copies, *jnp.shape(value))), op, axes)
 
 
 def _gather_stacked(stacked: jax.Array, axis: int) -> jax.Array:
