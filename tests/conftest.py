@@ -12,6 +12,10 @@ import threading
 
 os.environ.setdefault("STRATAX_CPU_DEVICES", "8")
 os.environ["KERAS_BACKEND"] = "jax"
+# Processes the tests start skip Keras' optional matplotlib and IPython imports (~1 s each).
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [os.path.join(os.path.dirname(os.path.abspath(__file__)), "_child_startup"),
+     *filter(None, [os.environ.get("PYTHONPATH")])])
 
 # Importing Keras sets TF_FORCE_GPU_ALLOW_GROWTH; do it before any test, so the hygiene check
 # below does not blame the first test that happens to touch Keras.
