@@ -8,6 +8,7 @@ child that needs them (the benchmark harness's own checks) is started with
 ``STRATAX_TEST_CHILD_PLOTS=1``. A ``sitecustomize`` further down the path still runs.
 """
 
+import importlib.machinery
 import importlib.util
 import os
 import sys

@@ -221,14 +221,12 @@ class Strategy:
                 self._require_row_axis(leaf, axis, "reduce")
                 return self._reduce_stacked(self._real_rows(leaf)[None], op, (0, 1))
             if isinstance(leaf, PerReplica):
-                stacked = self._to_global(leaf.stacked)
-                axes = (0,) if axis is None else (0, _normalize_axis(axis, stacked.ndim - 1) + 1)
-                return self._reduce_stacked(stacked, op, axes)
+                stacked = self._stacked_components(leaf)
+                return self._reduce_stacked(stacked, op, _stack_axes(axis, stacked.ndim - 1))
             # A replicated value is copied per replica inside the reducing program: one
             # dispatch (a custom loop reduces its loss every step).
             base = leaf.value if isinstance(leaf, Mirrored) else leaf
-            axes = (0,) if axis is None else (0, _normalize_axis(axis, np.ndim(base)) + 1)
-            return self._reduce_copies(base, op, axes)
+            return self._reduce_copies(base, op, _stack_axes(axis, np.ndim(base)))
 
         return jax.tree.map(one, value, is_leaf=is_distributed_leaf)
 
@@ -351,6 +349,11 @@ def _normalize_axis(axis: int, ndim: int) -> int:
     if not -ndim <= axis < ndim:
         raise ValueError(f"axis {axis} is out of range for per-replica values of rank {ndim}.")
     return axis % ndim
+
+
+def _stack_axes(axis: int | None, component_ndim: int) -> tuple[int, ...]:
+    """The axes of a ``(replicas, ...)`` stack that ``reduce(..., axis)`` reduces over."""
+    return (0,) if axis is None else (0, _normalize_axis(axis, component_ndim) + 1)
 
 
 def _reduce_stacked(stacked: jax.Array, op: ReduceOp, axes: tuple[int, ...]) -> jax.Array:
