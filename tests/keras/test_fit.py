@@ -221,21 +221,26 @@ def test_keras_with_another_backend_is_a_clear_error():
     assert "imported with the 'numpy' backend before stratax" in done.stderr
 
 
-@pytest.mark.parametrize("devices", [["cpu:0"], ["cpu:0", "cpu:1"]], ids=["1rep", "2rep"])
-def test_fit_compiles_the_train_step_once(devices, caplog):
-    """Shardings must stay stable between steps and epochs, or XLA recompiles every epoch."""
+@pytest.mark.parametrize(("devices", "group", "program"), [
+    (["cpu:0"], 1, "train_step"), (["cpu:0", "cpu:1"], 1, "train_step"),
+    (["cpu:0"], 2, "row_steps"), (["cpu:0", "cpu:1"], 2, "row_steps"),
+], ids=["1rep", "2rep", "1rep-spe2", "2rep-spe2"])
+def test_fit_compiles_the_train_step_once(devices, group, program, caplog):
+    """Shardings must stay stable between steps and epochs, or XLA recompiles every epoch
+    (one program per group of ``steps_per_execution`` steps when the group runs as one)."""
     import jax
 
     x, y = _data(64)
-    model = _compiled(sx.MirroredStrategy(devices))
+    model = _compiled(sx.MirroredStrategy(devices), steps_per_execution=group)
     jax.config.update("jax_log_compiles", True)
     try:
         with caplog.at_level("WARNING"):
             model.fit(x, y, batch_size=16, epochs=3, shuffle=False, verbose=0)
     finally:
         jax.config.update("jax_log_compiles", False)
-    compiles = [r for r in caplog.records if "Compiling jit(train_step)" in r.getMessage()]
-    assert len(compiles) == 1, [r.getMessage()[:120] for r in compiles]
+    compiles = [r for r in caplog.records if f"Compiling jit({program})" in r.getMessage()]
+    assert len(compiles) == 1, [r.getMessage()[:120] for r in caplog.records
+                                if "Compiling" in r.getMessage()]
 
 
 def test_steps_without_batch_size_cut_the_data_as_keras_does():
