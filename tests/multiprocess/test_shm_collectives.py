@@ -84,9 +84,12 @@ def test_auto_picks_shm_on_one_host_and_gloo_otherwise_and_says_why(workers, tmp
     """STRATAX_CPU_COLLECTIVES unset: shm for one CPU device per process on one host; gloo, with
     no error, for two devices per process or when the library cannot be built."""
     outputs, _ = _auto(workers, tmp_path)
+    # Two processes with this process's CPUs: a core each if there are two (waits spin up to 1 s).
+    spin = "1e+06" if len(os.sched_getaffinity(0)) >= 2 else "50"
     for output in outputs:
         assert "shm True" in output and "traced 4" in output  # one per op, output[-2000:]
         assert output.count(_AUTO_SHM) == 1, output[-2000:]
+        assert f"waits spin up to {spin} us" in output, output[-2000:]
         assert "idle threads 1" in output, output[-2000:]  # gloo's I/O thread (gloo_io)
     outputs, cluster = _auto(workers, tmp_path, STRATAX_CPU_DEVICES="2",
                              STRATAX_GLOO_IO_PRIORITY="normal")

@@ -27,6 +27,9 @@ def _same(got, want):
            r"it sleeps\); set it to a number >= 0 or unset it for the default 50\."),
     (shm_collectives.spin_seconds_from_env, "STRATAX_SHM_SPIN_US", 50e-6, "0", 0.0,
      "nan", r"STRATAX_SHM_SPIN_US='nan' is not a number >= 0 "),
+    (lambda: shm_collectives.spin_seconds_from_env(own_cores=True), "STRATAX_SHM_SPIN_US",
+     1.0, "250", 250e-6,
+     "-1", r"STRATAX_SHM_SPIN_US='-1' is not a number >= 0 .*unset it for the default 1e\+06\."),
     (throttle.cpu_window_from_env, "STRATAX_MAX_STEPS_IN_FLIGHT", throttle.DEFAULT_CPU_WINDOW,
      "0", 0,
      "-1", r"STRATAX_MAX_STEPS_IN_FLIGHT='-1' is not an integer >= 0 \(steps the host may "
@@ -47,3 +50,14 @@ def test_setting_is_read_or_named_with_its_fix(monkeypatch, read, name, unset, g
     monkeypatch.setenv(name, bad)
     with pytest.raises(ValueError, match=rf"^Environment variable {error}"):
         read()
+
+
+@pytest.mark.parametrize(("affinities", "own"), [
+    ([{0}, {1}], True),              # pinned to distinct cores
+    ([{0, 1}, {0, 1}], True),        # unpinned, as many cores as processes
+    ([{0}, {0}], False),             # pinned to the same core
+    ([{0, 1}, {0, 1}, {0, 1}], False),  # more processes than cores
+    ([{0}, {0, 1}], True),           # the second can run on core 1
+])
+def test_processes_have_own_cores_when_no_more_processes_than_cpus(affinities, own):
+    assert shm_collectives.own_cores(affinities) is own

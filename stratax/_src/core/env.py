@@ -119,7 +119,8 @@ STRATAX_PS_TRANSPORT = "STRATAX_PS_TRANSPORT"
 # library is cached (default ~/.cache/stratax/ext), and the bytes of one rank's slot.
 STRATAX_EXTENSION_CACHE = "STRATAX_EXTENSION_CACHE"
 STRATAX_SHM_SLOT_BYTES = "STRATAX_SHM_SLOT_BYTES"
-# Microseconds a shared-memory all-reduce spins for its peers before sleeping (default 50).
+# Microseconds a shared-memory all-reduce spins for its peers before sleeping (default 1 s
+# when every process has a core of its own, else 50).
 STRATAX_SHM_SPIN_US = "STRATAX_SHM_SPIN_US"
 # XLA threads of a parameter-server worker task: "auto" (default: the host's cores shared among
 # the worker tasks on it), "all" (XLA's default, one per core) or a number; see

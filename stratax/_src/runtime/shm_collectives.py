@@ -47,10 +47,15 @@ DTYPES = frozenset(np.dtype(d) for d in ("float32", "float64", "int32", "int64",
 # Rounds of 1 MiB keep a round's data in cache: a 4 MB all-reduce took 0.47 ms in 1 MiB rounds
 # against 1.7 ms in one 8 MiB round (in a compiled loop, 2 processes pinned one core each).
 DEFAULT_SLOT_BYTES = 1 << 20
-# A waiting process spins this long before it sleeps on a futex: long enough for a peer on
-# another core, short enough to leave the core to this process's other threads (input
-# prefetch, gloo's I/O) when the peer is late.
-DEFAULT_SPIN_US = 50.0
+# A waiting process spins this long before it sleeps on a futex. Where processes share cores:
+# long enough for a peer on another core, short enough to hand the core to a peer on this one.
+SHARED_CORES_SPIN_US = 50.0
+# Where every process has a core of its own: on a virtual machine a core that sleeps can lose
+# its physical CPU to another guest, and the wake-up then waits for it; the peer waits for
+# this process at the next step, and so on (a 4-byte barrier per step: 117,837 samples/s with
+# 50 us against 145,171 spinning up to 1 s, `benchmarks/README.md`). The spin yields the core
+# every ~100 us, so the process's own threads still get it.
+OWN_CORES_SPIN_US = 1e6
 _KEY = "stratax/shm"
 
 
@@ -84,15 +89,31 @@ def slot_bytes_from_env() -> int:
     return value - value % 64
 
 
-def spin_seconds_from_env() -> float:
-    """``STRATAX_SHM_SPIN_US`` (default 50): microseconds a wait spins before it sleeps.
+def spin_seconds_from_env(own_cores: bool = False) -> float:
+    """``STRATAX_SHM_SPIN_US``: microseconds a wait spins before it sleeps. Default: 1 s when
+    every process has a core of its own (:func:`own_cores`), else 50 us.
 
     Raises:
         ValueError: not a number >= 0.
     """
-    microseconds = envvars.get_float_or(env.STRATAX_SHM_SPIN_US, DEFAULT_SPIN_US, 0,
+    default = OWN_CORES_SPIN_US if own_cores else SHARED_CORES_SPIN_US
+    microseconds = envvars.get_float_or(env.STRATAX_SHM_SPIN_US, default, 0,
                                         meaning="microseconds a wait spins before it sleeps")
     return microseconds * 1e-6
+
+
+def _cpus() -> set[int]:
+    """The CPUs this process may run on."""
+    if hasattr(os, "sched_getaffinity"):
+        return os.sched_getaffinity(0)
+    return set(range(os.cpu_count() or 1))
+
+
+def own_cores(affinities: Sequence[set[int]]) -> bool:
+    """Whether processes with these CPU affinities can each run on a core of its own: no more
+    processes than CPUs among them (e.g. pinned to distinct cores, or unpinned on a host with
+    at least as many cores)."""
+    return len(affinities) <= len(set().union(*affinities))
 
 
 def _load() -> ctypes.CDLL:
@@ -170,8 +191,12 @@ def setup(process_id: int, num_processes: int, timeout_seconds: float,
     client.key_value_set(f"{_KEY}/verdict/{process_id}",
                          f"error:{verdict}" if verdict else f"nobuild:{build_error}"
                          if build_error else "ok")
+    client.key_value_set(f"{_KEY}/cpus/{process_id}", ",".join(map(str, sorted(_cpus()))))
     verdicts = {p: _get(client, f"{_KEY}/verdict/{p}", timeout_ms, task_name(p))
                 for p in range(num_processes)}
+    affinities = [{int(c) for c in _get(client, f"{_KEY}/cpus/{p}", timeout_ms,
+                                         task_name(p)).split(",")}
+                  for p in range(num_processes)]
     # Process 0 hosts the coordination service: it acts on the verdicts (and may raise and
     # exit) only once every other process has read them. The others need the service no more
     # on an error, so they act at once. (A barrier here lost a race: process 0 could leave it
@@ -197,7 +222,7 @@ def setup(process_id: int, num_processes: int, timeout_seconds: float,
             return _use_gloo(f"{task_name(p)} could not build the shared-memory all-reduce: "
                              f"{text[8:].splitlines()[0] if text[8:] else 'no reason given'}")
     problem = _join_segment(client, process_id, num_processes, timeout_seconds, timeout_ms,
-                            task_name)
+                            task_name, spin_seconds_from_env(own_cores(affinities)))
     if problem:
         if required:
             raise RuntimeError(f"{problem}. Unset STRATAX_CPU_COLLECTIVES (gloo).")
@@ -225,12 +250,11 @@ def _get(client: Any, key: str, timeout_ms: int, peer: str) -> str:
 
 
 def _join_segment(client: Any, process_id: int, world: int, timeout_seconds: float,
-                  timeout_ms: int, task_name: Any) -> str:
+                  timeout_ms: int, task_name: Any, spin: float) -> str:
     """Maps the segment on every process; ``""``, or (on every process) why process 0 could
     not create it."""
     library = _load()
     slot = slot_bytes_from_env()
-    spin = spin_seconds_from_env()
     error = ctypes.create_string_buffer(512)
     if process_id == 0:
         name = f"/stratax-{os.getpid()}-{secrets.token_hex(6)}".encode()
@@ -263,8 +287,8 @@ def _join_segment(client: Any, process_id: int, world: int, timeout_seconds: flo
                                f"{error.value.decode()}. Unset STRATAX_CPU_COLLECTIVES (gloo).")
     state.world, state.rank, state.name = world, process_id, name.decode()
     atexit.register(close)
-    logger.info("shared-memory all-reduce: process %d of %d, slots of %d bytes",
-                process_id, world, slot)
+    logger.info("shared-memory all-reduce: process %d of %d, slots of %d bytes, waits spin "
+                "up to %g us", process_id, world, slot, spin * 1e6)
     return ""
 
 

@@ -14,6 +14,7 @@
 
 #include <fcntl.h>
 #include <linux/futex.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -163,16 +164,28 @@ std::string PeerProblem(int r) {
 std::string WaitAll(uint64_t seq) {
   Header* h = g_state.header;
   // Spin first: a peer on another core arrives within microseconds, while a futex wake-up
-  // costs tens of them (more on a virtual machine), and sched_yield() on a busy machine hands
-  // the core away for a whole time slice. After spin_s, sleep on the futex, so that the other
-  // threads of this process (input prefetch, gloo) and a peer sharing this core can run.
+  // costs tens of them, and on a virtual machine a core that sleeps can lose its physical CPU
+  // to another guest for a whole host time slice. spin_s is 50 us when processes share cores
+  // and 1 s when each has its own (shm_collectives.py says why). A long spin yields the core
+  // every ~100 us, so this process's other threads (input prefetch, the Python thread, gloo)
+  // still run when they need it, and checks its peers as the sleeping wait below does.
   double start = Now();
+  double next_check = start + 0.05;
   for (uint64_t i = 1;; ++i) {
-    if (Missing(seq) < 0) return "";
-    if ((i & 255) == 0 && Now() - start > g_state.spin_s) break;
+    int missing = Missing(seq);
+    if (missing < 0) return "";
+    if ((i & 255) == 0) {
+      double now = Now();
+      if (now - start > g_state.spin_s || now - start > g_state.timeout_s) break;
+      if (now >= next_check) {
+        std::string problem = PeerProblem(missing);
+        if (!problem.empty()) return problem;
+        next_check = now + 0.05;
+      }
+      if ((i & 4095) == 0) sched_yield();
+    }
     __builtin_ia32_pause();
   }
-  double next_check = start;
   h->waiters.fetch_add(1, std::memory_order_seq_cst);
   std::string problem;
   for (;;) {
