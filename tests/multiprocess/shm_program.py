@@ -38,7 +38,17 @@ out_dir, mode = sys.argv[1], sys.argv[2]
 worker = strategy.worker_index
 print("shm", shm_collectives.state.active, flush=True)
 print("segment", shm_collectives.state.name, flush=True)
-print("idle threads", sum(os.sched_getscheduler(int(tid)) == os.SCHED_IDLE  # gloo's I/O thread
+
+
+def _policy(tid):
+    """The thread's scheduling policy, or None for one that ended since it was listed."""
+    try:
+        return os.sched_getscheduler(int(tid))
+    except ProcessLookupError:
+        return None
+
+
+print("idle threads", sum(_policy(tid) == os.SCHED_IDLE  # gloo's I/O thread
                           for tid in os.listdir("/proc/self/task")), flush=True)
 
 
