@@ -11,13 +11,17 @@ import pytest
 from stratax._src.launch import launch
 from stratax._src.observe.reader import RunReader
 
-# Worker 1 fails on the first start only; every worker records the run directory it was given.
+# Worker 1 fails on the first start only; every worker records the run directory it was given
+# (atomically: worker 0 of the first start may be stopped at any point).
 SCRIPT = '''
 import os, sys
 rank = int(os.environ["STRATAX_PROCESS_ID"])
 restart = int(os.environ["STRATAX_RESTART_COUNT"])
-with open(os.path.join({out!r}, f"env_{{rank}}_{{restart}}"), "w") as f:
+part = os.path.join({out!r}, f"part_{{rank}}_{{restart}}")
+with open(part, "w") as f:
     f.write(os.environ.get("STRATAX_RUN_DIR", ""))
+# Renamed once written: a worker stopped mid-write leaves no empty env_ record.
+os.replace(part, os.path.join({out!r}, f"env_{{rank}}_{{restart}}"))
 if rank == 1 and restart == 0:
     print("Traceback: boom on worker one", file=sys.stderr, flush=True)
     sys.exit(3)
