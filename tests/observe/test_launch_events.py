@@ -20,7 +20,6 @@ restart = int(os.environ["STRATAX_RESTART_COUNT"])
 part = os.path.join({out!r}, f"part_{{rank}}_{{restart}}")
 with open(part, "w") as f:
     f.write(os.environ.get("STRATAX_RUN_DIR", ""))
-# Renamed once written: a worker stopped mid-write leaves no empty env_ record.
 os.replace(part, os.path.join({out!r}, f"env_{{rank}}_{{restart}}"))
 if rank == 1 and restart == 0:
     print("Traceback: boom on worker one", file=sys.stderr, flush=True)
