@@ -7,11 +7,22 @@ threads or child processes (Lightning's test hygiene).
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 import threading
 
 os.environ.setdefault("STRATAX_CPU_DEVICES", "8")
 os.environ["KERAS_BACKEND"] = "jax"
+# Many tests compile the same programs: the same small model in many tests, the same step in
+# every worker process of a job and again after a restart. One XLA compilation cache for this
+# session and the processes it starts compiles each once (test_input_matrix.py: 47 s against
+# 72). JAX still traces and lowers every program, so tests that count compilations ("Compiling
+# jit(...)") see the same count. The cache is new for every session, removed at its end.
+os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="stratax-tests-xla-cache-")
+os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
 # Processes the tests start skip Keras' optional matplotlib and IPython imports (~1 s each).
 os.environ["PYTHONPATH"] = os.pathsep.join(
     [os.path.join(os.path.dirname(os.path.abspath(__file__)), "_child_startup"),
@@ -23,6 +34,8 @@ import keras  # noqa: F401
 import pytest
 
 import stratax  # noqa: F401  (applies STRATAX_CPU_DEVICES before JAX starts)
+
+atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
 
 NUM_TEST_DEVICES = int(os.environ["STRATAX_CPU_DEVICES"])
 
