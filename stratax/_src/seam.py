@@ -24,6 +24,9 @@ written), what for, and which stratax module relies on it:
   weighs it. -> ``keras.feed``
 - ``rng_utils.get_random_seed``: the seed of ``keras.utils.set_random_seed`` (no public
   getter). -> ``keras.feed``, ``keras.install``
+- ``Distribution._is_multi_process`` (written, ``False``): Keras 3.10 refuses every input but
+  ``tf.data`` under a distribution over several processes, while stratax feeds every process
+  its own batches. -> ``keras.distribution``, ``keras.model_parallel``
 - ``jax_trainer._distribute_data``: placing batches of inputs stratax leaves to Keras (e.g.
   ``tf.data``) as Keras would. -> ``keras.mesh_runner``
 - ``model._symbolic_build``, ``model._flatten_layers``: building a model from a batch the feed
@@ -208,6 +211,19 @@ def keras_random_seed() -> int | None:
     from keras.src.utils import rng_utils
 
     return rng_utils.get_random_seed()
+
+
+def accepts_stratax_feeds(distribution: Any) -> Any:
+    """``distribution`` (a Keras one, built with ``auto_shard_dataset=False``), no longer
+    refusing input that is not a ``tf.data.Dataset`` in a multi-process job.
+
+    stratax feeds every process its own batches (``keras.feed``). Keras 3.10 refuses any input
+    but a ``tf.data.Dataset`` when the distribution spans processes; newer releases only when it
+    also shards datasets itself. Nothing else reads the flag once the distribution is built
+    (sharding a dataset is off).
+    """
+    distribution._is_multi_process = False
+    return distribution
 
 
 def distribute_data(batch: Any, layouts: Any) -> Any:

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 from keras import distribution as keras_distribution
 
+from stratax._src import seam
 from stratax._src.strategies.base import Strategy
 from stratax._src.strategies.replica_context import REPLICA_AXIS
 
@@ -36,6 +37,7 @@ class StrategyDistribution(keras_distribution.DataParallel):
             shape=(devices.size,), axis_names=[REPLICA_AXIS], devices=devices
         )
         super().__init__(device_mesh=mesh, auto_shard_dataset=False)
+        seam.accepts_stratax_feeds(self)
         self.strategy = strategy
 
     def get_variable_layout(self, variable: Any) -> keras_distribution.TensorLayout:

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 from keras import distribution as keras_distribution
 
+from stratax._src import seam
 from stratax._src.strategies.base import Strategy
 from stratax._src.strategies.replica_context import CORE_AXIS, REPLICA_AXIS
 
@@ -82,7 +83,7 @@ def distribution_for(strategy: Strategy) -> keras_distribution.ModelParallel:
     dist = _distributions.get(strategy)
     if dist is None:
         layout_map = rehome_layout_map(strategy.layout_map, device_mesh(strategy))
-        dist = keras_distribution.ModelParallel(
-            layout_map=layout_map, batch_dim_name=REPLICA_AXIS, auto_shard_dataset=False)
+        dist = seam.accepts_stratax_feeds(keras_distribution.ModelParallel(
+            layout_map=layout_map, batch_dim_name=REPLICA_AXIS, auto_shard_dataset=False))
         _distributions[strategy] = dist
     return dist
