@@ -96,6 +96,9 @@ class System:
     # stratax only: False cuts every batch on the host and places it, as releases before
     # array input kept on the devices did (STRATAX_RESIDENT_ARRAY_BYTES=0).
     resident_arrays: bool = True
+    # stratax only: False keeps fit's optimizer update replicated on every process, as before
+    # it was sharded over them (STRATAX_SHARDED_UPDATE=off).
+    sharded_update: bool = True
     note: str = ""
 
     @property
@@ -148,6 +151,10 @@ SYSTEMS: dict[str, System] = {
         System("sx-mwms-2proc-shm", "stratax MultiWorkerMirroredStrategy, 2 processes x 1 core, "
                "shared-memory all-reduce (STRATAX_CPU_COLLECTIVES=shm)", "stratax", "mwms",
                processes=2, pin=True, transport="shm"),
+        System("sx-mwms-2proc-shm-repl", "stratax MultiWorkerMirroredStrategy, 2 processes x 1 "
+               "core, shared-memory all-reduce, optimizer update replicated on each process "
+               "(STRATAX_SHARDED_UPDATE=off)", "stratax", "mwms", processes=2, pin=True,
+               transport="shm", sharded_update=False),
         System("sx-1proc-1core-host", "stratax OneDeviceStrategy, 1 process on 1 core, batches "
                "placed from the host (STRATAX_RESIDENT_ARRAY_BYTES=0)", "stratax", "onedevice",
                pin=True, resident_arrays=False),
@@ -257,13 +264,15 @@ BENCHMARKS: dict[str, Benchmark] = {
                          ("torch-ddp-2proc", "torch-1proc-1core")),
                   quick_workloads=("mlp", "wide_mlp"), quick_spes=(32,)),
         Benchmark("multiworker_shm", "stratax 2 processes x 1 core: gloo vs shared memory, "
-                  "arrays kept on the devices vs batches placed from the host, against 1 "
-                  "process on 1 core",
+                  "optimizer update sharded vs replicated, arrays kept on the devices vs "
+                  "batches placed from the host, against 1 process on 1 core",
                   ("sx-1proc-1core", "sx-mwms-2proc", "sx-mwms-2proc-shm",
-                   "sx-1proc-1core-host", "sx-mwms-2proc-shm-host"),
+                   "sx-mwms-2proc-shm-repl", "sx-1proc-1core-host", "sx-mwms-2proc-shm-host"),
                   ("mlp", "wide_mlp"), (32,), baseline="sx-1proc-1core",
                   pairs=(("sx-mwms-2proc", "sx-1proc-1core"),
                          ("sx-mwms-2proc-shm", "sx-1proc-1core"),
+                         ("sx-mwms-2proc-shm-repl", "sx-1proc-1core"),
+                         ("sx-mwms-2proc-shm", "sx-mwms-2proc-shm-repl"),
                          ("sx-mwms-2proc-shm", "sx-mwms-2proc"),
                          ("sx-mwms-2proc-shm-host", "sx-1proc-1core-host"),
                          ("sx-mwms-2proc-shm", "sx-mwms-2proc-shm-host"),

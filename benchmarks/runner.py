@@ -74,6 +74,8 @@ def child_env(config: Config, device: Device, tf_config: str | None) -> dict[str
         env["STRATAX_PREFETCH_DEPTH"] = str(system.prefetch)
     if not system.resident_arrays:
         env["STRATAX_RESIDENT_ARRAY_BYTES"] = "0"
+    if not system.sharded_update:
+        env["STRATAX_SHARDED_UPDATE"] = "off"
     # Explicit even for gloo: unset means auto, which is shm for same-host single-device workers.
     env["STRATAX_CPU_COLLECTIVES"] = "shm" if system.transport == "shm" else "gloo"
     if tf_config is not None:

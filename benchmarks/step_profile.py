@@ -17,7 +17,8 @@ all-reduce's custom call, the dots, the optimizer's fusions) apart from Python f
 
 Run: ``python -m benchmarks.step_profile [--workload mlp] [--spe 32] [--reps 3]``; writes
 ``benchmarks/results/step_profile.{json,md}``. Extra environment for the workers (e.g.
-``XLA_FLAGS``, ``STRATAX_CPU_COLLECTIVES``) is passed through.
+``XLA_FLAGS``) is passed through, except ``STRATAX_*`` settings: ``--transport`` and
+``--replicated-update`` choose those.
 """
 
 from __future__ import annotations
@@ -134,7 +135,8 @@ def _run(layout: str, args: argparse.Namespace, trace: bool) -> dict[str, Any]:
     count = 1 if layout == "1proc" else 2
     commands = [[*command, "--worker", layout, str(i)] for i in range(count)]
     if layout == "2proc":
-        procs = workers.start(commands, transport=args.transport)
+        procs = workers.start(commands, transport=args.transport, extra_env=(
+            {"STRATAX_SHARDED_UPDATE": "off"} if args.replicated_update else None))
     else:  # independent processes, no cluster
         procs = [subprocess.Popen(c, env={**os.environ, "JAX_PLATFORMS": "cpu"},
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -153,6 +155,9 @@ def main() -> None:
                         help="let every process use every core (default: process i on core i)")
     parser.add_argument("--layouts", default=",".join(LAYOUTS))
     parser.add_argument("--transport", choices=("gloo", "mpi", "shm"), default="gloo")
+    parser.add_argument("--replicated-update", action="store_true",
+                        help="every process applies the whole optimizer update "
+                             "(STRATAX_SHARDED_UPDATE=off)")
     parser.add_argument("--trace", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--worker", nargs=2, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()

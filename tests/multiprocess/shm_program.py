@@ -6,9 +6,10 @@ slot's round, two that fill one) with SUM, MEAN, MAX and MIN, saved to
 OUT_DIR/reduce_<worker>.npz. MODE ``stall``: worker 1 never joins the all-reduce; worker 0's
 must fail within the timeout (argument 3, seconds), naming it. MODE ``die``: worker 1 kills
 itself (SIGKILL) while worker 0 waits in the all-reduce. MODE ``once``: one ``ctx.all_reduce``
-per operation, then "traced N" and "done <worker>". Mode ``reduce`` also prints the JAX
-effects of a program with one shared-memory all-reduce and of one with four. stratax logs at
-INFO. Prints "segment NAME", "shm <active>" and "idle threads N" (threads under SCHED_IDLE:
+per operation, then "traced N" and "done <worker>". MODE ``gather``: the all-gather and the
+reduce-scatter of ``fit``'s sharded update, checked against numpy. Mode ``reduce`` also prints
+the JAX effects of a program with one shared-memory all-reduce and of one with four. stratax
+logs at INFO. Prints "segment NAME", "shm <active>" and "idle threads N" (threads under SCHED_IDLE:
 gloo's I/O thread, unless STRATAX_GLOO_IO_PRIORITY says otherwise); after the work, "named
 after the set-up <bool>" (whether the segment's name is still in /dev/shm) and "traced N"
 (shared-memory all-reduces traced).
@@ -76,6 +77,49 @@ def step(values):
     return {op: ctx.all_reduce(op, values) for op in ("sum", "mean", "max", "min")}
 
 
+
+
+def gather_and_scatter():
+    """``shm_collectives.all_gather`` and ``reduce_scatter`` of operands that share a round
+    and of ones chunked over rounds (with 64 KiB slots), checked against numpy; prints
+    "gather mismatches N" and "scatter mismatches N"."""
+    import jax.numpy as jnp
+    from jax.sharding import PartitionSpec as P
+
+    from stratax._src.strategies.replica_context import REPLICA_AXIS
+
+    world = strategy.num_replicas_in_sync
+    sizes = {"big": (70_000, "float32"), "small": (5, "float32"), "f64": (3, "float64"),
+             "i32": (4, "int32")}
+
+    def local(n, dtype, rank, xp):
+        return (xp.arange(n) % 997 + 1000 * rank).astype(dtype)
+
+    def body():
+        rank = jax.lax.axis_index(REPLICA_AXIS)
+        gathered = shm_collectives.all_gather([local(n, d, rank, jnp) for n, d in sizes.values()])
+        parts = shm_collectives.reduce_scatter(
+            [local(world * n, d, rank, jnp) for n, d in sizes.values()])
+        return gathered, parts
+
+    gathered, parts = jax.jit(jax.shard_map(
+        body, mesh=strategy.mesh, in_specs=(), out_specs=(P(), P(REPLICA_AXIS)),
+        axis_names=frozenset({REPLICA_AXIS}), check_vma=False))()
+    gather_bad = scatter_bad = 0
+    for (n, d), whole, part in zip(sizes.values(), gathered, parts, strict=True):
+        expected = np.concatenate([local(n, d, r, np) for r in range(world)])
+        gather_bad += not np.array_equal(np.asarray(whole.addressable_shards[0].data), expected)
+        summed = sum(local(world * n, d, r, np) for r in range(world))
+        scatter_bad += not np.array_equal(np.asarray(part.addressable_shards[0].data),
+                                          summed[worker * n:(worker + 1) * n])
+    print("gather mismatches", gather_bad, flush=True)
+    print("scatter mismatches", scatter_bad, flush=True)
+
+
+if mode == "gather":
+    gather_and_scatter()
+    print("done", worker, flush=True)
+    sys.exit(0)
 values = strategy.experimental_distribute_values_from_function(make)
 if mode in ("stall", "die"):
     if worker == 1:

@@ -122,6 +122,9 @@ STRATAX_SHM_SLOT_BYTES = "STRATAX_SHM_SLOT_BYTES"
 # Microseconds a shared-memory all-reduce spins for its peers before sleeping (default 1 s
 # when every process has a core of its own, else 50).
 STRATAX_SHM_SPIN_US = "STRATAX_SHM_SPIN_US"
+# "off" keeps fit's optimizer update replicated on every process; "auto" (default) shards it
+# over the processes where it can (stratax._src.keras.sharded_update).
+STRATAX_SHARDED_UPDATE = "STRATAX_SHARDED_UPDATE"
 # XLA threads of a parameter-server worker task: "auto" (default: the host's cores shared among
 # the worker tasks on it), "all" (XLA's default, one per core) or a number; see
 # stratax._src.parameter_server.compute_threads.

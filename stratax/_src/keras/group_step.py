@@ -46,8 +46,8 @@ def _signature(batch: Any) -> tuple[Any, ...]:
 
 
 def grouped_steps(size: int, traced_step: Step, single_step: Step,
-                  groupable: Callable[[Any], bool],
-                  out_shardings: Any = None) -> Callable[[Any, Iterator[Any]], Any]:
+                  groupable: Callable[[Any], bool], out_shardings: Any = None,
+                  row_program: Step | None = None) -> Callable[[Any, Iterator[Any]], Any]:
     """Keras' ``iterator_step(state, iterator) -> (logs, state)`` for groups of ``size`` steps.
 
     Args:
@@ -58,6 +58,8 @@ def grouped_steps(size: int, traced_step: Step, single_step: Step,
             replicas the way ``traced_step`` expects).
         out_shardings: the group program's ``(logs, state)`` output shardings (``None``: jit's
             choice), so its state comes back placed as it went in.
+        row_program: the program for a ``device_rows.RowGroup`` (``None``: ``traced_step``
+            scanned over its batches), e.g. ``keras.sharded_update``'s.
     """
 
     def steps(state: Any, batches: list[Any]) -> tuple[Any, Any]:
@@ -76,7 +78,8 @@ def grouped_steps(size: int, traced_step: Step, single_step: Step,
         state, logs = jax.lax.scan(step, state, jnp.stack(rows.starts))
         return jax.tree.map(lambda stacked: stacked[-1], logs), state
 
-    row_program = jax.jit(row_steps, donate_argnums=0, out_shardings=out_shardings)
+    if row_program is None:
+        row_program = jax.jit(row_steps, donate_argnums=0, out_shardings=out_shardings)
 
     def iterator_step(state: Any, iterator: Iterator[Any]) -> tuple[Any, Any]:
         batches = [next(iterator)]  # StopIteration here ends the epoch, as in Keras' loop

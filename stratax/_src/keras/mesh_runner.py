@@ -16,6 +16,7 @@ avoids XLA's CPU all-reduce deadlock (``stratax._src.runtime.throttle``).
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -25,6 +26,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from stratax._src import seam
+from stratax._src.core import env
 from stratax._src.keras import (
     binding,
     device_rows,
@@ -32,11 +34,14 @@ from stratax._src.keras import (
     group_step,
     model_parallel,
     packed_step,
+    sharded_update,
 )
 from stratax._src.keras.distribution import StrategyDistribution
 from stratax._src.keras.runner import KerasRunner, steps_per_execution
 from stratax._src.runtime import distributed
 from stratax._src.strategies.replica_context import REPLICA_AXIS
+
+logger = logging.getLogger(__name__)
 
 
 class MeshRunner(KerasRunner):
@@ -153,10 +158,25 @@ class MeshRunner(KerasRunner):
             step_fn = packed_step.packed_train_step(compiled, step_fn)
             group = steps_per_execution(model)
             if group > 1:
+                shardings = packed_step.output_shardings(model, self.strategy)
                 return self._bounded(group_step.grouped_steps(
-                    group, compiled, step_fn, packed_step.splits_over_replicas,
-                    packed_step.output_shardings(model, self.strategy)))
+                    group, compiled, step_fn, packed_step.splits_over_replicas, shardings,
+                    self._sharded_update(model, group, shardings)))
         return build(self._bounded(step_fn))
+
+    def _sharded_update(self, model: Any, group: int, shardings: Any) -> Any:
+        """The group program with the optimizer update sharded over the processes
+        (``keras.sharded_update``), or ``None`` (the replicated update), saying why once."""
+        reason = sharded_update.why_not(model, self.strategy, group)
+        layout = (sharded_update.plan(model, self.strategy.num_replicas_in_sync)
+                  if reason is None else reason)
+        if isinstance(layout, str):
+            logger.debug("fit: the optimizer update stays replicated: %s", layout)
+            return None
+        logger.info("fit: the optimizer update is sharded over the %d processes, its "
+                    "all-reduce a reduce-scatter and an all-gather (%s=off turns it off)",
+                    self.strategy.num_replicas_in_sync, env.STRATAX_SHARDED_UPDATE)
+        return sharded_update.group_program(model, self.strategy, layout, shardings)
 
     def _bounded(self, step_fn: Callable[..., Any]) -> Callable[..., Any]:
         """``step_fn`` admitting its results to the strategy's dispatch window."""

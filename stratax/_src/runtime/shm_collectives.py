@@ -42,6 +42,10 @@ from stratax._src.runtime import shm_build
 logger = logging.getLogger(__name__)
 
 TARGET = "stratax_shm_all_reduce"
+# The all-gather and reduce-scatter of fit's sharded update: the same handler under another
+# name, so that counting and rewriting all-reduces (unordered_if_alone) leaves them alone.
+EXCHANGE_TARGET = "stratax_shm_exchange"
+_ALL_REDUCE, _GATHER, _SCATTER = 0, 1, 2  # csrc/shm_allreduce.cc's Mode
 OPS = {"sum": 0, "max": 1, "min": 2}
 DTYPES = frozenset(np.dtype(d) for d in ("float32", "float64", "int32", "int64", "uint32"))
 # Rounds of 1 MiB keep a round's data in cache: a 4 MB all-reduce took 0.47 ms in 1 MiB rounds
@@ -69,6 +73,8 @@ class _State:
         self.rank = -1
         self.name = ""  # the segment's name in /dev/shm (unlinked once every process mapped it)
         self.traced_calls = 0  # how many all-reduces were traced into programs (tests read it)
+        self.gathers_traced = 0  # the same for all-gathers
+        self.scatters_traced = 0  # and for reduce-scatters
 
     @property
     def active(self) -> bool:
@@ -130,8 +136,9 @@ def _load() -> ctypes.CDLL:
         library.stratax_shm_unlink.argtypes = [ctypes.c_char_p]
         state.library = library
     if not state.registered:
-        jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(state.library.StrataxShmAllReduce),
-                                    platform="cpu")
+        for target in (TARGET, EXCHANGE_TARGET):
+            jax.ffi.register_ffi_target(
+                target, jax.ffi.pycapsule(state.library.StrataxShmCollective), platform="cpu")
         state.registered = True
     return state.library
 
@@ -354,8 +361,38 @@ def all_reduce(op: str, arrays: Sequence[jax.Array], *, only_call: bool = False
     """
     state.traced_calls += 1
     shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in arrays]
-    # The same on every process for the same collective: the C++ side checks it per round, so
-    # processes that disagree on what they reduce fail loudly instead of mixing tensors.
-    call_id = zlib.crc32(repr((op, [(s.shape, str(s.dtype)) for s in shapes])).encode())
     call = jax.ffi.ffi_call(TARGET, shapes, has_side_effect=not only_call)
-    return list(call(*arrays, op=np.int32(OPS[op]), call_id=np.int64(call_id)))
+    return list(call(*arrays, mode=np.int32(_ALL_REDUCE), op=np.int32(OPS[op]),
+                     call_id=_call_id(op, shapes)))
+
+
+def _call_id(kind: str, shapes: Sequence[Any]) -> np.int64:
+    """The same on every process for the same collective: the C++ side checks it per round, so
+    processes that disagree on what they exchange fail loudly instead of mixing tensors."""
+    return np.int64(zlib.crc32(repr((kind, [(s.shape, str(s.dtype)) for s in shapes])).encode()))
+
+
+def all_gather(arrays: Sequence[jax.Array]) -> list[jax.Array]:
+    """Every process's 1-D ``arrays``, concatenated in process order, with one custom call
+    (traced, inside ``jax.shard_map`` over a mesh that :func:`covers`).
+
+    No JAX effect (C++ dispatch): the caller orders its calls by data (each call's operands
+    depend on the previous one's results), as ``fit``'s sharded update does
+    (``keras.sharded_update``).
+    """
+    state.gathers_traced += 1
+    shapes = [jax.ShapeDtypeStruct((state.world * a.shape[0],), a.dtype) for a in arrays]
+    call = jax.ffi.ffi_call(EXCHANGE_TARGET, shapes, has_side_effect=False)
+    return list(call(*arrays, mode=np.int32(_GATHER), op=np.int32(OPS["sum"]),
+                     call_id=_call_id("gather", shapes)))
+
+
+def reduce_scatter(arrays: Sequence[jax.Array]) -> list[jax.Array]:
+    """Part ``rank`` (of ``world`` equal parts) of each 1-D array of ``arrays``, summed over the
+    processes, with one custom call (traced, as :func:`all_gather`, with no JAX effect either):
+    the same bits as that part of :func:`all_reduce`'s sum."""
+    state.scatters_traced += 1
+    shapes = [jax.ShapeDtypeStruct((a.shape[0] // state.world,), a.dtype) for a in arrays]
+    call = jax.ffi.ffi_call(EXCHANGE_TARGET, shapes, has_side_effect=False)
+    return list(call(*arrays, mode=np.int32(_SCATTER), op=np.int32(OPS["sum"]),
+                     call_id=_call_id("scatter", shapes)))

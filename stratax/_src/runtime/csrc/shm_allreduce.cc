@@ -1,4 +1,5 @@
-// A same-host all-reduce between CPU processes through one POSIX shared-memory segment.
+// A same-host all-reduce (and all-gather, reduce-scatter) between CPU processes through one
+// POSIX shared-memory segment.
 //
 // Layout: a header (one cache-line-aligned record per rank), then two buffers (even and odd
 // rounds) of `world` slots of `slot_bytes` each. One round: every rank copies its chunk (or the
@@ -6,7 +7,9 @@
 // publishes `arrived = seq`, waits until every rank arrived at `seq`, then sums the slots in
 // rank order into its output (so every rank gets bit-identical results). Round seq + 2 reuses
 // the buffer only after every rank arrived at seq + 1, i.e. finished reading round seq: no
-// overwrite can race a read.
+// overwrite can race a read. An all-gather copies the slots out in rank order instead; a
+// reduce-scatter sends every rank's part of its operand and sums only its own part, in the
+// same rank order as the all-reduce (so the same bits as the all-reduce's part).
 //
 // Waiting spins briefly, then sleeps on a futex in the segment; it is bounded by the timeout
 // and watches the peers' pids, so a dead or failed peer gives an error naming it, never a hang.
@@ -286,51 +289,93 @@ ffi::Error Fail(const std::string& message) {
   return ffi::Error(ffi::ErrorCode::kAborted, message);
 }
 
-// A piece of one operand that travels in a round: `bytes` of `in`, reduced into `out`.
+// What a call does with the slots of a round.
+enum class Mode : int { kAllReduce = 0, kAllGather = 1, kReduceScatter = 2 };
+
+const char* ModeName(Mode mode) {
+  switch (mode) {
+    case Mode::kAllGather:
+      return "all-gather";
+    case Mode::kReduceScatter:
+      return "reduce-scatter";
+    default:
+      return "all-reduce";
+  }
+}
+
+// A piece of one operand that travels in a round: `bytes` of each rank's part. All-reduce:
+// `in` reduced into `out`. All-gather: `in` copied to `out + r * stride` for every rank r.
+// Reduce-scatter: the world parts `in + q * stride` (q = 0 .. world - 1) travel; part `rank`,
+// reduced over ranks, lands in `out`.
 struct Segment {
   const char* in;
   char* out;
   size_t bytes;
   ffi::DataType dtype;
+  size_t stride;
 };
 
 constexpr size_t kAlign = 64;  // segments start on cache lines (slot_bytes is a multiple)
 
 size_t Aligned(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
 
+// Slot bytes a segment of `bytes` takes: a reduce-scatter sends every rank's part.
+size_t SlotBytes(Mode mode, size_t bytes) {
+  return mode == Mode::kReduceScatter ? Aligned(bytes) * g_state.world : Aligned(bytes);
+}
+
 // One round: copy every segment into this rank's slot (one after the other, cache-line
-// aligned), publish, wait, reduce each segment into its output. Several operands that fit in
-// one slot share a round, so the caller needs no concatenated copy of them, and pays one
-// barrier for all.
-ffi::Error Round(const Segment* segments, size_t count, int op, uint64_t signature) {
+// aligned), publish, wait, then combine each segment from the slots into its output. Several
+// operands that fit in one slot share a round, so the caller needs no concatenated copy of
+// them, and pays one barrier for all.
+ffi::Error Round(const Segment* segments, size_t count, Mode mode, int op, uint64_t signature) {
   uint64_t seq = ++g_state.seq;
   int parity = static_cast<int>(seq & 1);
   char* buffer = g_state.data + parity * g_state.world * g_state.slot_bytes;
   Header* h = g_state.header;
   char* slot = buffer + g_state.rank * g_state.slot_bytes;
-  for (size_t i = 0, offset = 0; i < count; offset += Aligned(segments[i].bytes), ++i) {
-    std::memcpy(slot + offset, segments[i].in, segments[i].bytes);
+  for (size_t i = 0, offset = 0; i < count; offset += SlotBytes(mode, segments[i].bytes), ++i) {
+    const Segment& s = segments[i];
+    if (mode != Mode::kReduceScatter) {
+      std::memcpy(slot + offset, s.in, s.bytes);
+      continue;
+    }
+    for (int q = 0; q < g_state.world; ++q) {  // not its own part: it reads that from `in`
+      if (q == g_state.rank) continue;
+      std::memcpy(slot + offset + q * Aligned(s.bytes), s.in + q * s.stride, s.bytes);
+    }
   }
   h->ranks[g_state.rank].signature[parity] = signature;
   Publish(seq);
   std::string problem = WaitAll(seq);
+  std::string name = std::string("stratax shared-memory ") + ModeName(mode);
   if (!problem.empty()) {
-    return Fail("stratax shared-memory all-reduce (process " + std::to_string(g_state.rank) +
-                "): " + problem + ". Check that process's log; the job cannot continue.");
+    return Fail(name + " (process " + std::to_string(g_state.rank) + "): " + problem +
+                ". Check that process's log; the job cannot continue.");
   }
   for (int r = 0; r < g_state.world; ++r) {
     if (h->ranks[r].signature[parity] != signature) {
-      return Fail("stratax shared-memory all-reduce: process " + std::to_string(r) +
-                  " reduces a different tensor in round " + std::to_string(seq) +
+      return Fail(name + ": process " + std::to_string(r) +
+                  " exchanges a different tensor in round " + std::to_string(seq) +
                   " than process " + std::to_string(g_state.rank) +
                   " (the processes run different programs, or their collectives ran in a "
                   "different order); use STRATAX_CPU_COLLECTIVES=gloo for this program.");
     }
   }
-  for (size_t i = 0, offset = 0; i < count; offset += Aligned(segments[i].bytes), ++i) {
+  for (size_t i = 0, offset = 0; i < count; offset += SlotBytes(mode, segments[i].bytes), ++i) {
     const Segment& s = segments[i];
-    if (!ReduceTyped(s.dtype, s.out, s.in, s.bytes, op, buffer + offset)) {
-      return Fail("stratax shared-memory all-reduce: unsupported dtype");
+    if (mode == Mode::kAllGather) {
+      for (int r = 0; r < g_state.world; ++r) {
+        const char* from = r == g_state.rank ? s.in : buffer + r * g_state.slot_bytes + offset;
+        std::memcpy(s.out + r * s.stride, from, s.bytes);
+      }
+      continue;
+    }
+    bool scatter = mode == Mode::kReduceScatter;
+    const char* mine = scatter ? s.in + g_state.rank * s.stride : s.in;
+    const char* parts = buffer + offset + (scatter ? g_state.rank * Aligned(s.bytes) : 0);
+    if (!ReduceTyped(s.dtype, s.out, mine, s.bytes, op, parts)) {
+      return Fail(name + ": unsupported dtype");
     }
   }
   return ffi::Error::Success();
@@ -339,32 +384,36 @@ ffi::Error Round(const Segment* segments, size_t count, int op, uint64_t signatu
 // The same on every rank for the same piece of the same collective (mixed into the round's
 // signature, which every rank checks).
 uint64_t PieceSignature(int64_t call_id, size_t operand, size_t total, ffi::DataType dtype,
-                        int op, uint64_t chunk) {
+                        int op, uint64_t chunk, Mode mode) {
   return (static_cast<uint64_t>(call_id) * 1000003ULL) ^ (static_cast<uint64_t>(operand) << 48) ^
          (total << 8) ^ (static_cast<uint64_t>(dtype) << 1) ^ static_cast<uint64_t>(op) ^
-         (chunk << 40);
+         (chunk << 40) ^ (static_cast<uint64_t>(mode) << 58);
 }
 
-// Operands that fit in a slot share rounds (as many as fit, in order); a larger one goes
-// alone, in slot-sized chunks.
-ffi::Error AllReduce(ffi::RemainingArgs args, ffi::RemainingRets rets, int32_t op,
-                     int64_t call_id) {
+// Operands whose rank parts fit in a slot share rounds (as many as fit, in order); a larger
+// one goes alone, in slot-sized chunks. All-reduce: each result has its operand's size;
+// all-gather: world times it (the ranks' operands in rank order); reduce-scatter: a world-th
+// of it (part `rank` of the operand, reduced over the ranks).
+ffi::Error Collective(ffi::RemainingArgs args, ffi::RemainingRets rets, Mode mode, int32_t op,
+                      int64_t call_id) {
   std::lock_guard<std::mutex> lock(g_state.mu);
+  std::string name = std::string("stratax shared-memory ") + ModeName(mode);
   if (g_state.header == nullptr) {
     return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
-                      "stratax shared-memory all-reduce called before the segment was set up");
+                      name + " called before the segment was set up");
   }
   if (!g_state.poisoned.empty()) return ffi::Error(ffi::ErrorCode::kAborted, g_state.poisoned);
   if (args.size() != rets.size()) {
-    return ffi::Error::InvalidArgument("shm all-reduce needs one result per operand");
+    return ffi::Error::InvalidArgument(name + " needs one result per operand");
   }
+  size_t world = static_cast<size_t>(g_state.world);
   std::vector<Segment> pending;
   pending.reserve(args.size());
   size_t pending_bytes = 0;
   uint64_t pending_signature = 0;
   auto flush = [&]() -> ffi::Error {
     if (pending.empty()) return ffi::Error::Success();
-    ffi::Error error = Round(pending.data(), pending.size(), op, pending_signature);
+    ffi::Error error = Round(pending.data(), pending.size(), mode, op, pending_signature);
     pending.clear();
     pending_bytes = 0;
     pending_signature = 0;
@@ -377,44 +426,67 @@ ffi::Error AllReduce(ffi::RemainingArgs args, ffi::RemainingRets rets, int32_t o
     if (ret.has_error()) return ret.error();
     ffi::DataType dtype = arg->element_type();
     size_t width = ffi::ByteWidth(dtype);
-    size_t total = arg->size_bytes();
+    size_t in_bytes = arg->size_bytes();
+    size_t out_bytes = (*ret)->size_bytes();
+    // `total`: bytes of one rank's part; `stride`: how far apart the parts lie.
+    size_t total = mode == Mode::kReduceScatter ? out_bytes : in_bytes;
+    size_t expected = mode == Mode::kAllGather ? world * in_bytes : in_bytes;
+    if (mode == Mode::kReduceScatter ? in_bytes != world * out_bytes : out_bytes != expected) {
+      return ffi::Error::InvalidArgument(name + ": operand " + std::to_string(i) +
+                                         " and its result have mismatched sizes");
+    }
+    size_t stride = mode == Mode::kAllGather ? in_bytes : total;
     const char* in = static_cast<const char*>(arg->untyped_data());
     char* out = static_cast<char*>((*ret)->untyped_data());
-    if (total <= g_state.slot_bytes) {
-      if (pending_bytes + total > g_state.slot_bytes) {
+    if (SlotBytes(mode, total) <= g_state.slot_bytes) {
+      if (pending_bytes + SlotBytes(mode, total) > g_state.slot_bytes) {
         ffi::Error error = flush();
         if (error.failure()) return error;
       }
-      pending.push_back({in, out, total, dtype});
-      pending_bytes += Aligned(total);
+      pending.push_back({in, out, total, dtype, stride});
+      pending_bytes += SlotBytes(mode, total);
       pending_signature = pending_signature * 1099511628211ULL ^
-                          PieceSignature(call_id, i, total, dtype, op, 0);
+                          PieceSignature(call_id, i, total, dtype, op, 0, mode);
       continue;
     }
     ffi::Error error = flush();
     if (error.failure()) return error;
-    size_t chunk_max = (g_state.slot_bytes / width) * width;
+    size_t per_part = mode == Mode::kReduceScatter ? g_state.slot_bytes / world : g_state.slot_bytes;
+    size_t chunk_max = (per_part / kAlign) * kAlign / width * width;
     uint64_t chunk_index = 0;
     for (size_t offset = 0; offset < total; offset += chunk_max, ++chunk_index) {
       Segment chunk{in + offset, out + offset,
-                    total - offset < chunk_max ? total - offset : chunk_max, dtype};
-      error = Round(&chunk, 1, op, PieceSignature(call_id, i, total, dtype, op, chunk_index));
+                    total - offset < chunk_max ? total - offset : chunk_max, dtype, stride};
+      error = Round(&chunk, 1, mode, op,
+                    PieceSignature(call_id, i, total, dtype, op, chunk_index, mode));
       if (error.failure()) return error;
     }
   }
   return flush();
 }
 
+// The call of every collective: `mode` 0 all-reduce (`op` 0 sum, 1 max, 2 min), 1 all-gather,
+// 2 reduce-scatter of a sum.
+ffi::Error Call(ffi::RemainingArgs args, ffi::RemainingRets rets, int32_t mode, int32_t op,
+                int64_t call_id) {
+  if (mode < 0 || mode > static_cast<int32_t>(Mode::kReduceScatter)) {
+    return ffi::Error::InvalidArgument("stratax shared-memory collective: unknown mode " +
+                                       std::to_string(mode));
+  }
+  return Collective(args, rets, static_cast<Mode>(mode), op, call_id);
+}
+
 }  // namespace
 
 #define STRATAX_EXPORT __attribute__((visibility("default")))
 
-extern "C" STRATAX_EXPORT XLA_FFI_Error* StrataxShmAllReduce(XLA_FFI_CallFrame* call_frame);
+extern "C" STRATAX_EXPORT XLA_FFI_Error* StrataxShmCollective(XLA_FFI_CallFrame* call_frame);
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(StrataxShmAllReduce, AllReduce,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(StrataxShmCollective, Call,
                               ffi::Ffi::Bind()
                                   .RemainingArgs()
                                   .RemainingRets()
+                                  .Attr<int32_t>("mode")
                                   .Attr<int32_t>("op")
                                   .Attr<int64_t>("call_id"));
 
