@@ -85,7 +85,7 @@ def compiled_packed_step(model: Any, strategy: Any) -> Callable[..., Any]:
         data = device_rows.replica_batch(data, replicas)
         grads, non_trainable, local_metrics = seam.keras_gradients_and_metrics(
             model, trainable, non_trainable, optimizer_vars, metrics_vars, data)
-        deltas = [new - old for new, old in zip(local_metrics, metrics_vars, strict=True)]
+        deltas = metric_deltas(local_metrics, metrics_vars)
         summed_grads, summed_deltas = packed_collective(
             lambda flat: jax.lax.psum(flat, REPLICA_AXIS), (grads, deltas), bytes_per_pack,
             batched=shm_reducer(strategy, ReduceOp.SUM, only_call=True))
@@ -93,10 +93,8 @@ def compiled_packed_step(model: Any, strategy: Any) -> Callable[..., Any]:
         metrics_vars = [old + d for old, d in zip(metrics_vars, summed_deltas, strict=True)]
         trainable, optimizer_vars = model.optimizer.stateless_apply(
             optimizer_vars, grads, trainable)
-        with keras.StatelessScope(state_mapping=list(zip(model.metrics_variables, metrics_vars,
-                                                         strict=True))):
-            logs = model.get_metrics_result()
-        return logs, (trainable, non_trainable, optimizer_vars, metrics_vars)
+        return step_logs(model, metrics_vars), (trainable, non_trainable, optimizer_vars,
+                                                metrics_vars)
 
     def train_step(state: Any, data: Any) -> Any:  # Keras' name, for jit's logs and profiles
         # A RowBatch is whole on every replica; each gathers its own rows.
@@ -106,6 +104,18 @@ def compiled_packed_step(model: Any, strategy: Any) -> Callable[..., Any]:
                              check_vma=False)(state, data)
 
     return jax.jit(train_step, donate_argnums=0, out_shardings=output_shardings(model, strategy))
+
+
+def metric_deltas(local_metrics: list[Any], metrics_vars: list[Any]) -> list[Any]:
+    """What one replica's step added to each metric variable (summed over the replicas)."""
+    return [new - old for new, old in zip(local_metrics, metrics_vars, strict=True)]
+
+
+def step_logs(model: Any, metrics_vars: list[Any]) -> Any:
+    """Keras' logs of a train step whose metric variables hold ``metrics_vars``."""
+    with keras.StatelessScope(state_mapping=list(zip(model.metrics_variables, metrics_vars,
+                                                     strict=True))):
+        return model.get_metrics_result()
 
 
 def output_shardings(model: Any, strategy: Any) -> tuple[Any, Any]:

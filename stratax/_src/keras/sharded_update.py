@@ -40,7 +40,7 @@ from jax.sharding import PartitionSpec as P
 
 from stratax._src import seam
 from stratax._src.core import env, envvars
-from stratax._src.keras import device_rows
+from stratax._src.keras import device_rows, packed_step
 from stratax._src.runtime import shm_collectives
 from stratax._src.strategies.replica_context import REPLICA_AXIS
 
@@ -205,8 +205,8 @@ def group_program(model: Any, strategy: Any, layout: Plan,
             # reads none of them for the optimizers allowed here.
             grads, _, local_metrics = seam.keras_gradients_and_metrics(
                 model, trainable, non_trainable, optimizer_vars, metrics_vars, data)
-            deltas = [(new - old).reshape(-1)
-                      for new, old in zip(local_metrics, metrics_vars, strict=True)]
+            deltas = [d.reshape(-1) for d in packed_step.metric_deltas(local_metrics,
+                                                                       metrics_vars)]
             # The metric deltas travel as every process's part of one more operand, so the
             # same call sums them for everyone.
             *grads, summed = shm_collectives.reduce_scatter(
@@ -218,10 +218,7 @@ def group_program(model: Any, strategy: Any, layout: Plan,
                 [own(v, part) for v, part in zip(trainable, parts, strict=True)])
             trainable = [whole(g, shape) for g, shape in
                          zip(shm_collectives.all_gather(new_parts), layout.shapes, strict=True)]
-            with keras.StatelessScope(state_mapping=list(zip(model.metrics_variables,
-                                                             metrics_vars, strict=True))):
-                logs = model.get_metrics_result()
-            return (trainable, sharded, metrics_vars), logs
+            return (trainable, sharded, metrics_vars), packed_step.step_logs(model, metrics_vars)
 
         (trainable, sharded, metrics_vars), logs = jax.lax.scan(
             step, (trainable, sharded, metrics_vars), jnp.stack(rows.starts))

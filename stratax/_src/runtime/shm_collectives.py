@@ -73,8 +73,7 @@ class _State:
         self.rank = -1
         self.name = ""  # the segment's name in /dev/shm (unlinked once every process mapped it)
         self.traced_calls = 0  # how many all-reduces were traced into programs (tests read it)
-        self.gathers_traced = 0  # the same for all-gathers
-        self.scatters_traced = 0  # and for reduce-scatters
+        self.scatters_traced = 0  # the same for reduce-scatters (fit's sharded update)
 
     @property
     def active(self) -> bool:
@@ -380,7 +379,6 @@ def all_gather(arrays: Sequence[jax.Array]) -> list[jax.Array]:
     depend on the previous one's results), as ``fit``'s sharded update does
     (``keras.sharded_update``).
     """
-    state.gathers_traced += 1
     shapes = [jax.ShapeDtypeStruct((state.world * a.shape[0],), a.dtype) for a in arrays]
     call = jax.ffi.ffi_call(EXCHANGE_TARGET, shapes, has_side_effect=False)
     return list(call(*arrays, mode=np.int32(_GATHER), op=np.int32(OPS["sum"]),

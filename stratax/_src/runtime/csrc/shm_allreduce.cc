@@ -292,14 +292,15 @@ ffi::Error Fail(const std::string& message) {
 // What a call does with the slots of a round.
 enum class Mode : int { kAllReduce = 0, kAllGather = 1, kReduceScatter = 2 };
 
-const char* ModeName(Mode mode) {
+// How errors name a collective.
+std::string Name(Mode mode) {
   switch (mode) {
     case Mode::kAllGather:
-      return "all-gather";
+      return "stratax shared-memory all-gather";
     case Mode::kReduceScatter:
-      return "reduce-scatter";
+      return "stratax shared-memory reduce-scatter";
     default:
-      return "all-reduce";
+      return "stratax shared-memory all-reduce";
   }
 }
 
@@ -348,14 +349,13 @@ ffi::Error Round(const Segment* segments, size_t count, Mode mode, int op, uint6
   h->ranks[g_state.rank].signature[parity] = signature;
   Publish(seq);
   std::string problem = WaitAll(seq);
-  std::string name = std::string("stratax shared-memory ") + ModeName(mode);
   if (!problem.empty()) {
-    return Fail(name + " (process " + std::to_string(g_state.rank) + "): " + problem +
+    return Fail(Name(mode) + " (process " + std::to_string(g_state.rank) + "): " + problem +
                 ". Check that process's log; the job cannot continue.");
   }
   for (int r = 0; r < g_state.world; ++r) {
     if (h->ranks[r].signature[parity] != signature) {
-      return Fail(name + ": process " + std::to_string(r) +
+      return Fail(Name(mode) + ": process " + std::to_string(r) +
                   " exchanges a different tensor in round " + std::to_string(seq) +
                   " than process " + std::to_string(g_state.rank) +
                   " (the processes run different programs, or their collectives ran in a "
@@ -375,7 +375,7 @@ ffi::Error Round(const Segment* segments, size_t count, Mode mode, int op, uint6
     const char* mine = scatter ? s.in + g_state.rank * s.stride : s.in;
     const char* parts = buffer + offset + (scatter ? g_state.rank * Aligned(s.bytes) : 0);
     if (!ReduceTyped(s.dtype, s.out, mine, s.bytes, op, parts)) {
-      return Fail(name + ": unsupported dtype");
+      return Fail(Name(mode) + ": unsupported dtype");
     }
   }
   return ffi::Error::Success();
@@ -397,14 +397,13 @@ uint64_t PieceSignature(int64_t call_id, size_t operand, size_t total, ffi::Data
 ffi::Error Collective(ffi::RemainingArgs args, ffi::RemainingRets rets, Mode mode, int32_t op,
                       int64_t call_id) {
   std::lock_guard<std::mutex> lock(g_state.mu);
-  std::string name = std::string("stratax shared-memory ") + ModeName(mode);
   if (g_state.header == nullptr) {
     return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
-                      name + " called before the segment was set up");
+                      Name(mode) + " called before the segment was set up");
   }
   if (!g_state.poisoned.empty()) return ffi::Error(ffi::ErrorCode::kAborted, g_state.poisoned);
   if (args.size() != rets.size()) {
-    return ffi::Error::InvalidArgument(name + " needs one result per operand");
+    return ffi::Error::InvalidArgument(Name(mode) + " needs one result per operand");
   }
   size_t world = static_cast<size_t>(g_state.world);
   std::vector<Segment> pending;
@@ -428,13 +427,15 @@ ffi::Error Collective(ffi::RemainingArgs args, ffi::RemainingRets rets, Mode mod
     size_t width = ffi::ByteWidth(dtype);
     size_t in_bytes = arg->size_bytes();
     size_t out_bytes = (*ret)->size_bytes();
-    // `total`: bytes of one rank's part; `stride`: how far apart the parts lie.
-    size_t total = mode == Mode::kReduceScatter ? out_bytes : in_bytes;
-    size_t expected = mode == Mode::kAllGather ? world * in_bytes : in_bytes;
-    if (mode == Mode::kReduceScatter ? in_bytes != world * out_bytes : out_bytes != expected) {
-      return ffi::Error::InvalidArgument(name + ": operand " + std::to_string(i) +
+    bool sizes_match = mode == Mode::kAllReduce   ? out_bytes == in_bytes
+                       : mode == Mode::kAllGather ? out_bytes == world * in_bytes
+                                                  : in_bytes == world * out_bytes;
+    if (!sizes_match) {
+      return ffi::Error::InvalidArgument(Name(mode) + ": operand " + std::to_string(i) +
                                          " and its result have mismatched sizes");
     }
+    // `total`: bytes of one rank's part; `stride`: how far apart the parts lie.
+    size_t total = mode == Mode::kReduceScatter ? out_bytes : in_bytes;
     size_t stride = mode == Mode::kAllGather ? in_bytes : total;
     const char* in = static_cast<const char*>(arg->untyped_data());
     char* out = static_cast<char*>((*ret)->untyped_data());
