@@ -8,7 +8,8 @@ place, the step takes the model, optimizer and metric state as arrays and return
 (Keras' stateless API: ``model.stateless_call``, ``optimizer.stateless_apply``,
 ``metric.stateless_update_state``). At the end the state is written back into the Keras
 model, which is saved, restored without a strategy (the tutorial's checkpoint section) and
-evaluated. Data: the 8x8 digits embedded in stratax instead of a Fashion-MNIST download.
+evaluated. Data: the 8x8 digits embedded in stratax instead of a Fashion-MNIST download, fed
+by the tutorial's ``tf.data`` pipelines through ``strategy.experimental_distribute_dataset``.
 
 Run it::
 
@@ -26,6 +27,7 @@ import stratax as sx  # import stratax before keras: it selects Keras' JAX backe
 import jax  # isort: skip
 import keras  # isort: skip
 import numpy as np  # isort: skip
+import tensorflow as tf  # isort: skip  (the tutorial's input pipeline)
 
 from stratax.datasets import load_digits
 
@@ -51,24 +53,22 @@ GLOBAL_BATCH_SIZE = BATCH_SIZE_PER_REPLICA * strategy.num_replicas_in_sync
 EPOCHS = flags.epochs
 
 
-def global_batches(images, labels, seed=None):
-    """Global batches of (images, labels, weights), shuffled when ``seed`` is given.
-
-    The last batch is padded to the full size with weight-0 examples, so every step has the
-    same shape (one compilation) and splits evenly over the replicas.
-    """
-    order = np.arange(len(images)) if seed is None else np.random.default_rng(seed).permutation(
-        len(images))
-    for start in range(0, len(images), GLOBAL_BATCH_SIZE):
-        idx = order[start:start + GLOBAL_BATCH_SIZE]
-        pad = GLOBAL_BATCH_SIZE - len(idx)
-        weights = np.concatenate([np.ones(len(idx), np.float32), np.zeros(pad, np.float32)])
-        idx = np.concatenate([idx, np.zeros(pad, idx.dtype)])
-        yield images[idx], labels[idx], weights
+BUFFER_SIZE = len(train_images)
 
 
-test_dist_dataset = strategy.experimental_distribute_dataset(
-    list(global_batches(test_images, test_labels)))
+def examples(images, labels):
+    """(image, label, weight 1) examples. The last, partial global batch is padded over the
+    replicas with zero rows, whose weight 0 keeps them out of the loss and the metrics."""
+    return tf.data.Dataset.from_tensor_slices(
+        (images, labels, np.ones(len(images), np.float32)))
+
+
+train_dataset = examples(train_images, train_labels).shuffle(
+    BUFFER_SIZE, seed=flags.seed).batch(GLOBAL_BATCH_SIZE)
+test_dataset = examples(test_images, test_labels).batch(GLOBAL_BATCH_SIZE)
+
+train_dist_dataset = strategy.experimental_distribute_dataset(train_dataset)
+test_dist_dataset = strategy.experimental_distribute_dataset(test_dataset)
 
 
 # ---------------------------------------------------------------------------- model
@@ -162,9 +162,7 @@ for epoch in range(EPOCHS):
     # Train loop.
     total_loss = 0.0
     num_batches = 0
-    train_dist_dataset = strategy.experimental_distribute_dataset(
-        global_batches(train_images, train_labels, seed=epoch))
-    for batch in train_dist_dataset:
+    for batch in train_dist_dataset:  # each pass reshuffles, as in TensorFlow
         per_replica_losses, state = strategy.run(train_step, args=(state, batch))
         total_loss += strategy.reduce(sx.ReduceOp.SUM, per_replica_losses, axis=None)
         num_batches += 1

@@ -1,9 +1,12 @@
 """TensorFlow's "Multi-worker training with Keras" guide, ported to stratax.
 
 The program of https://www.tensorflow.org/tutorials/distribute/multi_worker_with_keras (its
-``main.py`` with ``mnist_setup.py`` inlined) with the imports changed
-(``import tensorflow as tf`` -> ``import stratax as sx`` + ``import keras``), the embedded 8x8
-digits instead of a MNIST download, and Keras 3 file names (``.keras``). Every worker runs
+``main.py`` with ``mnist_setup.py`` inlined) with the imports changed (``import stratax as sx``
+and ``import keras`` added; ``tf.distribute.X`` -> ``sx.X``, ``tf.keras.X`` -> ``keras.X``), the
+embedded 8x8 digits instead of a MNIST download, and Keras 3 file names (``.keras``). The input
+is the guide's own ``tf.data`` pipeline (``shuffle().repeat().batch(global_batch_size)`` and
+``steps_per_epoch=70``): every worker builds it, and stratax shares each global batch between
+the workers as TensorFlow's ``AUTO`` policy does for in-memory data (by rows). Every worker runs
 this same program; ``TF_CONFIG`` tells each one its place in the cluster.
 
 Run two workers on this machine with the stratax launcher (it writes each worker's
@@ -28,16 +31,18 @@ import tempfile
 
 os.environ["CUDA_VISIBLE_DEVICES"] = "-1"  # as in the guide: the workers share one machine's CPU
 
-import numpy as np
+import stratax as sx  # added; import it before tensorflow and keras
 
-import stratax as sx  # was `import tensorflow as tf`; import it before keras
-
-import keras  # isort: skip
+import keras  # isort: skip  (added: tf.keras -> keras)
+import numpy as np  # isort: skip
+import tensorflow as tf  # isort: skip  (the guide's input pipeline)
 
 from stratax.datasets import load_digits  # was keras' MNIST download
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--epochs", type=int, default=3, help="training epochs (default: 3)")
+parser.add_argument("--steps-per-epoch", type=int, default=70,
+                    help="steps per epoch (default: 70, as the guide)")
 parser.add_argument("--workdir", default=None,
                     help="where the backup and the saved model go; use a folder all workers "
                          "share (default: one temp folder per run of the chief)")
@@ -45,9 +50,12 @@ flags = parser.parse_args()
 
 
 # ---------------------------------------------------------------- mnist_setup.py, on the digits
-def digits_dataset():
+def mnist_dataset(batch_size):
     (x_train, y_train), _ = load_digits(flatten=False)  # already float32 in [0, 1]
-    return x_train, y_train.astype(np.int64)
+    y_train = y_train.astype(np.int64)
+    train_dataset = tf.data.Dataset.from_tensor_slices(
+        (x_train, y_train)).shuffle(60000, seed=0).repeat().batch(batch_size)
+    return train_dataset
 
 
 def build_and_compile_cnn_model():
@@ -74,7 +82,7 @@ strategy = sx.MultiWorkerMirroredStrategy()
 print(f"Number of replicas in sync: {strategy.num_replicas_in_sync}")
 
 global_batch_size = per_worker_batch_size * num_workers
-x_train, y_train = digits_dataset()
+multi_worker_dataset = mnist_dataset(global_batch_size)
 
 with strategy.scope():
     # Model building/compiling need to be within `strategy.scope()`.
@@ -86,8 +94,8 @@ workdir = flags.workdir or os.path.join(tempfile.gettempdir(), "stratax_multi_wo
 # `tf.keras.callbacks.BackupAndRestore` is `sx.BackupAndRestore`: it knows the strategy's
 # workers, lets only the chief write, and can also back up every N steps (`save_freq=N`).
 callbacks = [sx.BackupAndRestore(backup_dir=os.path.join(workdir, "backup"))]
-multi_worker_model.fit(x_train, y_train, batch_size=global_batch_size, epochs=flags.epochs,
-                       callbacks=callbacks)
+multi_worker_model.fit(multi_worker_dataset, epochs=flags.epochs,
+                       steps_per_epoch=flags.steps_per_epoch, callbacks=callbacks)
 
 
 # ---------------------------------------------------------------- saving: only the chief keeps it

@@ -7,30 +7,37 @@ The guide's model (Embedding -> LSTM -> Dense, Adam, `steps_per_execution=10`) t
 
 (every task runs this same file: on `worker` and `ps` tasks the strategy serves and exits when
 the chief is done). `--input arrays` ships numpy arrays to the workers once; `--input creator`
-(the default, as in the guide) builds each worker's data there with `dataset_fn`.
+(the default, as in the guide) builds each worker's data there with the guide's `dataset_fn`,
+a `tf.data` pipeline sharded by `input_context` and batched per replica.
 """
 
 import argparse
 
-import keras
-import numpy as np
+import stratax as sx  # added; import it before tensorflow and keras
 
-import stratax as sx
+import keras  # isort: skip  (added: tf.keras -> keras)
+import numpy as np  # isort: skip
+import tensorflow as tf  # isort: skip  (the guide's input pipeline, built on each worker)
 
 VOCAB, SEQ, BATCH = 1000, 5, 64
 
 
-def make_batch(rng):
-    """A sequence of token ids; the label is the last token mod 10."""
-    x = rng.integers(0, VOCAB, size=(BATCH, SEQ)).astype(np.int32)
+def make_batch(rng, rows=BATCH):
+    """Sequences of token ids; the label is the last token mod 10."""
+    x = rng.integers(0, VOCAB, size=(rows, SEQ)).astype(np.int32)
     return x, (x[:, -1] % 10).astype(np.int32)
 
 
 def dataset_fn(input_context):
-    """Runs on each worker (sent by name): an endless stream of its own batches."""
-    rng = np.random.default_rng(input_context.input_pipeline_id)
-    while True:
-        yield make_batch(rng)
+    """Runs on each worker (sent by name): the guide's pipeline over this worker's examples."""
+    global_batch_size = BATCH
+    batch_size = input_context.get_per_replica_batch_size(global_batch_size)
+    x, y = make_batch(np.random.default_rng(0), rows=4096)
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(4096).repeat()
+    dataset = dataset.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
+    dataset = dataset.batch(batch_size)
+    dataset = dataset.prefetch(2)
+    return dataset
 
 
 def main():

@@ -103,7 +103,7 @@ def test_custom_training_loop_tutorial(examples):
     losses = [float(e[1]) for e in epochs]
     assert losses[1] < losses[0]
     loop_test_acc = float(epochs[-1][4])
-    assert loop_test_acc >= 58.0  # percent; chance is 10; 2 epochs with seed 0 reach 60.45
+    assert loop_test_acc >= 54.0  # percent; chance is 10; 2 epochs with seed 0 reach 55.43
     # The state written back into the Keras model evaluates like the loop's own test metric,
     # and a copy restored without a strategy gives the same accuracy.
     (keras_acc,) = _floats(r"Keras evaluate under the strategy: loss [0-9.]+, accuracy ([0-9.]+)",

@@ -27,9 +27,17 @@ written), what for, and which stratax module relies on it:
 - ``Distribution._is_multi_process`` (written, ``False``): Keras 3.10 refuses every input but
   ``tf.data`` under a distribution over several processes, while stratax feeds every process
   its own batches. -> ``keras.distribution``, ``keras.model_parallel``
+- ``data_adapters.get_data_adapter`` and its ``is_tf_dataset``/``is_grain_dataset``/
+  ``is_torch_dataloader`` (called), grain's ``DataLoader._shard_options`` (read): ``tf.data``,
+  grain and ``torch.utils.data.DataLoader`` inputs read through Keras' own adapters, a fresh
+  pass per epoch, and a grain loader's own sharding recognised. -> ``keras.feed``
+- TensorFlow's ``_AutoShardDataset``, ``compute_batch_size``, ``batch_sizes_for_worker`` and
+  ``Dataset._as_serialized_graph`` (called): a ``tf.data`` pipeline sharded by file as
+  ``tf.distribute`` shards it. -> ``keras.feed``
 - ``jax_trainer._distribute_data``: placing batches of inputs stratax leaves to Keras (e.g.
   ``tf.data``) as Keras would. -> ``keras.mesh_runner``
-- ``model._symbolic_build``, ``model._flatten_layers``: building a model from a batch the feed
+- ``model._symbolic_build``, ``model._flatten_layers``, ``model._compile_metrics`` and
+  ``model._compile_loss`` (read): building a model from a batch the feed
   leaves in place (Keras' own build reads one from the epoch iterator, which loses it from a
   generator). -> ``keras.methods``
 - ``BatchNormalization._moments`` (overridden in a subclass): batch statistics combined over
@@ -226,6 +234,81 @@ def accepts_stratax_feeds(distribution: Any) -> Any:
     return distribution
 
 
+def is_keras_dataset(x: Any) -> bool:
+    """True for a ``tf.data`` dataset, a grain dataset or loader, or a torch ``DataLoader``:
+    the inputs Keras reads through data adapters of their own."""
+    from keras.src.trainers import data_adapters
+
+    return bool(data_adapters.is_tf_dataset(x) or data_adapters.is_grain_dataset(x)
+                or data_adapters.is_torch_dataloader(x))
+
+
+def is_tf_dataset(x: Any) -> bool:
+    """True for a ``tf.data.Dataset`` (Keras' test, without importing Keras or TensorFlow)."""
+    return any(parent.__name__ == "DatasetV2" and "tensorflow.python." in parent.__module__
+               for parent in type(x).__mro__)
+
+
+def keras_data_adapter(x: Any, class_weight: dict[int, float] | None) -> Any:
+    """Keras' own data adapter of ``x``, with Keras' checks of ``class_weight`` (and its
+    translation, for ``tf.data``)."""
+    from keras.src.trainers import data_adapters
+
+    return data_adapters.get_data_adapter(x, class_weight=class_weight)
+
+
+def grain_loader_shards(x: Any) -> bool:
+    """Whether ``x`` is a grain ``DataLoader`` that reads only a shard of its records
+    (``shard_options`` such as ``grain.sharding.ShardByJaxProcess``)."""
+    options = getattr(x, "_shard_options", None)
+    return (type(x).__name__ == "DataLoader" and "grain" in type(x).__module__
+            and int(getattr(options, "shard_count", 1)) > 1)
+
+
+# TensorFlow's reader datasets, the sources its FILE auto-shard policy shards
+# (tensorflow/core/grappler/optimizers/data/auto_shard.cc, kReaderDatasetOps).
+_TF_READER_OPS = frozenset({
+    "ArrayRecordDataset", "FixedLengthRecordDataset", "FixedLengthRecordDatasetV2",
+    "RecordIODataset", "SSTableDataset", "TextLineDataset", "TFRecordDataset",
+    "TFRecordDatasetV2",
+})
+
+
+def tf_dataset_reads_files(dataset: Any) -> bool:
+    """Whether a ``tf.data`` pipeline reads files (TensorFlow's FILE policy can shard it)."""
+    import tensorflow as tf
+
+    graph = tf.compat.v1.GraphDef.FromString(dataset._as_serialized_graph().numpy())
+    nodes = [*graph.node, *(n for f in graph.library.function for n in f.node_def)]
+    return any(node.op in _TF_READER_OPS for node in nodes)
+
+
+def tf_dataset_shard_files(dataset: Any, num_workers: int, index: int) -> Any:
+    """Worker ``index``'s part of ``dataset`` as ``tf.distribute`` cuts it by file: each
+    global batch rebatched into ``num_workers`` parts, and only this worker's files read.
+
+    Raises:
+        ValueError: the pipeline's batch size cannot be found (no ``batch`` op).
+    """
+    import tensorflow as tf
+    from tensorflow.python.data.experimental.ops import distribute
+
+    batch_size = int(distribute.compute_batch_size(dataset))
+    if batch_size < 0:
+        raise ValueError(
+            "Sharding a tf.data pipeline by file needs its global batch size, and none was "
+            "found: end the pipeline with `.batch(global_batch_size)`, or shard it yourself "
+            "and set `options.experimental_distribute.auto_shard_policy = "
+            "tf.data.experimental.AutoShardPolicy.OFF`."
+        )
+    parts = distribute.batch_sizes_for_worker(batch_size, num_workers, 1, index)
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = (
+        tf.data.experimental.AutoShardPolicy.FILE)
+    rebatched = dataset.rebatch(parts).with_options(options)
+    return distribute._AutoShardDataset(rebatched, num_workers, index, num_workers)
+
+
 def distribute_data(batch: Any, layouts: Any) -> Any:
     """Places ``batch`` with Keras' data layouts, as Keras' JAX trainer does."""
     from keras.src.backend.jax import trainer as jax_trainer
@@ -238,23 +321,28 @@ def adapter_dataset(data_adapter: Any) -> Any:
     return getattr(data_adapter, "py_dataset", None)
 
 
-def build_for(model: Any, method: str, batch: Any) -> None:
+def build_for(model: Any, method: str, batch: Callable[[], Any]) -> None:
     """Builds ``model`` (and its compiled loss and metrics) from one batch, as Keras would.
 
     Keras builds an unbuilt model by reading one batch from its epoch iterator; stratax builds
     it first from a batch its feed leaves in place, so no batch of a generator is lost.
+    ``batch()`` is called only when something is unbuilt, as Keras reads a batch only then (a
+    ``tf.data`` pipeline's extra pass would change the order of its reshuffles).
     """
     import keras
 
     unbuilt = not all(layer.built for layer in model._flatten_layers())
     if method == "predict":
         if unbuilt:
-            x = batch[0] if isinstance(batch, tuple) else batch
+            data = batch()
+            x = data[0] if isinstance(data, tuple) else data
             with keras.StatelessScope():
                 model(x)
         return
-    if unbuilt or getattr(model, "compiled", False):
-        model._symbolic_build(data_batch=batch)
+    parts = (getattr(model, "_compile_metrics", None), getattr(model, "_compile_loss", None))
+    needs_data = unbuilt or any(part is not None and not part.built for part in parts)
+    if needs_data or getattr(model, "compiled", False):  # the optimizer builds without data
+        model._symbolic_build(data_batch=batch() if needs_data else None)
 
 
 def batch_normalization_with_moments(

@@ -276,3 +276,12 @@ def test_validation_data_with_dict_inputs_is_one_set_of_arrays():
     history = model.fit(x, y, batch_size=16, epochs=1, verbose=0, validation_data=(x, y))
     np.testing.assert_allclose(history.history["val_loss"][0],
                                model.evaluate(x, y, batch_size=16, verbose=0), rtol=1e-6)
+
+
+@pytest.mark.parametrize("devices", [["cpu:0"], ["cpu:0", "cpu:1"]])
+def test_an_input_fit_cannot_read_is_refused_naming_it(devices):
+    with sx.MirroredStrategy(devices).scope():
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        model.compile(optimizer="sgd", loss="mse")
+    with pytest.raises(TypeError, match=r"x of type int\. .*tf\.data\.Dataset, a grain dataset"):
+        model.fit(42, epochs=1, verbose=0)

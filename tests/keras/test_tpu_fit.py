@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import logging
 
+import grain
 import jax
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 from jax.sharding import PartitionSpec as P
 from tpu_hook import tpu_runner_hook
 
@@ -178,6 +180,21 @@ def test_mixed_bfloat16_trains():
     losses = history.history["loss"]
     assert np.isfinite(losses).all() and losses[-1] < 0.7 * losses[0], losses
     assert history.history["accuracy"][-1] > 0.85
+
+
+@pytest.mark.parametrize("kind", ["tf_data", "grain"])
+def test_user_pipelines_equal_one_device(reference, kind):
+    """tf.data and grain batches, padded to the static batch like arrays: every epoch read."""
+    x, y, w = _data()
+    if kind == "tf_data":
+        data = tf.data.Dataset.from_tensor_slices((x, y, w)).batch(BATCH)
+    else:
+        data = grain.MapDataset.source(list(zip(x, y, w, strict=True))).batch(BATCH)
+    model = _build(_tpu_strategy())
+    history = model.fit(data, epochs=3, verbose=0)
+    scores = model.evaluate(data, verbose=0, return_dict=True)
+    predictions = model.predict(data, verbose=0)
+    _assert_same(reference, (history.history, scores, predictions, model.get_weights()))
 
 
 def test_tensorflow_guide_program(caplog):

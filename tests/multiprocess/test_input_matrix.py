@@ -11,7 +11,15 @@ import sys
 import numpy as np
 import pytest
 from conftest import HERE
-from input_matrix import OPTION_VARIANTS, VARIANTS, run_variant
+from input_matrix import (
+    GLOBAL_BATCH,
+    OPTION_VARIANTS,
+    USER_VARIANTS,
+    VARIANTS,
+    make_data,
+    make_model,
+    run_variant,
+)
 
 import stratax as sx
 from stratax._src.launch import launch
@@ -49,6 +57,25 @@ def test_input_kind_equals_one_device(variant, replicas, backup, tmp_path):
     strategy = sx.MirroredStrategy([f"cpu:{i}" for i in range(replicas)])
     got = run_variant(strategy, variant, backup_dir=tmp_path / "backup" if backup else None)
     _assert_equal(got, _reference(variant), f"{variant}, {replicas} replicas, backup={backup}")
+
+
+@pytest.mark.parametrize("variant", USER_VARIANTS)
+@pytest.mark.parametrize("replicas", [1, 2, 4])
+def test_user_pipeline_equals_one_device(variant, replicas):
+    """tf.data, grain and re-iterables: every epoch read anew, equal to one device."""
+    strategy = sx.MirroredStrategy([f"cpu:{i}" for i in range(replicas)])
+    got = run_variant(strategy, variant)
+    want = _reference(variant)
+    assert want["batches_per_epoch"].tolist() == [10, 10], variant  # every epoch trained
+    _assert_equal(got, want, f"{variant}, {replicas} replicas")
+
+
+@pytest.mark.parametrize("variant",
+                         ["tf_data", "tf_data_dict", "tf_data_repeat", "tf_data_validation"])
+def test_user_pipeline_equals_keras_alone(variant):
+    """The reference itself: one device under stratax trains what Keras alone trains."""
+    _assert_equal(run_variant(sx.get_strategy(), variant), _reference(variant),
+                  f"{variant}, Keras alone")
 
 
 @pytest.mark.parametrize("variant", OPTION_VARIANTS)
@@ -92,6 +119,43 @@ def test_every_input_kind_on_two_workers(tmp_path, monkeypatch):
     _on_two_workers(VARIANTS, tmp_path, monkeypatch)
 
 
+def test_user_pipelines_on_two_workers(tmp_path, monkeypatch):
+    """tf.data (sharded by data, and by the user with AutoShardPolicy.OFF), grain and
+    re-iterables on 2 real workers train what one process trains."""
+    _on_two_workers(USER_VARIANTS, tmp_path, monkeypatch)
+
+
 @pytest.mark.slow
 def test_fit_options_on_array_input_on_two_workers(tmp_path, monkeypatch):
     _on_two_workers(OPTION_VARIANTS, tmp_path, monkeypatch)
+
+
+def test_tf_data_over_files_is_sharded_by_file_on_two_workers(tmp_path, monkeypatch):
+    """TensorFlow's AUTO policy over files: each worker reads only its files (half of them),
+    its part of every global batch; the two parts of step k together are the global batch that
+    one process trains on to the same weights."""
+    x, y = make_data(n=96)
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    for part in range(4):  # 4 files of 24 rows: each worker's 2 files give 6 batches of 8
+        rows = range(part * 24, (part + 1) * 24)
+        (data_dir / f"part{part}.csv").write_text("".join(
+            ",".join(map(str, [i, *x[i].tolist(), y[i]])) + "\n" for i in rows))
+    for name in ("STRATAX_CPU_DEVICES", "TF_CONFIG", "XLA_FLAGS"):
+        monkeypatch.delenv(name, raising=False)
+    result = launch([sys.executable, "mwms_file_shard_program.py", str(data_dir), str(tmp_path)],
+                    cwd=str(HERE), capture_output=True, stream_output=False,
+                    env={"PYTHONPATH": _PATH}, nproc_per_node=2, timeout=240)
+    assert result.ok, result.summary + "\n" + "\n".join(result.outputs[0][-30:])
+    saved = [dict(np.load(tmp_path / f"worker_{w}.npz")) for w in (0, 1)]
+    for worker, got in enumerate(saved):
+        files = set((got["ids"] // 24).ravel().tolist())
+        assert files == {worker, worker + 2}, f"worker {worker} read files {sorted(files)}"
+        assert got["ids"].shape == (6, GLOBAL_BATCH // 2)
+    batches = [np.concatenate([saved[0]["ids"][k], saved[1]["ids"][k]]) for k in range(6)]
+    model = make_model(sx.OneDeviceStrategy("cpu:0"))
+    history = model.fit([(x[rows], y[rows]) for rows in batches], epochs=2, verbose=0)
+    for got in saved:
+        np.testing.assert_allclose(got["loss"], history.history["loss"], atol=2e-5, rtol=2e-5)
+        for i, want in enumerate(model.get_weights()):
+            np.testing.assert_allclose(got[f"w{i}"], want, atol=2e-5, rtol=2e-5)

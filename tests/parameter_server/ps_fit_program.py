@@ -31,6 +31,27 @@ def regression_dataset_fn(input_context):
         yield x, x @ np.array([[1.0], [-2.0], [0.5]], np.float32)
 
 
+def _regression_rows(input_context):
+    rng = np.random.default_rng(300 + input_context.input_pipeline_id)
+    x = rng.normal(size=(256, 3)).astype(np.float32)
+    return x, x @ np.array([[1.0], [-2.0], [0.5]], np.float32)
+
+
+def tf_data_dataset_fn(input_context):
+    """The guide's kind of dataset_fn: a tf.data pipeline built on the worker."""
+    import tensorflow as tf
+
+    return tf.data.Dataset.from_tensor_slices(_regression_rows(input_context)).shuffle(
+        256, seed=input_context.input_pipeline_id).repeat().batch(16)
+
+
+def grain_dataset_fn(input_context):
+    import grain
+
+    x, y = _regression_rows(input_context)
+    return grain.MapDataset.source(list(zip(x, y, strict=True))).repeat().batch(16)
+
+
 def guide_arrays(n, seed):
     rng = np.random.default_rng(seed)
     x = rng.integers(0, VOCAB, size=(n, SEQ)).astype(np.int32)
@@ -317,7 +338,20 @@ def creator(strategy):
                         verbose=0)
     evaluated = model.evaluate(sx.DatasetCreator(regression_dataset_fn), steps=10, verbose=0)
     stats = strategy.cluster_coordinator().stats()
+    pipelines = {}
+    for name, dataset_fn in (("tf_data", tf_data_dataset_fn), ("grain", grain_dataset_fn)):
+        with strategy.scope():
+            other = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+            other.compile(optimizer=keras.optimizers.Adam(0.1), loss="mse", steps_per_execution=5)
+        trained = other.fit(sx.DatasetCreator(dataset_fn), epochs=3, steps_per_epoch=20,
+                            verbose=0)
+        pipelines[name] = {
+            "loss": trained.history["loss"],
+            "evaluate_loss": float(other.evaluate(sx.DatasetCreator(dataset_fn), steps=10,
+                                                  verbose=0)),
+            "iterations": int(other.optimizer.iterations.numpy())}
     return {"loss": history.history["loss"], "evaluate_loss": float(evaluated),
+            "pipelines": pipelines,
             "iterations": int(model.optimizer.iterations.numpy()),
             "worker_steps": [stats[w].get("steps", 0) for w in sorted(stats)],
             "one_coordinator": sx.coordinator.ClusterCoordinator(strategy)

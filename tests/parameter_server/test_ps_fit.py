@@ -73,6 +73,10 @@ def test_fit_evaluate_predict_exact_counts_saves_and_errors(cluster):  # noqa: F
     assert creator["iterations"] == 60
     assert all(steps > 0 for steps in creator["worker_steps"]), creator
     assert creator["one_coordinator"]          # TF: ClusterCoordinator is one per strategy
+    for name, trained in creator["pipelines"].items():  # dataset_fn returning tf.data, grain
+        assert trained["loss"][-1] < 0.1 * trained["loss"][0], (name, trained)
+        assert trained["evaluate_loss"] < 0.1 * trained["loss"][0], (name, trained)
+        assert trained["iterations"] == 60, (name, trained)
 
     errors = result["errors"]
     assert "received x of type generator" in errors["generator"]

@@ -5,8 +5,9 @@ or tuples/dicts of them, e.g. a generator, a list or a ``keras.utils.PyDataset``
 batch over all replicas in order, with the one policy of ``global_batch``: replica ``i`` gets the
 ``i``-th chunk of ``ceil(rows / num_replicas_in_sync)`` rows; a short last batch leaves the last
 replicas fewer or no rows, padded with zeros and recorded in ``PerReplica.valid_rows``. In a
-multi-process run each process contributes the rows of its own replicas (auto-shard by data) or,
-with ``AutoShardPolicy.OFF``, the caller gives each process its own share already.
+multi-process run each process contributes the rows of its own replicas (auto-shard by data) or
+its own part read from its own files or shard (``data.sharding``: ``tf.data``'s ``FILE`` and
+``OFF`` policies, a sharded grain loader).
 
 ``distribute_datasets_from_function`` calls the user's function once per process with an
 ``InputContext``; its dataset yields *per-replica* batches, and each step takes one batch per
@@ -33,8 +34,8 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from stratax._src.data import global_batch
-from stratax._src.data.input_context import AutoShardPolicy, InputContext, InputOptions
+from stratax._src.data import global_batch, sharding
+from stratax._src.data.input_context import InputContext, InputOptions
 from stratax._src.data.prefetch import Prefetcher
 from stratax._src.data.values import PerReplica
 from stratax._src.runtime.devices import local_replica_ids, process_rank
@@ -288,10 +289,10 @@ class DistributedDataset:
 
     def __iter__(self) -> DistributedIterator:
         placement = self._placement
-        by_caller = (self._options.auto_shard_policy is AutoShardPolicy.OFF
-                     and placement.num_processes > 1)
-        steps = (_split_global(batch, placement, by_caller)
-                 for batch in iterate_batches(self._dataset))
+        dataset, by_caller = sharding.shard_for_process(
+            self._dataset, self._options.auto_shard_policy, placement.num_processes,
+            placement.process_rank)
+        steps = (_split_global(batch, placement, by_caller) for batch in iterate_batches(dataset))
         return _iterate(steps, placement, self._options, agreed=not by_caller)
 
 

@@ -11,17 +11,19 @@ from stratax._src.data.global_batch import check_divisible
 class AutoShardPolicy(enum.Enum):
     """How a worker picks its share of the data (TensorFlow's ``tf.data`` names).
 
-    ``AUTO`` and ``DATA``: every worker reads every global batch and keeps the rows of its own
-    replicas. Each global batch is cut into contiguous chunks of ``ceil(rows / replicas)`` rows
-    in replica order (``global_batch.split_sizes``), and a worker's replicas are consecutive, so
-    a worker keeps one contiguous block of each global batch: with 2 workers of 2 replicas and
-    a batch of 8 rows, worker 0 keeps rows 0-3 and worker 1 rows 4-7. Like TensorFlow's
-    ``DATA`` policy, every worker reads the whole input and discards what is not its own;
-    TensorFlow's exact cut goes through its rebatching of the dataset, stratax's is the replica
-    order, so a multi-worker run feeds each replica the rows a one-process run would.
+    ``DATA``: every worker reads every global batch and keeps the rows of its own replicas.
+    Each global batch is cut into contiguous chunks of ``ceil(rows / replicas)`` rows in
+    replica order (``global_batch.split_sizes``), and a worker's replicas are consecutive, so a
+    worker keeps one contiguous block of each global batch: with 2 workers of 2 replicas and a
+    batch of 8 rows, worker 0 keeps rows 0-3 and worker 1 rows 4-7. Like TensorFlow's ``DATA``
+    policy, every worker reads the whole input and discards what is not its own; the replicas
+    are fed the rows a one-process run would feed them.
+    ``FILE``: a ``tf.data`` pipeline over files is rewritten (by TensorFlow) so that each worker
+    reads only its files, its batches rebatched into the worker's part of the global batch.
+    ``AUTO``: ``FILE`` for a ``tf.data`` pipeline that reads files, else ``DATA``; for
+    ``tf.data`` it defers to the pipeline's own ``auto_shard_policy`` option.
     ``OFF``: every worker's input is already its own share (the user shards it); its batches
-    are cut over the worker's replicas the same way. stratax reads in-memory arrays and Python
-    iterables, which have no files, so ``FILE`` is treated as ``DATA``.
+    are cut over the worker's replicas the same way. ``stratax._src.data.sharding`` has the rule.
     """
 
     AUTO = "AUTO"

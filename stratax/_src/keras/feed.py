@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import jax
@@ -45,7 +45,7 @@ import numpy as np
 
 from stratax._src import seam
 from stratax._src.core import env, envvars
-from stratax._src.data import global_batch
+from stratax._src.data import global_batch, sharding
 from stratax._src.data.distributed_dataset import (
     DistributedDataset,
     DistributedDatasetsFromFunction,
@@ -123,6 +123,10 @@ class _ArraySource:
 
     def __len__(self) -> int:
         return -(-self._n // self._batch)
+
+    @property
+    def num_batches(self) -> int:
+        return len(self)
 
     def split(self) -> tuple[Any, _ArraySource]:
         """``(arrays, source)``: the arrays, and a source of the same batches' row indices
@@ -206,6 +210,10 @@ class _SequenceSource:
         size = getattr(self.sequence, "num_batches", None)
         return len(self.sequence) if size is None else int(size)
 
+    @property
+    def num_batches(self) -> int:
+        return len(self)
+
     def batches(self, seed: int, epoch: int, skip: int) -> Iterator[Any]:
         order = _permutation(len(self), seed, epoch) if self._shuffle else range(len(self))
         for index in itertools.islice(order, skip, None):
@@ -213,7 +221,10 @@ class _SequenceSource:
 
 
 class _IterableSource:
-    """Batches of an iterable read once, in order (a generator is not re-run per epoch)."""
+    """Batches of a one-shot iterator read once, in order (a generator is not re-run per
+    epoch)."""
+
+    num_batches = None
 
     def __init__(self, iterable: Iterable[Any], class_weight: dict[int, float] | None) -> None:
         self._iterator = iter(iterable)
@@ -231,6 +242,31 @@ class _IterableSource:
         pending, self._pushed_back = self._pushed_back, []
         for batch in itertools.islice(itertools.chain(pending, self._iterator), skip, None):
             yield _with_class_weight(_standardize(batch), self._class_weight)
+
+
+class _PassSource:
+    """Batches of a re-iterable input, one fresh pass per epoch, in the input's own order.
+
+    ``new_pass()`` starts a pass: Keras' data adapter's ``get_numpy_iterator`` for ``tf.data``,
+    grain and torch ``DataLoader``\\ s (so each is read exactly as Keras reads it), or
+    ``iter(x)`` of any other re-iterable object (its leaves converted to numpy).
+    """
+
+    def __init__(self, new_pass: Callable[[], Iterable[Any]], num_batches: int | None,
+                 class_weight: dict[int, float] | None = None) -> None:
+        self._new_pass = new_pass
+        self.num_batches = num_batches
+        self._class_weight = class_weight
+
+    def batches(self, seed: int, epoch: int, skip: int) -> Iterator[Any]:
+        del seed, epoch
+        for batch in itertools.islice(iter(self._new_pass()), skip, None):
+            batch = jax.tree.map(_as_numpy, _standardize(batch))
+            yield _with_class_weight(batch, self._class_weight)
+
+
+def _as_numpy(leaf: Any) -> Any:
+    return leaf if isinstance(leaf, (np.ndarray, jax.Array)) else np.asarray(leaf)
 
 
 class GlobalFeed(keras.utils.PyDataset):
@@ -270,7 +306,7 @@ class GlobalFeed(keras.utils.PyDataset):
 
     @property
     def num_batches(self) -> int | None:
-        return len(self._source) if hasattr(self._source, "__len__") else None
+        return self._source.num_batches
 
     def __getitem__(self, index: int) -> Any:
         return self._local(next(self._source.batches(self.seed, self.epoch, index)))[0]
@@ -366,34 +402,67 @@ def _arrays_feed(arrays: tuple[Any, ...], batch_size: int | None, shuffle: bool 
 
 
 def as_feed(x: Any, layout: FeedLayout, *, shuffle: bool | str = False,
-            class_weight: dict[int, float] | None = None) -> GlobalFeed | None:
-    """The feed of a non-array input, or ``None`` for kinds left to Keras (e.g. ``tf.data``)."""
+            class_weight: dict[int, float] | None = None,
+            policy: AutoShardPolicy = AutoShardPolicy.AUTO) -> GlobalFeed | None:
+    """The feed of a non-array input, or ``None`` for arrays (left to the caller).
+
+    ``policy``: how the processes share the input (``InputOptions.auto_shard_policy`` of a
+    distributed dataset); ``AUTO`` defers to a ``tf.data`` pipeline's own option.
+
+    Raises:
+        TypeError: ``x`` is no input ``fit`` accepts.
+    """
     if isinstance(x, GlobalFeed):
         return x
     if isinstance(x, DistributedDataset):
-        per_worker = x.options.auto_shard_policy is AutoShardPolicy.OFF and layout.num_processes > 1
-        feed = as_feed(x.dataset, layout, class_weight=class_weight)
+        options = x.options
+        feed = as_feed(x.dataset, layout, class_weight=class_weight,
+                       policy=options.auto_shard_policy)
         if feed is not None:
-            feed.per_worker = per_worker
-            options = x.options
             feed.prefetch = (options.experimental_prefetch_to_device
                              if options.experimental_fetch_to_device else 0)
         return feed
     if isinstance(x, DistributedDatasetsFromFunction):
         return GlobalFeed(_IterableSource(x.local_global_batches(), class_weight), layout,
                           per_worker=True)
+    per_worker = policy is AutoShardPolicy.OFF and layout.num_processes > 1
+    if seam.is_keras_dataset(x):
+        return _dataset_feed(x, layout, class_weight, policy)
     if _is_batch_list(x):  # batches come in the order given, as from a dataset
-        return GlobalFeed(_SequenceSource(x, False, class_weight), layout)
+        return GlobalFeed(_SequenceSource(x, False, class_weight), layout, per_worker=per_worker)
     if isinstance(x, keras.utils.PyDataset):
         sized = hasattr(x, "__len__") or getattr(x, "num_batches", None) is not None
         if sized:
             return GlobalFeed(_SequenceSource(x, bool(shuffle), class_weight), layout,
-                              seed=data_seed())
-        return GlobalFeed(_IterableSource(x, class_weight), layout)
-    if isinstance(x, Iterator) or (isinstance(x, Iterable) and not isinstance(x, (str, bytes))
-                                   and not _is_array_like(x) and not isinstance(x, dict)):
-        return GlobalFeed(_IterableSource(x, class_weight), layout)
-    return None
+                              seed=data_seed(), per_worker=per_worker)
+        return GlobalFeed(_IterableSource(x, class_weight), layout, per_worker=per_worker)
+    if isinstance(x, Iterator):  # one pass only, as Keras reads a generator
+        return GlobalFeed(_IterableSource(x, class_weight), layout, per_worker=per_worker)
+    if _is_array_like(x):
+        return None
+    if isinstance(x, Iterable) and not isinstance(x, (str, bytes, dict)):
+        size = len(x) if hasattr(x, "__len__") else None
+        return GlobalFeed(_PassSource(lambda: x, size, class_weight), layout,
+                          per_worker=per_worker)
+    raise TypeError(
+        f"Cannot train on x of type {type(x).__name__}. stratax takes what Keras takes: numpy "
+        "or JAX arrays (or dicts/lists of them), a tf.data.Dataset, a grain dataset or "
+        "DataLoader, a torch DataLoader, a keras.utils.PyDataset, a generator or any "
+        "re-iterable object of (x, y[, sample_weight]) batches, or a dataset from "
+        "strategy.experimental_distribute_dataset."
+    )
+
+
+def _dataset_feed(x: Any, layout: FeedLayout, class_weight: dict[int, float] | None,
+                  policy: AutoShardPolicy) -> GlobalFeed:
+    """The feed of a ``tf.data``, grain or torch input, read through Keras' own data adapter
+    a fresh pass per epoch, and shared by the processes as ``tf.distribute`` shares it
+    (``data.sharding``)."""
+    x, per_worker = sharding.shard_for_process(x, policy, layout.num_processes,
+                                               layout.process_rank)
+    adapter = seam.keras_data_adapter(x, class_weight)
+    return GlobalFeed(_PassSource(adapter.get_numpy_iterator, adapter.num_batches), layout,
+                      per_worker=per_worker)
 
 
 def feed_arguments(method: str, arguments: dict[str, Any], layout: FeedLayout) -> dict[str, Any]:

@@ -51,7 +51,8 @@ class _ArrayRows:
     def __init__(self, data: Any, arrays: Any, rows: Any) -> None:
         self.data, self._arrays, self._rows = data, arrays, rows
 
-    def __len__(self) -> int:
+    @property
+    def num_batches(self) -> int:
         return len(self._rows)
 
     def batches(self, seed: int, epoch: int, skip: int) -> Iterator[BatchRef]:
@@ -65,6 +66,8 @@ class _ArrayRows:
 
 class _WorkerBatches:
     """Endless ``BatchRef``s of a per-worker iterator; ``peek`` gives zeros of its batch shape."""
+
+    num_batches = None
 
     def __init__(self, iterator: Any) -> None:
         self.iterator = iterator
