@@ -239,7 +239,9 @@ def is_keras_dataset(x: Any) -> bool:
     the inputs Keras reads through data adapters of their own."""
     from keras.src.trainers import data_adapters
 
-    return bool(data_adapters.is_tf_dataset(x) or data_adapters.is_grain_dataset(x)
+    # Releases before Keras' grain adapter read a grain dataset as any re-iterable.
+    is_grain = getattr(data_adapters, "is_grain_dataset", lambda _: False)
+    return bool(data_adapters.is_tf_dataset(x) or is_grain(x)
                 or data_adapters.is_torch_dataloader(x))
 
 
