@@ -28,10 +28,17 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
     [os.path.join(os.path.dirname(os.path.abspath(__file__)), "_child_startup"),
      *filter(None, [os.environ.get("PYTHONPATH")])])
 
-# Importing Keras sets TF_FORCE_GPU_ALLOW_GROWTH; do it before any test, so the hygiene check
-# below does not blame the first test that happens to touch Keras.
+# Importing Keras sets TF_FORCE_GPU_ALLOW_GROWTH, and TensorFlow (installed by the test extra
+# for the input tests) sets TF2_BEHAVIOR and more when Keras first asks whether it is there (as
+# plain Keras' fit on arrays does): import both before any test, so the hygiene check below
+# does not blame the first test that happens to touch them.
+import importlib.util
+
 import keras  # noqa: F401
 import pytest
+
+if importlib.util.find_spec("tensorflow") is not None:  # absent at the other end of the range
+    import tensorflow  # noqa: F401
 
 import stratax  # noqa: F401  (applies STRATAX_CPU_DEVICES before JAX starts)
 

@@ -137,7 +137,7 @@ def _fit_kwargs(variant, x, y):
 
 VARIANTS = ("class_weight", "shuffled_arrays", "shuffled_pydataset", "generator")
 # The pipelines users bring (issue 32): tf.data, grain, re-iterables, each epoch counted.
-USER_VARIANTS = (*PIPELINES, "tf_data_repeat", "tf_data_validation")
+USER_VARIANTS = (*PIPELINES, "tf_data_repeat", "tf_data_validation", "tf_data_distributed")
 # fit's options on array input (the kept path of keras.device_rows, and its row order).
 OPTION_VARIANTS = ("steps_per_epoch", "validation_split", "initial_epoch", "fit_twice")
 
@@ -182,7 +182,10 @@ def run_variant(strategy, variant, backup_dir=None):
         original(self, *args, **kwargs)
 
     device_rows.Resident.__init__ = counted
-    kwargs = {"epochs": 2, **_fit_kwargs(variant, x, y)}
+    if variant == "tf_data_distributed":  # as TensorFlow's fit takes it, too
+        kwargs = {"epochs": 2, "x": strategy.experimental_distribute_dataset(_tf_data(x, y))}
+    else:
+        kwargs = {"epochs": 2, **_fit_kwargs(variant, x, y)}
     try:
         if variant == "fit_twice":
             model.fit(x[::-1], y[::-1], batch_size=GLOBAL_BATCH, epochs=1, verbose=0,
