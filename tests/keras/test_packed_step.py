@@ -58,7 +58,7 @@ def test_fit_step_all_reduces_one_flat_buffer():
     with strategy.scope():
         model = _compiled(_model())
     state, batch = _state_and_batch(model, strategy)
-    step = packed_step.compiled_packed_step(model, strategy)
+    step = packed_step.compiled_packed_step(model, strategy, state)
     # Gradients (4 tensors, 293 numbers) and metric updates (loss and accuracy totals and
     # counts): all float32, so one flat buffer.
     assert _reduced_buffers(step.lower(state, batch).compile().as_text()) == ["f32[297]"]
@@ -86,9 +86,9 @@ def test_the_steps_return_their_state_placed_as_the_variables_are():
     state, batch = _state_and_batch(model, strategy)
     placed = [leaf.sharding for leaf in jax.tree.leaves(state)]
     assert jax.sharding.PartitionSpec(None) in [s.spec for s in placed]  # Keras' layout
-    step = packed_step.compiled_packed_step(model, strategy)
+    step = packed_step.compiled_packed_step(model, strategy, state)
     group = group_step.grouped_steps(2, step, step, packed_step.splits_over_replicas,
-                                     packed_step.output_shardings(model, strategy))
+                                     packed_step.output_shardings(strategy, state))
     _, state = step(state, batch)
     assert [leaf.sharding for leaf in jax.tree.leaves(state)] == placed
     _, state = group(state, iter([batch, batch]))
@@ -106,7 +106,7 @@ def test_bytes_per_pack_cuts_the_buffer_into_packs():
         mesh = mirrored.mesh
         bytes_per_pack = 1024
 
-    step = packed_step.compiled_packed_step(model, Packed)
+    step = packed_step.compiled_packed_step(model, Packed, state)
     # 12x16 kernel + bias (832 B) fill one 1 KiB pack; the 16x5 kernel, its bias and the 4
     # metric numbers another.
     assert sorted(_reduced_buffers(step.lower(state, batch).compile().as_text())) == [
@@ -164,4 +164,5 @@ def test_models_it_would_change_keep_the_gspmd_step(layers, loss, reason):
     with strategy.scope():
         model = _model(*layers)
         model.compile(optimizer="sgd", loss=loss)
-    assert reason in packed_step.eligible(model)
+    batch = (np.zeros((4, 12), np.float32), np.zeros((4,), np.int32))
+    assert reason in packed_step.eligible(model, lambda: batch)

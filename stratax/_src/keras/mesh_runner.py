@@ -4,8 +4,10 @@ Several replicas (or several processes) use the strategy's Keras distribution
 (``StrategyDistribution``: variables mirrored, each batch split over the ``"replica"`` axis or,
 when it does not split, given whole to every replica). ``fit``'s train step all-reduces its
 gradients in one packed collective (``keras.packed_step``) where the model allows it, a group of
-``steps_per_execution`` such steps as one program (``keras.group_step``); otherwise XLA inserts
-one all-reduce per gradient. A
+``steps_per_execution`` such steps as one program (``keras.group_step``); otherwise (e.g. a
+model whose forward pass adds losses, which only the whole global batch gives) Keras' own step
+runs over the global batch and XLA inserts one all-reduce per gradient. Whether a model packs
+is decided once, from its first batch (:meth:`MeshRunner._packs`). A
 one-replica strategy needs no mesh: Keras runs its own single-device path with the strategy's
 device as JAX's default device (a 1-device mesh made Keras recompile its step every epoch).
 
@@ -16,6 +18,7 @@ avoids XLA's CPU all-reduce deadlock (``stratax._src.runtime.throttle``).
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -98,22 +101,31 @@ class MeshRunner(KerasRunner):
         if "resident" not in call.kept:
             arrays = feed.arrays() if feed is call.feed and call.method == "fit" else None
             sharding = self._resident_sharding
-            kept = (arrays is not None and self._takes_rows(call.model)
+            kept = (arrays is not None and self._takes_rows(call.model, feed.peek)
                     and device_rows.fits(arrays, sharding.addressable_devices))
             call.kept["resident"] = device_rows.Resident(arrays, sharding) if kept else None
         return call.kept["resident"]
 
-    def _takes_rows(self, model: Any) -> bool:
+    def _takes_rows(self, model: Any, first_batch: Callable[[], Any]) -> bool:
         """Whether ``model``'s train step (:meth:`make_step`) takes ``RowBatch`` batches."""
         if self.distribution is None:
-            return model.jit_compile and not model.run_eagerly
-        return self._packs(model)
+            return _jitted(model)
+        return self._packs(model, first_batch)
 
-    def _packs(self, model: Any) -> bool:
-        """Whether ``model``'s train step all-reduces in one packed collective."""
-        return (isinstance(self.distribution, StrategyDistribution)
-                and self.strategy.num_replicas_in_sync > 1
-                and packed_step.eligible(model) is None)
+    def _packs(self, model: Any, first_batch: Callable[[], Any]) -> bool:
+        """Whether ``model``'s train step all-reduces in one packed collective.
+
+        ``first_batch()`` gives one batch of the step's input, on which ``packed_step.eligible``
+        traces the forward pass (once per model).
+        """
+        if not (isinstance(self.distribution, StrategyDistribution)
+                and self.strategy.num_replicas_in_sync > 1):
+            return False
+        reason = packed_step.eligible(model, first_batch)
+        if reason is not None:
+            logger.debug("fit: the train step is Keras' own over the global batch, its "
+                         "gradients all-reduced one by one: %s", reason)
+        return reason is None
 
     def place_unconverted(self, batches: Iterator[Any]) -> Iterator[Any]:
         if self.distribution is None:
@@ -145,7 +157,7 @@ class MeshRunner(KerasRunner):
                        step_fn: Callable[..., Any]) -> Callable[..., Any]:
         if self.distribution is None:
             device = self.strategy.devices[0]
-            if kind == "train" and self._takes_rows(model):
+            if kind == "train" and _jitted(model):
                 keras_step, step_fn = step_fn, _taking_rows(step_fn)
                 group = steps_per_execution(model)
                 if group > 1:  # groups of batches kept on the device: one scanned program each
@@ -153,12 +165,22 @@ class MeshRunner(KerasRunner):
                         group, lambda state, data: keras_step(state, device_rows.whole_batch(data)),
                         step_fn, lambda data: isinstance(data, device_rows.RowBatch)), device)
             return build(_committed(step_fn, device))
-        if kind == "train" and self._packs(model):
-            compiled = packed_step.compiled_packed_step(model, self.strategy)
+        if kind == "train":
+            return _chosen_on_first_batch(
+                lambda state, batch: self._train_step(model, build, step_fn, state, batch))
+        return build(self._bounded(step_fn))
+
+    def _train_step(self, model: Any, build: Callable[[Callable[..., Any]], Callable[..., Any]],
+                    step_fn: Callable[..., Any], state: Any, first: Any) -> Callable[..., Any]:
+        """The multi-replica ``iterator_step`` of ``fit``, chosen on its first call (``state``
+        and ``first`` batch): the packed step (alone or in groups) when the model packs, else
+        Keras' own."""
+        if self._packs(model, lambda: first):
+            compiled = packed_step.compiled_packed_step(model, self.strategy, state)
             step_fn = packed_step.packed_train_step(compiled, step_fn)
             group = steps_per_execution(model)
             if group > 1:
-                shardings = packed_step.output_shardings(model, self.strategy)
+                shardings = packed_step.output_shardings(self.strategy, state)
                 return self._bounded(group_step.grouped_steps(
                     group, compiled, step_fn, packed_step.splits_over_replicas, shardings,
                     self._sharded_update(model, group, shardings)))
@@ -203,6 +225,28 @@ class MeshRunner(KerasRunner):
 
     def finish(self) -> None:
         self.strategy.dispatch_window.forget()  # drained by `call`, unless it failed
+
+
+def _jitted(model: Any) -> bool:
+    """Whether ``model``'s steps are jit-compiled (what the one-device row step needs)."""
+    return model.jit_compile and not model.run_eagerly
+
+
+def _chosen_on_first_batch(choose: Callable[[Any, Any], Callable[..., Any]]
+                           ) -> Callable[..., Any]:
+    """An ``iterator_step(state, iterator)`` that is ``choose(state, first batch)``'s, chosen on
+    its first call (the batch is handed back to the chosen step with the rest of the
+    iterator)."""
+    chosen: list[Callable[..., Any]] = []
+
+    def iterator_step(state: Any, iterator: Iterator[Any]) -> Any:
+        if not chosen:
+            first = next(iterator)  # StopIteration here ends the epoch, as in Keras' loop
+            chosen.append(choose(state, first))
+            iterator = itertools.chain([first], iterator)
+        return chosen[0](state, iterator)
+
+    return iterator_step
 
 
 def _taking_rows(step_fn: Callable[..., Any]) -> Callable[..., Any]:

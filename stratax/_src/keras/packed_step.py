@@ -14,9 +14,12 @@ losses and metric states are sums of per-example terms (Keras' metrics keep tota
 counts; TensorFlow's MultiWorkerMirroredStrategy sums metric variables over replicas the same
 way), so it is used only when that holds (:func:`eligible`): Keras' own ``train_step``,
 ``compute_loss`` and ``compute_metrics``, every compiled loss reduced with
-``"sum_over_batch_size"``, no non-trainable variables (batch statistics or random-number state
-would differ per replica), a jitted step. Any other model, and a batch given whole to every
-replica, keeps the GSPMD step.
+``"sum_over_batch_size"``, no loss added by the forward pass (``add_loss`` in a layer's call,
+activity regularizers: Keras computes them over the batch it is given, so on a replica's share
+a sum over rows would be averaged as if it were a mean; ``keras.forward_losses``), no
+non-trainable variables (batch statistics or random-number state would differ per replica), a
+jitted step. Any other model, and a batch given whole to every replica, keeps the GSPMD step,
+which computes Keras' loss over the whole global batch as one device does.
 """
 
 from __future__ import annotations
@@ -31,15 +34,19 @@ from jax.sharding import PartitionSpec as P
 
 from stratax._src import seam
 from stratax._src.core.reduce_op import ReduceOp
-from stratax._src.keras import device_rows, epoch_logs
+from stratax._src.keras import device_rows, epoch_logs, forward_losses
 from stratax._src.strategies.packing import packed_collective
 from stratax._src.strategies.replica_context import REPLICA_AXIS, shm_reducer
 
 _MEAN_REDUCTION = "sum_over_batch_size"
 
 
-def eligible(model: Any) -> str | None:
-    """Why ``model``'s train step must stay GSPMD's, or ``None`` when it can be packed."""
+def eligible(model: Any, first_batch: Callable[[], Any]) -> str | None:
+    """Why ``model``'s train step must stay GSPMD's, or ``None`` when it can be packed.
+
+    ``first_batch()`` gives one of the step's batches (any rows): once the cheaper checks pass,
+    the forward pass is traced on it to find the losses it adds (once per model).
+    """
     if model.run_eagerly or not model.jit_compile:
         return "the step is not jit-compiled"
     if model.optimizer is None:
@@ -53,7 +60,7 @@ def eligible(model: Any) -> str | None:
         reduction = getattr(loss, "reduction", _MEAN_REDUCTION)
         if isinstance(loss, keras.losses.Loss) and reduction != _MEAN_REDUCTION:
             return f"a loss is reduced with {reduction!r}, not {_MEAN_REDUCTION!r}"
-    return None
+    return forward_losses.problem(model, first_batch)
 
 
 def splits_over_replicas(data: Any) -> bool:
@@ -69,12 +76,13 @@ def splits_over_replicas(data: Any) -> bool:
     )
 
 
-def compiled_packed_step(model: Any, strategy: Any) -> Callable[..., Any]:
+def compiled_packed_step(model: Any, strategy: Any, state: Any) -> Callable[..., Any]:
     """The jitted ``step(state, data) -> (logs, state)`` with one packed gradient all-reduce.
 
     ``data`` must be sharded over the replicas along its first axis, or a
     ``device_rows.RowBatch``; ``state`` is Keras' JAX train state (replicated) and is donated,
-    as Keras' own step donates it.
+    as Keras' own step donates it; the step returns its state placed as the given ``state``
+    (one such state) is placed (:func:`output_shardings`).
     """
     replicas = strategy.num_replicas_in_sync
     bytes_per_pack = strategy.bytes_per_pack
@@ -103,7 +111,7 @@ def compiled_packed_step(model: Any, strategy: Any) -> Callable[..., Any]:
                              out_specs=(P(), P()), axis_names=frozenset({REPLICA_AXIS}),
                              check_vma=False)(state, data)
 
-    return jax.jit(train_step, donate_argnums=0, out_shardings=output_shardings(model, strategy))
+    return jax.jit(train_step, donate_argnums=0, out_shardings=output_shardings(strategy, state))
 
 
 def metric_deltas(local_metrics: list[Any], metrics_vars: list[Any]) -> list[Any]:
@@ -118,18 +126,18 @@ def step_logs(model: Any, metrics_vars: list[Any]) -> Any:
         return model.get_metrics_result()
 
 
-def output_shardings(model: Any, strategy: Any) -> tuple[Any, Any]:
-    """``(logs, state)`` shardings of a step's outputs: the state's are its variables' own.
+def output_shardings(strategy: Any, state: Any) -> tuple[Any, Any]:
+    """``(logs, state)`` shardings of a step's outputs: the state's are those of ``state``,
+    Keras' train state as it reads it from the variables at the start of its loop (while the
+    loop runs, the variables themselves may hold no value).
 
     The variables are replicated as ``P(None, ...)`` (Keras' layout); left alone, the group
     program (``keras.group_step``) returned 1-D state as ``P()``, an equal placement that jit's
     dispatch cache still tells apart, so the first group of every fit's second epoch (Keras
     reads the synced variables back) missed the cache and took JAX's slow Python path.
     """
-    state = (model.trainable_variables, model.non_trainable_variables,
-             model.optimizer.variables, model.metrics_variables)
     return (NamedSharding(strategy.mesh, P()),
-            tuple([v.value.sharding for v in variables] for variables in state))
+            tuple([value.sharding for value in values] for values in state))
 
 
 def packed_train_step(compiled: Callable[..., Any],

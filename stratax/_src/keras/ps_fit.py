@@ -42,6 +42,7 @@ import numpy as np
 
 from stratax._src import seam
 from stratax._src.core.reduce_op import ReduceOp
+from stratax._src.keras import forward_losses
 from stratax._src.keras.runner import steps_per_execution
 from stratax._src.parameter_server.coordinator import PerWorkerValues
 from stratax._src.parameter_server.program import optimizer_spec
@@ -161,7 +162,19 @@ def replica_function(model: Any, kind: str, strategy: Any) -> Callable[[Any], An
             return jnp.take(rows[id(table)], lookups[id(table)][1], axis=0)
         return lookup
 
+    def check_whole_batches(batch: Any) -> None:
+        """Refuses, in synchronous mode, a model whose loss a worker's share cannot give."""
+        problem = forward_losses.problem(model, lambda: batch) if replicas > 1 else None
+        if problem is not None:
+            raise ValueError(
+                f"model.{'fit' if kind == 'train' else 'evaluate'} under "
+                f"ParameterServerStrategy(mode='sync') with {replicas} workers computes the "
+                "loss on each worker's share of every batch and averages the shares' losses, "
+                f"which is not the loss of the whole batch for this model: {problem}. Use "
+                "mode='async' (each step runs one worker's whole batch) or one worker.")
+
     def train(batch: Any) -> Any:
+        check_whole_batches(batch)
         x, y, weights = keras.utils.unpack_x_y_sample_weight(batch)
         dense_values, nt_values = strategy.read(dense), strategy.read(non_trainable)
 
@@ -188,6 +201,7 @@ def replica_function(model: Any, kind: str, strategy: Any) -> Callable[[Any], An
         return seam.update_metrics(model, metrics, loss, x, y, y_pred, weights)[1]
 
     def test(batch: Any) -> Any:
+        check_whole_batches(batch)
         state = (values(strategy.read(dense)), strategy.read(non_trainable), zero_metrics())
         with seam.embedding_lookups(pull_rows({})):
             return model.test_step(state, batch)[1][2]

@@ -16,7 +16,10 @@ The runner implements the per-strategy runner shape of the Keras seam (``placeme
   padding row is the same zero row, so this removes exactly the padding rows' terms, for every
   metric (see ``_exact_padded_metrics``); it costs two extra steps once per epoch. Limits: rows
   that differ randomly (dropout on the padding rows) make unweighted metrics approximate, and
-  ``BatchNormalization`` batch statistics include the padding rows.
+  ``BatchNormalization`` batch statistics include the padding rows. A loss the forward pass adds
+  (a layer's ``add_loss``, an activity regularizer) is computed over the padded batch and
+  cannot be corrected: ``fit`` and ``evaluate`` of such a model refuse a padded batch. Full
+  batches run Keras' step over the whole global batch, so such losses are one device's there.
 - **One program for ``steps_per_execution`` steps.** The ``N`` batches of a group are stacked
   and placed once, and one jitted program runs ``jax.lax.scan`` over them (Keras' step inlined),
   so ``N`` steps cost one host dispatch. A short last group is padded with skipped steps
@@ -47,7 +50,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from stratax._src.keras import model_parallel
+from stratax._src.keras import forward_losses, model_parallel
 from stratax._src.keras.runner import KerasRunner, steps_per_execution
 from stratax._src.strategies.replica_context import REPLICA_AXIS
 from stratax._src.strategies.tpu import TPUStrategy
@@ -179,7 +182,7 @@ class TPURunner(KerasRunner):
             steps = _take(iterator, group)
             rows = [int(batch[2].real_rows) for batch in steps]
             if min(rows) < (self._batch_size or 0):
-                self._check_exact_padding(model)
+                self._check_exact_padding(model, kind, steps[0])
             # The state keeps its layout from call to call (committed to it, as the outputs
             # are), so one program serves every call.
             shardings = jax.tree.map(lambda a: a.sharding, state)
@@ -246,7 +249,22 @@ class TPURunner(KerasRunner):
 
         return tpu_steps
 
-    def _check_exact_padding(self, model: Any) -> None:
+    def _check_exact_padding(self, model: Any, kind: str, batch: Any) -> None:
+        """Refuses a padded batch whose loss cannot be made exact (a step of ``kind`` on
+        ``batch``, one of the padded batches).
+
+        Raises:
+            ValueError: a compiled loss is not a mean over the batch, or (``fit``,
+                ``evaluate``) the forward pass adds losses, which the padding rows change.
+        """
+        problem = None if kind == "predict" else forward_losses.problem(model, lambda: batch)
+        if problem is not None:
+            raise ValueError(
+                f"The last batch has fewer rows than the static batch size {self._batch_size} "
+                f"and is padded; the model's loss cannot be made exact on padded rows: "
+                f"{problem}. Use a data size that is a multiple of the batch size (e.g. "
+                "`x[:len(x) // batch_size * batch_size]`)."
+            )
         for loss in jax.tree.leaves(getattr(model, "loss", None)):
             reduction = getattr(loss, "reduction", None)
             if reduction not in _EXACT_REDUCTIONS:
