@@ -285,3 +285,44 @@ def test_an_input_fit_cannot_read_is_refused_naming_it(devices):
         model.compile(optimizer="sgd", loss="mse")
     with pytest.raises(TypeError, match=r"x of type int\. .*tf\.data\.Dataset, a grain dataset"):
         model.fit(42, epochs=1, verbose=0)
+
+
+class _StepsPerEpoch(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.counts = []
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.counts.append(0)
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.counts[-1] += 1
+
+
+def _small_model(strategy):
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        model.compile(optimizer="sgd", loss="mse")
+    return model
+
+
+def test_a_generator_used_up_by_an_earlier_epoch_says_so():
+    """An iterator is read once, as Keras reads it; the epochs after it are not silent."""
+    x = np.ones((32, 3), np.float32)
+    batches = ((x[i:i + 8], x[i:i + 8, :1]) for i in range(0, 32, 8))
+    model = _small_model(sx.MirroredStrategy(["cpu:0", "cpu:1"]))
+    counter = _StepsPerEpoch()
+    with pytest.warns(UserWarning, match="Epoch 1 reads no batch: the generator"):
+        model.fit(batches, epochs=2, verbose=0, callbacks=[counter])
+    assert counter.counts == [4, 0]
+
+
+def test_datasets_from_function_are_read_anew_every_epoch():
+    """TensorFlow re-iterates each worker's dataset per epoch; so does fit here."""
+    x = np.ones((32, 3), np.float32)
+    strategy = sx.MirroredStrategy(["cpu:0", "cpu:1"])
+    per_replica = strategy.distribute_datasets_from_function(
+        lambda context: [(x[i:i + 8], x[i:i + 8, :1]) for i in range(0, 32, 8)])
+    counter = _StepsPerEpoch()
+    _small_model(strategy).fit(per_replica, epochs=3, verbose=0, callbacks=[counter])
+    assert counter.counts == [2, 2, 2]  # 4 per-replica batches, 2 replicas: 2 steps an epoch

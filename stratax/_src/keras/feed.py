@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -238,10 +239,19 @@ class _IterableSource:
         return _with_class_weight(_standardize(self._pushed_back[0]), self._class_weight)
 
     def batches(self, seed: int, epoch: int, skip: int) -> Iterator[Any]:
-        del seed, epoch
+        del seed
         pending, self._pushed_back = self._pushed_back, []
+        read = 0
         for batch in itertools.islice(itertools.chain(pending, self._iterator), skip, None):
+            read += 1
             yield _with_class_weight(_standardize(batch), self._class_weight)
+        if not read and not skip:
+            warnings.warn(
+                f"Epoch {epoch} reads no batch: the {type(self._iterator).__name__} given as "
+                "input was used up by an earlier epoch (an iterator is read once, as Keras "
+                "reads it). Pass a re-iterable input (a tf.data or grain dataset, a "
+                "keras.utils.PyDataset, an object whose __iter__ starts a new pass), or an "
+                "endless generator with steps_per_epoch.", UserWarning, stacklevel=2)
 
 
 class _PassSource:
@@ -422,8 +432,8 @@ def as_feed(x: Any, layout: FeedLayout, *, shuffle: bool | str = False,
             feed.prefetch = (options.experimental_prefetch_to_device
                              if options.experimental_fetch_to_device else 0)
         return feed
-    if isinstance(x, DistributedDatasetsFromFunction):
-        return GlobalFeed(_IterableSource(x.local_global_batches(), class_weight), layout,
+    if isinstance(x, DistributedDatasetsFromFunction):  # a pass over each pipeline per epoch
+        return GlobalFeed(_PassSource(x.local_global_batches, None, class_weight), layout,
                           per_worker=True)
     per_worker = policy is AutoShardPolicy.OFF and layout.num_processes > 1
     if seam.is_keras_dataset(x):
