@@ -52,6 +52,9 @@ written), what for, and which stratax module relies on it:
 - ``distribution_lib.distribute_tensor`` of Keras' JAX backend (wrapped once; unchanged unless
   this thread sets a placement): how a Keras variable under a layout takes a new value, here
   metric resets placed without JAX's cross-process equality check. -> ``keras.metric_reset``
+- ``Variable._value`` (read) and ``model._jax_state``/``_jax_state_synced`` (written): after a
+  failed call, which variables Keras left purged (``None``) and its pending step state
+  dropped, so that the model holds its last completed step. -> ``keras.recovery``
 - ``model._initial_epoch`` (written): Keras' own resume hook, the epoch ``fit`` starts at after
   a restore. -> ``keras.backup``
 - ``jax._src.ffi.FfiEffect`` (read) and ``Jaxpr.replace`` / ``JaxprEqn.replace`` (called): a
@@ -441,6 +444,19 @@ def _set_in_thread(slot: threading.local, fn: Callable[..., Any]) -> Iterator[No
         yield
     finally:
         slot.fn = previous
+
+
+def held_value(variable: Any) -> Any:
+    """The array ``variable`` holds, or ``None`` where Keras' JAX trainer purged it for the
+    length of a call (``variable.value`` would then fail: it re-runs a dropped initializer)."""
+    return variable._value
+
+
+def drop_pending_state(model: Any) -> None:
+    """Forgets the step state Keras' JAX trainer keeps for a later sync (``_jax_state``), so
+    that no later sync puts a failed call's state over the model's variables."""
+    model._jax_state = None
+    model._jax_state_synced = True
 
 
 def set_initial_epoch(model: Any, epoch: int) -> None:

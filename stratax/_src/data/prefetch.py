@@ -89,6 +89,11 @@ class Prefetcher:
     def __iter__(self) -> Prefetcher:
         return self
 
+    @property
+    def done(self) -> bool:
+        """Whether the iteration ended (exhausted, failed or closed)."""
+        return self._done
+
     def __next__(self) -> Any:
         if self._done:
             raise StopIteration

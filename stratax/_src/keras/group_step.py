@@ -23,7 +23,9 @@ Other placed batches (cut on the host) run unrolled, for the packed multi-replic
 
 The steps and their order are the Python loop's; a group that cannot run as one (fewer batches
 left in the epoch, or batches of another shape or placement, e.g. the last, partial one) runs
-step by step, as Keras would run it.
+step by step, as Keras would run it. A batch that cannot be read (its input raised) ends the
+group as Keras' loop would: the batches read before it are trained, step by step, each state
+noted in the running call (``session.record_state``), then the input's error is raised.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from stratax._src.keras import device_rows
+from stratax._src.keras import device_rows, session
 
 Step = Callable[[Any, Any], tuple[Any, Any]]
 
@@ -81,6 +83,13 @@ def grouped_steps(size: int, traced_step: Step, single_step: Step,
     if row_program is None:
         row_program = jax.jit(row_steps, donate_argnums=0, out_shardings=out_shardings)
 
+    def one_by_one(state: Any, batches: list[Any]) -> tuple[Any, Any]:
+        logs = None
+        for batch in batches:
+            logs, state = single_step(state, batch)
+            session.record_state(state)
+        return logs, state
+
     def iterator_step(state: Any, iterator: Iterator[Any]) -> tuple[Any, Any]:
         batches = [next(iterator)]  # StopIteration here ends the epoch, as in Keras' loop
         for _ in range(size - 1):
@@ -88,6 +97,9 @@ def grouped_steps(size: int, traced_step: Step, single_step: Step,
                 batches.append(next(iterator))
             except StopIteration:
                 break
+            except Exception:
+                one_by_one(state, batches)  # Keras' loop trained them before this read
+                raise
         if len(batches) == size:
             rows = device_rows.RowGroup.of(batches)
             if rows is not None and groupable(batches[0]):
@@ -96,9 +108,6 @@ def grouped_steps(size: int, traced_step: Step, single_step: Step,
         if len(batches) == size and all(
                 groupable(batch) and _signature(batch) == first for batch in batches):
             return program(state, batches)
-        logs = None
-        for batch in batches:
-            logs, state = single_step(state, batch)
-        return logs, state
+        return one_by_one(state, batches)
 
     return iterator_step

@@ -3,7 +3,8 @@
 ``model.fit(...)`` of such a model: bind the arguments, let the runner turn the input into its
 feed (``KerasRunner.prepare``), then run Keras' own ``fit`` inside the runner's placement, with
 the runner's step (``make_step``) and batches (``batches``). A model of no strategy runs exactly
-as plain Keras.
+as plain Keras. A call that fails leaves the model as its last completed step left it
+(``keras.recovery``), from the states the steps record in the running call.
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ from collections.abc import Callable
 from typing import Any
 
 from stratax._src import seam
-from stratax._src.keras import binding, session
+from stratax._src.keras import binding, recovery, session
 from stratax._src.keras.feed import GlobalFeed
-from stratax._src.keras.runner import runner_for
+from stratax._src.keras.runner import runner_for, steps_per_execution
 
 _BATCHED_METHODS = ("fit", "evaluate", "predict")
 # The step a method compiles: Keras' train_step, test_step or predict_step.
@@ -59,6 +60,11 @@ def model_method(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
                     # A run resumed mid-epoch ends that epoch's data early, on purpose.
                     warnings.filterwarnings("ignore", message="Your input ran out of data")
                     return runner.call(lambda: original(self, *args, **kwargs))
+            except BaseException:  # KeyboardInterrupt too: the model must stay usable
+                kind = _STEP_KINDS.get(name)
+                if kind is not None:
+                    recovery.restore_last_step(self, kind, call.state)
+                raise
             finally:
                 runner.finish()
 
@@ -67,7 +73,12 @@ def model_method(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
 
 def make_step(model: Any, build: Callable[[Callable[..., Any]], Callable[..., Any]],
               step_function: Callable[..., Any]) -> Callable[..., Any]:
-    """How ``model`` runs a group of steps: its runner's way, else Keras' own (``build``)."""
+    """How ``model`` runs a group of steps: its runner's way, else Keras' own (``build``).
+
+    Under a strategy the group notes the state it starts from and the one it returns in the
+    running call (``session.record_state``), and so does each step of Keras' own loop over a
+    group of several (``build``): the state a failed call leaves the model (``keras.recovery``).
+    """
     strategy = binding.model_strategy(model)
     call = session.active()
     if strategy is None or call is None:
@@ -75,4 +86,17 @@ def make_step(model: Any, build: Callable[[Callable[..., Any]], Callable[..., An
     kind = _STEP_KINDS.get(call.method)
     if kind is None:
         return build(step_function)
-    return runner_for(strategy).make_step(model, kind, build, step_function)
+
+    def recording_build(step: Callable[..., Any]) -> Callable[..., Any]:
+        # With one step per group, the group's own record below is the step's.
+        return build(session.recording(step) if steps_per_execution(model) > 1 else step)
+
+    iterator_step = runner_for(strategy).make_step(model, kind, recording_build, step_function)
+
+    def recorded_iterator_step(state: Any, iterator: Any) -> tuple[Any, Any]:
+        session.record_state(state)
+        logs, state = iterator_step(state, iterator)
+        session.record_state(state)
+        return logs, state
+
+    return recorded_iterator_step

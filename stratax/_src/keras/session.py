@@ -3,6 +3,10 @@
 Keras asks its epoch iterator for an iterator once per pass over the data; for a call under a
 strategy, :func:`epoch_batches` answers with the feed's batches placed by the strategy's runner.
 A ``BackupAndRestore`` finds the running call's feed here to resume it mid-epoch.
+
+Each call also keeps the newest step state (``record_state``, from the steps' own Python
+loops), so that a call that fails can leave the model its last completed step
+(``keras.recovery``), and the prefetch threads it started, which end with it.
 """
 
 from __future__ import annotations
@@ -29,6 +33,11 @@ class Call:
     feed: GlobalFeed | None = None
     # What the runner keeps for the length of the call (e.g. arrays placed on the devices).
     kept: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # Keras' step state as the newest step of this call took or returned it (None: no step
+    # ran): what the model holds if the call fails (``keras.recovery``).
+    state: Any = None
+    # The prefetch threads of this call's passes over its data, closed when the call ends.
+    prefetchers: list[Prefetcher] = dataclasses.field(default_factory=list)
 
 
 class _Calls(threading.local):
@@ -44,15 +53,36 @@ def active() -> Call | None:
     return _calls.stack[-1] if _calls.stack else None
 
 
+def record_state(state: Any) -> None:
+    """Notes ``state`` (Keras' step state, concrete) as the running call's newest one."""
+    if _calls.stack:
+        _calls.stack[-1].state = state
+
+
+def recording(step: Callable[[Any, Any], tuple[Any, Any]]) -> Callable[[Any, Any], tuple[Any, Any]]:
+    """``step`` (``(state, batch) -> (logs, state)``, called from Python) noting each state it
+    returns with :func:`record_state`."""
+
+    def recorded_step(state: Any, data: Any) -> tuple[Any, Any]:
+        logs, state = step(state, data)
+        record_state(state)
+        return logs, state
+
+    return recorded_step
+
+
 @contextlib.contextmanager
 def running(call: Call) -> Iterator[Call]:
-    """Makes ``call`` active, and its runner's placement current, for the block."""
+    """Makes ``call`` active, and its runner's placement current, for the block; its prefetch
+    threads end with it (a failed call's would otherwise read on from the user's input)."""
     _calls.stack.append(call)
     try:
         with call.runner.placement_scope():
             yield call
     finally:
         _calls.stack.pop()
+        for prefetcher in call.prefetchers:
+            prefetcher.close()
 
 
 def epoch_batches(data_adapter: Any, keras_iterator: Callable[[], Iterator[Any]]) -> Iterator[Any]:
@@ -63,5 +93,9 @@ def epoch_batches(data_adapter: Any, keras_iterator: Callable[[], Iterator[Any]]
     feed = seam.adapter_dataset(data_adapter)
     if isinstance(feed, GlobalFeed):
         depth = call.runner.default_prefetch() if feed.prefetch is None else feed.prefetch
-        return Prefetcher(call.runner.feed_batches(feed, call), depth)
+        prefetcher = Prefetcher(call.runner.feed_batches(feed, call), depth)
+        if depth:
+            call.prefetchers = [p for p in call.prefetchers if not p.done]
+            call.prefetchers.append(prefetcher)
+        return prefetcher
     return call.runner.place_unconverted(data_adapter.get_jax_iterator())
