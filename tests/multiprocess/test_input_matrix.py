@@ -130,10 +130,11 @@ def test_fit_options_on_array_input_on_two_workers(tmp_path, monkeypatch):
     _on_two_workers(OPTION_VARIANTS, tmp_path, monkeypatch)
 
 
-def test_tf_data_over_files_is_sharded_by_file_on_two_workers(tmp_path, monkeypatch):
-    """TensorFlow's AUTO policy over files: each worker reads only its files (half of them),
-    its part of every global batch; the two parts of step k together are the global batch that
-    one process trains on to the same weights."""
+def test_pipelines_sharded_at_the_source_on_two_workers(tmp_path, monkeypatch):
+    """Each worker reads only its shard: a tf.data pipeline over files under TensorFlow's AUTO
+    policy (its files, half of them), a grain DataLoader with ShardByJaxProcess (its records).
+    The workers' k-th parts together are the global batch k that one process trains on to the
+    same weights."""
     x, y = make_data(n=96)
     data_dir = tmp_path / "data"
     data_dir.mkdir()
@@ -147,15 +148,19 @@ def test_tf_data_over_files_is_sharded_by_file_on_two_workers(tmp_path, monkeypa
                     cwd=str(HERE), capture_output=True, stream_output=False,
                     env={"PYTHONPATH": _PATH}, nproc_per_node=2, timeout=240)
     assert result.ok, result.summary + "\n" + "\n".join(result.outputs[0][-30:])
-    saved = [dict(np.load(tmp_path / f"worker_{w}.npz")) for w in (0, 1)]
-    for worker, got in enumerate(saved):
-        files = set((got["ids"] // 24).ravel().tolist())
-        assert files == {worker, worker + 2}, f"worker {worker} read files {sorted(files)}"
-        assert got["ids"].shape == (6, GLOBAL_BATCH // 2)
-    batches = [np.concatenate([saved[0]["ids"][k], saved[1]["ids"][k]]) for k in range(6)]
-    model = make_model(sx.OneDeviceStrategy("cpu:0"))
-    history = model.fit([(x[rows], y[rows]) for rows in batches], epochs=2, verbose=0)
-    for got in saved:
-        np.testing.assert_allclose(got["loss"], history.history["loss"], atol=2e-5, rtol=2e-5)
-        for i, want in enumerate(model.get_weights()):
-            np.testing.assert_allclose(got[f"w{i}"], want, atol=2e-5, rtol=2e-5)
+    for name, shard_of in (("files", lambda ids: set((ids // 24).ravel().tolist())),
+                           ("grain", lambda ids: set((ids // 48).ravel().tolist()))):
+        saved = [dict(np.load(tmp_path / f"{name}_{w}.npz")) for w in (0, 1)]
+        for worker, got in enumerate(saved):
+            want = {worker, worker + 2} if name == "files" else {worker}
+            assert shard_of(got["ids"]) == want, f"{name}: worker {worker} read the wrong shard"
+            assert got["ids"].shape == (6, GLOBAL_BATCH // 2), name
+        batches = [np.concatenate([saved[0]["ids"][k], saved[1]["ids"][k]]) for k in range(6)]
+        model = make_model(sx.OneDeviceStrategy("cpu:0"))
+        history = model.fit([(x[rows], y[rows]) for rows in batches], epochs=2, verbose=0)
+        for got in saved:
+            np.testing.assert_allclose(got["loss"], history.history["loss"], atol=2e-5,
+                                       rtol=2e-5, err_msg=name)
+            for i, want in enumerate(model.get_weights()):
+                np.testing.assert_allclose(got[f"w{i}"], want, atol=2e-5, rtol=2e-5,
+                                           err_msg=name)
