@@ -27,16 +27,21 @@ def ensure_jax_backend() -> None:
     """Selects Keras' JAX backend, or fails clearly if Keras already runs on another.
 
     Raises:
-        RuntimeError: Keras was imported with another backend before stratax.
+        RuntimeError: Keras was imported with another backend before stratax (where TensorFlow
+            is installed, ``import keras`` or ``import tensorflow`` without ``KERAS_BACKEND``).
     """
     keras = sys.modules.get("keras")
     if keras is not None:
         backend = keras.backend.backend()
         if backend != "jax":
+            # Where TensorFlow is installed, stratax's .pth hook leaves Keras' default alone
+            # (setup.py), and `import tensorflow` imports Keras too.
             raise RuntimeError(
-                f"Keras was imported with the {backend!r} backend before stratax; stratax needs "
-                "the JAX backend. Import stratax before keras, or set "
-                f"`{env.KERAS_BACKEND}=jax` in the environment before starting Python."
+                f"Keras was imported with the {backend!r} backend before stratax (by `import "
+                "keras`, or by `import tensorflow`, which imports Keras); stratax needs the JAX "
+                "backend. Either put `import stratax` before `import keras` and `import "
+                f"tensorflow`, or set `{env.KERAS_BACKEND}=jax` in the environment before "
+                "starting Python."
             )
         return
     requested = os.environ.get(env.KERAS_BACKEND)

@@ -169,14 +169,16 @@ def setup(process_id: int, num_processes: int, timeout_seconds: float,
           task_name: Any = str, *, required: bool = True) -> bool:
     """Joins (process 0: creates) the job's shared segment; False when falling back to gloo.
 
-    Every process reaches the same verdict: a missing compiler anywhere means gloo everywhere
-    (a warning); with ``required`` (``STRATAX_CPU_COLLECTIVES=shm``) a process on another host
-    or with several devices, or a segment that cannot be created, is an error on all of them;
-    without it (``auto``) they mean gloo everywhere. The choice is logged once at INFO.
+    Every process reaches the same verdict. With ``required`` (``STRATAX_CPU_COLLECTIVES=shm``)
+    a process on another host or with several devices, a library that could not be built or
+    cached on some process, or a segment that cannot be created, is an error on all of them.
+    Without it (``auto``) they mean gloo everywhere: logged once at INFO, except a failed build
+    (no compiler, an unwritable cache), which the user can fix: one warning line.
 
     Raises:
         ValueError: ``required`` and a process is not on process 0's host or has not exactly
             one CPU device.
+        ExtensionBuildError: ``required`` and a process could not build the library.
         CollectiveTimeoutError: a process did not answer within ``timeout_seconds``.
         RuntimeError: the segment could not be created or mapped.
     """
@@ -221,12 +223,15 @@ def setup(process_id: int, num_processes: int, timeout_seconds: float,
     for p, text in verdicts.items():
         if text.startswith("nobuild:"):
             if required:
-                logger.warning("STRATAX_CPU_COLLECTIVES=shm: %s could not build the "
-                               "shared-memory all-reduce, so every process uses gloo. %s",
-                               task_name(p), text[8:])
-                return False
-            return _use_gloo(f"{task_name(p)} could not build the shared-memory all-reduce: "
-                             f"{text[8:].splitlines()[0] if text[8:] else 'no reason given'}")
+                raise shm_build.ExtensionBuildError(
+                    f"STRATAX_CPU_COLLECTIVES=shm cannot be used: {task_name(p)} could not "
+                    f"build the shared-memory all-reduce: {text[8:]}\nFix that, or unset "
+                    "STRATAX_CPU_COLLECTIVES to fall back to gloo.")
+            # A warning, in one line: the user expected the faster transport and can fix this.
+            logger.warning("CPU collectives: gloo (auto: %s could not build the shared-memory "
+                           "all-reduce: %s; STRATAX_CPU_COLLECTIVES=shm shows the whole error, "
+                           "=gloo silences this)", task_name(p), text[8:].splitlines()[0])
+            return False
     problem = _join_segment(client, process_id, num_processes, timeout_seconds, timeout_ms,
                             task_name, spin_seconds_from_env(own_cores(affinities)))
     if problem:
