@@ -318,6 +318,12 @@ class DistributedDatasetsFromFunction:
     def options(self) -> InputOptions:
         return self._options
 
+    @property
+    def reiterable(self) -> bool:
+        """Whether each pass reads the pipeline anew (``dataset_fn`` returned a dataset, not a
+        one-shot iterator such as a generator, which passes share)."""
+        return not isinstance(self._dataset, Iterator)
+
     def __iter__(self) -> DistributedIterator:
         placement = self._placement
         steps = (_stack_parts(parts, placement, parts[0], index)

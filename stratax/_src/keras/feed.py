@@ -433,8 +433,9 @@ def as_feed(x: Any, layout: FeedLayout, *, shuffle: bool | str = False,
                              if options.experimental_fetch_to_device else 0)
         return feed
     if isinstance(x, DistributedDatasetsFromFunction):  # a pass over each pipeline per epoch
-        return GlobalFeed(_PassSource(x.local_global_batches, None, class_weight), layout,
-                          per_worker=True)
+        source = (_PassSource(x.local_global_batches, None, class_weight) if x.reiterable
+                  else _IterableSource(x.local_global_batches(), class_weight))
+        return GlobalFeed(source, layout, per_worker=True)
     per_worker = policy is AutoShardPolicy.OFF and layout.num_processes > 1
     if seam.is_keras_dataset(x):
         return _dataset_feed(x, layout, class_weight, policy)

@@ -166,15 +166,20 @@ class MeshRunner(KerasRunner):
                         step_fn, lambda data: isinstance(data, device_rows.RowBatch)), device)
             return build(_committed(step_fn, device))
         if kind == "train":
+            # The update's plan reads the optimizer's config, which Keras empties (with every
+            # variable) once its loop runs: made now, used if the step packs.
+            layout = self._update_plan(model)
             return _chosen_on_first_batch(
-                lambda state, batch: self._train_step(model, build, step_fn, state, batch))
+                lambda state, batch: self._train_step(model, build, step_fn, state, batch,
+                                                      layout))
         return build(self._bounded(step_fn))
 
     def _train_step(self, model: Any, build: Callable[[Callable[..., Any]], Callable[..., Any]],
-                    step_fn: Callable[..., Any], state: Any, first: Any) -> Callable[..., Any]:
+                    step_fn: Callable[..., Any], state: Any, first: Any,
+                    layout: sharded_update.Plan | str) -> Callable[..., Any]:
         """The multi-replica ``iterator_step`` of ``fit``, chosen on its first call (``state``
-        and ``first`` batch): the packed step (alone or in groups) when the model packs, else
-        Keras' own."""
+        and ``first`` batch): the packed step (alone or in groups, with the update sharded by
+        ``layout`` where it is a plan) when the model packs, else Keras' own."""
         if self._packs(model, lambda: first):
             compiled = packed_step.compiled_packed_step(model, self.strategy, state)
             step_fn = packed_step.packed_train_step(compiled, step_fn)
@@ -183,15 +188,22 @@ class MeshRunner(KerasRunner):
                 shardings = packed_step.output_shardings(self.strategy, state)
                 return self._bounded(group_step.grouped_steps(
                     group, compiled, step_fn, packed_step.splits_over_replicas, shardings,
-                    self._sharded_update(model, group, shardings)))
+                    self._sharded_update(model, layout, shardings)))
         return build(self._bounded(step_fn))
 
-    def _sharded_update(self, model: Any, group: int, shardings: Any) -> Any:
+    def _update_plan(self, model: Any) -> sharded_update.Plan | str:
+        """How a group program would shard ``model``'s optimizer update over the processes, or
+        why it keeps the replicated update."""
+        reason = sharded_update.why_not(model, self.strategy, steps_per_execution(model))
+        if reason is not None:
+            return reason
+        return sharded_update.plan(model, self.strategy.num_replicas_in_sync)
+
+    def _sharded_update(self, model: Any, layout: sharded_update.Plan | str,
+                        shardings: Any) -> Any:
         """The group program with the optimizer update sharded over the processes
-        (``keras.sharded_update``), or ``None`` (the replicated update), saying why once."""
-        reason = sharded_update.why_not(model, self.strategy, group)
-        layout = (sharded_update.plan(model, self.strategy.num_replicas_in_sync)
-                  if reason is None else reason)
+        (``keras.sharded_update``) by ``layout``, or ``None`` (the replicated update), saying
+        why once."""
         if isinstance(layout, str):
             logger.debug("fit: the optimizer update stays replicated: %s", layout)
             return None
