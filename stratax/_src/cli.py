@@ -25,16 +25,34 @@ strategy registry is imported only for ``train``, the Keras runner only once tra
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from importlib import metadata
 
+from stratax._src.core import env, logs
 from stratax._src.launch.arguments import add_launch_arguments, run_launch
 from stratax._src.observe.arguments import add_dashboard_command
 from stratax._src.train.arguments import DESCRIPTION as TRAIN_DESCRIPTION
 from stratax._src.train.arguments import add_train_arguments, run_train
 
 PROG = "stratax"
+
+
+class _SubcommandParser(argparse.ArgumentParser):
+    """A sub-command's parser that rejects unknown flags itself.
+
+    argparse hands a sub-parser's leftovers back to the top-level parser, whose error prints
+    ``stratax``'s usage; a user who mistyped a ``train`` flag needs ``train``'s usage.
+    """
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        parsed, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return parsed, extras
 
 
 def build_parser(strategy_names: Sequence[str] | None = None) -> argparse.ArgumentParser:
@@ -49,7 +67,12 @@ def build_parser(strategy_names: Sequence[str] | None = None) -> argparse.Argume
         description="tf.distribute strategies on JAX, with Keras 3 as the model API.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    parser.add_argument("--log-level", choices=logs.LEVELS, default=None,
+                        help="show stratax's log records at this level and above on stderr, "
+                             "here and in the processes `launch` starts (sets "
+                             f"{env.STRATAX_LOG_LEVEL}); default: warnings and errors only")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True,
+                                     parser_class=_SubcommandParser)
     train = commands.add_parser(
         "train", help="train a digits classifier with a strategy (no network needed)",
         description=TRAIN_DESCRIPTION,
@@ -97,12 +120,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     names = _registered_strategies() if _command(argv) == "train" else None
     args = build_parser(names).parse_args(argv)
+    if args.log_level is not None:
+        os.environ[env.STRATAX_LOG_LEVEL] = args.log_level
+        logs.configure(args.log_level)
     return int(args.handler(args))
 
 
 def _command(argv: Sequence[str]) -> str | None:
-    """The sub-command named in ``argv`` (its first word that is not an option), if any."""
-    return next((a for a in argv if not a.startswith("-")), None)
+    """The sub-command named in ``argv`` (its first word that is neither an option nor the
+    value of ``--log-level``), if any."""
+    words = iter(argv)
+    for word in words:
+        if word == "--log-level":
+            next(words, None)
+        elif not word.startswith("-"):
+            return word
+    return None
 
 
 def _registered_strategies() -> list[str]:

@@ -16,7 +16,7 @@ import logging
 import os
 import sys
 
-from stratax._src.core import env, envvars
+from stratax._src.core import env, envvars, logs
 
 logger = logging.getLogger(__name__)
 
@@ -107,6 +107,7 @@ def set_cpu_device_count(count: int) -> None:
 
 def prepare_environment() -> None:
     """Everything ``import stratax`` does (see the module docstring)."""
+    logs.configure_from_env()
     ensure_jax_backend()
     count = cpu_device_count_from_env()
     if count is None:

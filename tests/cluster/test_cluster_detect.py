@@ -8,10 +8,13 @@ import pytest
 
 from stratax._src.cluster import (
     RESOLVERS_IN_ORDER,
+    JAXClusterResolver,
     KubernetesClusterResolver,
     LauncherClusterResolver,
+    MPIClusterResolver,
     SlurmClusterResolver,
     TFConfigClusterResolver,
+    TorchrunClusterResolver,
     detect_cluster_resolver,
     process_layout,
 )
@@ -24,6 +27,11 @@ SLURM = {"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_JOB_NODELIST": "n[1-2]
          "SLURM_TASKS_PER_NODE": "1(x2)"}
 K8S = {"JOB_COMPLETION_INDEX": "0", "STRATAX_K8S_NUM_WORKERS": "2",
        "STRATAX_K8S_SERVICE": "svc", "HOSTNAME": "job-0"}
+TORCHRUN = {"MASTER_ADDR": "n1", "MASTER_PORT": "29500", "WORLD_SIZE": "2", "RANK": "1",
+            "LOCAL_RANK": "0"}
+OPEN_MPI = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2",
+            "OMPI_MCA_orte_hnp_uri": "4096.0;tcp://10.0.0.1:1"}
+JAX_JOB = {"JAX_COORDINATOR_ADDRESS": "n1:1234", "JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": "1"}
 
 
 def _set(cluster_env: pytest.MonkeyPatch, *groups: dict) -> None:
@@ -33,7 +41,8 @@ def _set(cluster_env: pytest.MonkeyPatch, *groups: dict) -> None:
 
 
 def test_documented_order() -> None:
-    expected = (LauncherClusterResolver, TFConfigClusterResolver, SlurmClusterResolver,
+    expected = (LauncherClusterResolver, TFConfigClusterResolver, TorchrunClusterResolver,
+                MPIClusterResolver, JAXClusterResolver, SlurmClusterResolver,
                 KubernetesClusterResolver)
     assert expected == RESOLVERS_IN_ORDER
 
@@ -41,8 +50,14 @@ def test_documented_order() -> None:
 @pytest.mark.parametrize(
     "groups, expected",
     [
-        ((LAUNCHER, TF_CONFIG, SLURM, K8S), LauncherClusterResolver),
-        ((TF_CONFIG, SLURM, K8S), TFConfigClusterResolver),
+        ((LAUNCHER, TF_CONFIG, TORCHRUN, OPEN_MPI, JAX_JOB, SLURM, K8S), LauncherClusterResolver),
+        ((TF_CONFIG, TORCHRUN, OPEN_MPI, JAX_JOB, SLURM, K8S), TFConfigClusterResolver),
+        # torchrun / mpirun started inside a Slurm step or a pod: the launcher's group wins.
+        ((TORCHRUN, OPEN_MPI, JAX_JOB, SLURM, K8S), TorchrunClusterResolver),
+        ((OPEN_MPI, JAX_JOB, SLURM, K8S), MPIClusterResolver),
+        ((JAX_JOB, SLURM, K8S), JAXClusterResolver),
+        # srun --mpi=pmi2: PMI_* beside Slurm's own variables, which list the nodes.
+        (({"PMI_RANK": "0", "PMI_SIZE": "2"}, SLURM), SlurmClusterResolver),
         ((SLURM, K8S), SlurmClusterResolver),
         ((K8S,), KubernetesClusterResolver),
         ((SLURM,), SlurmClusterResolver),
@@ -70,6 +85,26 @@ def test_nothing_set_is_local_mode(cluster_env: pytest.MonkeyPatch) -> None:
     assert (layout.coordinator_address, layout.num_processes, layout.process_id) == (None, 1, 0)
 
 
+def test_torchrun_inside_slurm_uses_torchruns_group(cluster_env: pytest.MonkeyPatch) -> None:
+    # srun starts one torchrun per node (SLURM_NTASKS=2); torchrun starts 4 children per node.
+    _set(cluster_env, SLURM, TORCHRUN, {"WORLD_SIZE": "8", "RANK": "5"})
+    layout = process_layout(detect_cluster_resolver())
+    assert (layout.num_processes, layout.process_id, layout.coordinator_address) == (
+        8, 5, "n1:29501")
+
+
+def test_leftover_coordinator_address_is_an_error_not_local_mode(
+    cluster_env: pytest.MonkeyPatch,
+) -> None:
+    _set(cluster_env, {"JAX_COORDINATOR_ADDRESS": "n1:1234"})
+    with pytest.raises(ValueError, match=r"JAX_COORDINATOR_ADDRESS='n1:1234' is set, but no "
+                                         r"launcher .*JAX_NUM_PROCESSES and JAX_PROCESS_ID"):
+        detect_cluster_resolver()
+    # With a scheduler that states the group, JAX's override is not in the way.
+    _set(cluster_env, SLURM)
+    assert type(detect_cluster_resolver()) is SlurmClusterResolver
+
+
 @pytest.mark.parametrize(
     "groups, message",
     [
@@ -78,6 +113,13 @@ def test_nothing_set_is_local_mode(cluster_env: pytest.MonkeyPatch) -> None:
         (({"SLURM_PROCID": "0", "SLURM_NTASKS": "2"}, K8S), r"Neither SLURM_STEP_NODELIST nor"),
         (({"JOB_COMPLETION_INDEX": "0", "STRATAX_K8S_NUM_WORKERS": "2"},),
          r"STRATAX_K8S_SERVICE is not set"),
+        # The issue's case: a torchrun world with no coordinator never trains alone.
+        (({"WORLD_SIZE": "2", "RANK": "1"}, SLURM), r"WORLD_SIZE=2 but MASTER_ADDR is not set"),
+        (({**TORCHRUN, "RANK": "2"}, SLURM), r"RANK=2 is not below WORLD_SIZE=2"),
+        (({"PMI_RANK": "1", "PMI_SIZE": "2", "MPI_LOCALRANKID": "1"},),
+         r"PMI_RANK=1 of PMI_SIZE=2: the MPI launcher does not say"),
+        (({"JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": "0"}, SLURM),
+         r"JAX_NUM_PROCESSES=2 but JAX_COORDINATOR_ADDRESS is not set"),
     ],
 )
 def test_misconfigured_match_raises_instead_of_falling_through(

@@ -22,10 +22,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# Other launchers' variables (torchrun, MPI, JAX jobs): a suite run under one of them must not
+# hand its group to the workers a test starts.
+_LAUNCHER_VARS = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK",
+                  "LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+                  "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_MCA_orte_hnp_uri", "PMI_RANK", "PMI_SIZE",
+                  "PMIX_RANK", "MPI_LOCALRANKID", "JAX_COORDINATOR_ADDRESS",
+                  "JAX_COORDINATOR_PORT", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID")
+
+
 def worker_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("STRATAX_")
-           and k not in ("TF_CONFIG", "PYTEST_CURRENT_TEST", "XLA_FLAGS")}
+           and k not in ("TF_CONFIG", "PYTEST_CURRENT_TEST", "XLA_FLAGS", *_LAUNCHER_VARS)}
     # Children import the stratax under test (this checkout), not whatever is installed.
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE.parent.parent),
                                                       env.get("PYTHONPATH")]))

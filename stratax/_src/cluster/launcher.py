@@ -17,8 +17,8 @@ from __future__ import annotations
 import os
 
 from stratax._src.cluster.cluster_spec import ClusterSpec, parse_address
-from stratax._src.cluster.layout import SYNC_JOBS, ProcessLayout
-from stratax._src.cluster.resolver import ClusterResolver
+from stratax._src.cluster.layout import SYNC_JOBS
+from stratax._src.cluster.process_group import ProcessGroupClusterResolver, check_rank
 from stratax._src.cluster.tfconfig import parse_tf_config
 from stratax._src.core import env, envvars
 
@@ -29,7 +29,7 @@ _SET_BY_LAUNCHER = (
 _REQUIRED = (env.STRATAX_COORDINATOR_ADDRESS, env.STRATAX_NUM_PROCESSES, env.STRATAX_PROCESS_ID)
 
 
-class LauncherClusterResolver(ClusterResolver):
+class LauncherClusterResolver(ProcessGroupClusterResolver):
     """Reads the process layout that ``stratax launch`` gives each process it starts.
 
     Every process is a ``"worker"`` whose task id is its process id; process 0 hosts the
@@ -60,21 +60,13 @@ class LauncherClusterResolver(ClusterResolver):
         parse_address(address, env.STRATAX_COORDINATOR_ADDRESS)
         num_processes = envvars.get_int(env.STRATAX_NUM_PROCESSES, _SET_BY_LAUNCHER, minimum=1)
         process_id = envvars.get_int(env.STRATAX_PROCESS_ID, _SET_BY_LAUNCHER, minimum=0)
-        if process_id >= num_processes:
-            raise ValueError(
-                f"{env.STRATAX_PROCESS_ID}={process_id} is not below "
-                f"{env.STRATAX_NUM_PROCESSES}={num_processes}; process ids run from 0 to "
-                f"{num_processes - 1}."
-            )
-        self._coordinator_address = address
-        self._num_processes = num_processes
-        self._local_rank = envvars.get_optional_int(env.STRATAX_LOCAL_RANK, minimum=0)
+        check_rank(env.STRATAX_PROCESS_ID, process_id, env.STRATAX_NUM_PROCESSES, num_processes)
         restarts = envvars.get_optional_int(env.STRATAX_RESTART_COUNT, minimum=0)
         self._restart_count = 0 if restarts is None else restarts
-        self._cluster_spec = self._read_cluster(address, num_processes)
-        self._task_type = "worker"
-        self._task_id = process_id
-        self._rpc_layer = rpc_layer
+        super().__init__(
+            address, num_processes, process_id,
+            local_rank=envvars.get_optional_int(env.STRATAX_LOCAL_RANK, minimum=0),
+            rpc_layer=rpc_layer, cluster_spec=self._read_cluster(address, num_processes))
 
     @staticmethod
     def _read_cluster(address: str, num_processes: int) -> ClusterSpec:
@@ -103,54 +95,9 @@ class LauncherClusterResolver(ClusterResolver):
     @property
     def coordinator_address(self) -> str:
         """``"host:port"`` of the ``jax.distributed`` coordinator."""
-        return self._coordinator_address
-
-    @property
-    def num_processes(self) -> int:
-        """Number of processes in the job."""
-        return self._num_processes
-
-    @property
-    def process_id(self) -> int:
-        """This process' id (equal to ``task_id``)."""
-        return self._task_id if self._task_id is not None else 0
-
-    @property
-    def local_rank(self) -> int | None:
-        """This process' index on its node, or ``None`` if the launcher did not say."""
-        return self._local_rank
+        return self._coordinator_address or ""
 
     @property
     def restart_count(self) -> int:
         """How many times the launcher restarted the job before this run (0 at first)."""
         return self._restart_count
-
-    def explicit_process_layout(self) -> ProcessLayout:
-        """The layout as the launcher states it."""
-        return ProcessLayout(
-            coordinator_address=self._coordinator_address,
-            num_processes=self._num_processes,
-            process_id=self.process_id,
-            task_type="worker",
-            task_id=self.process_id,
-        )
-
-    def cluster_spec(self) -> ClusterSpec:
-        """TF_CONFIG's cluster if the launcher wrote one, else ``{"worker": {0: coordinator}}``."""
-        return self._cluster_spec
-
-    def master(
-        self,
-        task_type: str | None = None,
-        task_id: int | None = None,
-        rpc_layer: str | None = None,
-    ) -> str:
-        """The address of a task (this one by default), ``""`` for a one-process job.
-
-        Raises:
-          ValueError: If the cluster spec does not know that task (on several nodes only the
-            coordinator's address is known).
-        """
-        if self._num_processes == 1 and task_type is None and task_id is None:
-            return ""
-        return super().master(task_type, task_id, rpc_layer)

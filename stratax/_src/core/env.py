@@ -10,6 +10,11 @@ XLA_FLAGS = "XLA_FLAGS"
 # Number of forced CPU replicas (``--xla_force_host_platform_device_count``) set by stratax helpers.
 STRATAX_CPU_DEVICES = "STRATAX_CPU_DEVICES"
 
+# Level of the stderr handler stratax attaches to its "stratax" logger (debug, info, warning,
+# error); unset: stratax configures no logging (stratax._src.core.logs). `stratax --log-level`
+# sets it for the processes it starts.
+STRATAX_LOG_LEVEL = "STRATAX_LOG_LEVEL"
+
 # Cluster membership.
 TF_CONFIG = "TF_CONFIG"
 
@@ -26,6 +31,42 @@ STRATAX_LOCAL_RANK = "STRATAX_LOCAL_RANK"
 STRATAX_RESTART_COUNT = "STRATAX_RESTART_COUNT"
 # Set to 1 by ``stratax launch`` so children's output reaches the launcher line by line.
 PYTHONUNBUFFERED = "PYTHONUNBUFFERED"
+
+# torchrun, Kubeflow PyTorchJob and TorchX (read by TorchrunClusterResolver). torchrun sets all
+# of them for each child; a PyTorchJob sets all but the LOCAL_* ones in each pod.
+# "host" and port of torch's rendezvous store, held by global rank 0's node (or its agent).
+MASTER_ADDR = "MASTER_ADDR"
+MASTER_PORT = "MASTER_PORT"
+# Processes in the job, this process' global rank, and its rank and count on its node.
+WORLD_SIZE = "WORLD_SIZE"
+RANK = "RANK"
+LOCAL_RANK = "LOCAL_RANK"
+LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
+
+# MPI launchers (read by MPIClusterResolver). Open MPI's mpirun/mpiexec/prterun set OMPI_*;
+# MPICH's and Intel MPI's mpiexec (Hydra) and `srun --mpi=pmi2` set PMI_*; PMIx launchers
+# (`srun --mpi=pmix`, Open MPI 5) set PMIX_RANK. Names as JAX's
+# jax/_src/clusters/ompi_cluster.py reads them.
+OMPI_COMM_WORLD_RANK = "OMPI_COMM_WORLD_RANK"
+OMPI_COMM_WORLD_SIZE = "OMPI_COMM_WORLD_SIZE"
+OMPI_COMM_WORLD_LOCAL_RANK = "OMPI_COMM_WORLD_LOCAL_RANK"
+# URI of Open MPI (<= 4)'s mpirun daemon: "<jobid>.<vpid>;tcp://ip[,ip...]:port".
+OMPI_MCA_ORTE_HNP_URI = "OMPI_MCA_orte_hnp_uri"
+PMI_RANK = "PMI_RANK"
+PMI_SIZE = "PMI_SIZE"
+PMIX_RANK = "PMIX_RANK"
+# This process' rank on its node, set by Hydra's mpiexec (MPICH, Intel MPI) and not by srun.
+MPI_LOCALRANKID = "MPI_LOCALRANKID"
+
+# JAX's own job description (read by JAXClusterResolver). JAX_COORDINATOR_ADDRESS and
+# JAX_COORDINATOR_PORT are the variables jax.distributed.initialize() itself reads: the
+# coordinator's "host:port", and the port that replaces one derived from the cluster. The
+# torchrun and MPI resolvers honour both. JAX_NUM_PROCESSES / JAX_PROCESS_ID carry the
+# arguments of the same names, as job scripts for jax.distributed commonly export them.
+JAX_COORDINATOR_ADDRESS = "JAX_COORDINATOR_ADDRESS"
+JAX_COORDINATOR_PORT = "JAX_COORDINATOR_PORT"
+JAX_NUM_PROCESSES = "JAX_NUM_PROCESSES"
+JAX_PROCESS_ID = "JAX_PROCESS_ID"
 
 # Slurm (set by srun / sbatch; read by SlurmClusterResolver). STEP_* values describe the current
 # srun step and win over the allocation-wide ones.

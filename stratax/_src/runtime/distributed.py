@@ -22,7 +22,6 @@ import logging
 import os
 import re
 import socket
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -213,13 +212,12 @@ def initialize(layout: ProcessLayout, *, timeout_seconds: float, task_names: dic
 def _report_join_timeout(layout: ProcessLayout, timeout: int) -> None:
     """Says, in words, why XLA is about to abort the start-up rendezvous (it names no task)."""
     others = [task_name(p) for p in range(layout.num_processes) if p != layout.process_id]
-    sys.stderr.write(
-        f"stratax: {task_name(layout.process_id)} waited {timeout} s for the cluster to "
-        f"assemble, but not every task joined; expected: {', '.join(others)}. Start every task "
-        "with the same cluster (TF_CONFIG), or raise CommunicationOptions(timeout_seconds=...). "
-        "JAX now ends this process.\n"
-    )
-    sys.stderr.flush()
+    # An error record: Python's last-resort handler prints it even where logging is not set up.
+    logger.error(
+        "stratax: %s waited %d s for the cluster to assemble, but not every task joined; "
+        "expected: %s. Start every task with the same cluster (TF_CONFIG), or raise "
+        "CommunicationOptions(timeout_seconds=...). JAX now ends this process.",
+        task_name(layout.process_id), timeout, ", ".join(others))
 
 
 def dead_processes() -> list[int]:

@@ -160,10 +160,10 @@ def _exit_after_traceback(exc_type: type[BaseException], exc: BaseException,
         code = (EXIT_ON_KEYBOARD_INTERRUPT if issubclass(exc_type, KeyboardInterrupt)
                 else EXIT_ON_EXCEPTION)
         with contextlib.suppress(Exception):
-            sys.stderr.write(
-                f"stratax: {state.name} exits with code {code} after an uncaught "
-                f"{exc_type.__name__}, without waiting for the other workers in "
-                "jax.distributed's shutdown barrier.\n")
+            # An error record: Python's last-resort handler prints it where logging is not set up.
+            logger.error("stratax: %s exits with code %d after an uncaught %s, without waiting "
+                         "for the other workers in jax.distributed's shutdown barrier.",
+                         state.name, code, exc_type.__name__)
         with contextlib.suppress(Exception):
             logging.shutdown()
         for stream in (sys.stdout, sys.stderr):
