@@ -16,6 +16,7 @@ changes no weight, so its reference is plain Keras without that call.
 
 import contextlib
 import functools
+import gc
 import threading
 
 import keras
@@ -154,6 +155,9 @@ def _sequence(strategy, failure, steps_per_execution, scope=False):
         _, error, call = FAILURES[failure]
         with around(), pytest.raises(error):
             call(model)
+        # Keras' own: the thread pool of a failed fit's asynchronous callbacks (its
+        # CallbackList) ends only once the traceback's reference cycles are collected.
+        gc.collect()
     result["weights after the failure"] = model.get_weights()
     result["optimizer steps"] = int(model.optimizer.iterations.numpy())
     with around():
