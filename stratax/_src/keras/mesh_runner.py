@@ -63,6 +63,7 @@ class MeshRunner(KerasRunner):
         # Where fit's kept arrays go (keras.device_rows): every replica, or the one device.
         self._resident_sharding = (self._whole if self.distribution is not None
                                    else jax.sharding.SingleDeviceSharding(strategy.devices[0]))
+        self._on_cpu = all(device.platform == "cpu" for device in strategy.devices)
         binding.remember_mesh(strategy)
 
     def placement_scope(self) -> contextlib.AbstractContextManager[Any]:
@@ -72,6 +73,9 @@ class MeshRunner(KerasRunner):
 
     def batches(self, local_batches: Iterator[tuple[Any, bool]]) -> Iterator[Any]:
         if self.distribution is None:
+            if self._on_cpu:  # the step reads host numpy in place, as Keras' own loop feeds it
+                yield from (batch for batch, _ in local_batches)
+                return
             # Uncommitted, on the default device the placement scope sets: 3x cheaper per batch
             # than committing, and always the same kind, so the step's cache key is stable.
             for batch, _ in local_batches:
