@@ -24,5 +24,7 @@ KERAS_BACKEND=jax "$venv/bin/python" -c "import jax, keras; print('other end of 
 jax.__version__, 'keras', keras.__version__)"
 # One multi-process fit too: Keras 3.10 once refused stratax's input under a distribution over
 # several processes.
+# test_failed_calls compares with plain Keras 3.15's failure behaviour; Keras 3.10 fails differently.
 "$venv/bin/python" -m pytest -q -p no:cacheprovider tests/keras tests/strategies/test_run.py \
+  --ignore tests/keras/test_failed_calls.py \
   tests/multiprocess/test_shm_collectives.py::test_fit_over_shm_equals_one_process
