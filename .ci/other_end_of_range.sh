@@ -25,6 +25,9 @@ jax.__version__, 'keras', keras.__version__)"
 # One multi-process fit too: Keras 3.10 once refused stratax's input under a distribution over
 # several processes.
 # test_failed_calls compares with plain Keras 3.15's failure behaviour; Keras 3.10 fails differently.
+# test_add_loss compares with plain Keras, whose Layer._clear_losses before 3.14 removes a
+# collected loss by value (list.remove), not by identity: evaluate's loss of a model with added
+# losses then varies from run to run, plain Keras' as much as stratax's.
 "$venv/bin/python" -m pytest -q -p no:cacheprovider tests/keras tests/strategies/test_run.py \
-  --ignore tests/keras/test_failed_calls.py \
+  --ignore tests/keras/test_failed_calls.py --ignore tests/keras/test_add_loss.py \
   tests/multiprocess/test_shm_collectives.py::test_fit_over_shm_equals_one_process
