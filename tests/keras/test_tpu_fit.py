@@ -54,9 +54,11 @@ def _build(strategy, steps_per_execution=1):
 def _tpu_strategy(cores_per_replica=1, layout_map=None):
     resolver = sx.cluster_resolver.TPUClusterResolver(tpu="", emulation_cores=8)
     topology = sx.tpu.experimental.initialize_tpu_system(resolver)
+    # The emulated mesh is [4, 1, 1, 2]: 4 cores per replica take 2 along its first dimension.
+    computation_shape = [1, 1, 1, cores_per_replica] if cores_per_replica <= 2 else [
+        cores_per_replica // 2, 1, 1, 2]
     assignment = sx.tpu.experimental.DeviceAssignment.build(
-        topology, computation_shape=[1, 1, 1, cores_per_replica],
-        num_replicas=8 // cores_per_replica)
+        topology, computation_shape=computation_shape, num_replicas=8 // cores_per_replica)
     return sx.TPUStrategy(resolver, experimental_device_assignment=assignment,
                           layout_map=layout_map)
 
@@ -128,6 +130,24 @@ def test_the_same_layout_map_under_mirrored_strategy():
     model = _build(strategy)
     assert model.trainable_variables[0].value.sharding.spec == P(None, "core")
     _assert_same(expected, _run_all(model, x, y, w))
+
+
+def test_a_layout_that_does_not_divide_names_the_rule_and_the_variable():
+    """The docs' rule on a 2x4 split also matches the Dense(10) head: 10 does not split in 4."""
+    strategy = _tpu_strategy(cores_per_replica=4, layout_map=_kernels_split_map())
+    with strategy.scope(), pytest.raises(
+            ValueError, match=r"layout_map\['\.\*dense\.\*kernel'\] = \(None, 'core'\) splits "
+                              r"dimension 1 of variable 'sequential/dense_1/kernel' \(shape "
+                              r"\(64, 10\)\) into 4 parts .* 10 is not divisible by 4\. Narrow "
+                              r"the rule"):
+        keras.Sequential([keras.Input((16,)), keras.layers.Dense(64), keras.layers.Dense(10)])
+    layout_map = keras.distribution.LayoutMap(None)
+    layout_map[".*hidden.*kernel"] = (None, "core")  # the fix: name the layers to split
+    with _tpu_strategy(cores_per_replica=4, layout_map=layout_map).scope():
+        model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(64, name="hidden"),
+                                  keras.layers.Dense(10)])
+    assert [v.value.sharding.spec for v in model.trainable_variables][::2] == [
+        P(None, "core"), P(None, None)]
 
 
 def test_whole_fit_compiles_one_program(caplog):

@@ -19,6 +19,8 @@ Example:
 
 from __future__ import annotations
 
+import math
+import re
 import weakref
 from collections.abc import Mapping
 from typing import Any
@@ -83,7 +85,53 @@ def distribution_for(strategy: Strategy) -> keras_distribution.ModelParallel:
     dist = _distributions.get(strategy)
     if dist is None:
         layout_map = rehome_layout_map(strategy.layout_map, device_mesh(strategy))
-        dist = seam.accepts_stratax_feeds(keras_distribution.ModelParallel(
+        dist = seam.accepts_stratax_feeds(_CheckedModelParallel(
             layout_map=layout_map, batch_dim_name=REPLICA_AXIS, auto_shard_dataset=False))
         _distributions[strategy] = dist
     return dist
+
+
+class _CheckedModelParallel(keras_distribution.ModelParallel):
+    """Keras' ``ModelParallel`` that refuses a layout which does not divide a variable's
+    dimension before JAX does, naming the ``layout_map`` rule and the variable (JAX's
+    ``IndivisibleError`` names neither)."""
+
+    def get_variable_layout(self, variable: Any) -> Any:
+        layout = super().get_variable_layout(variable)
+        mesh = self.device_mesh
+        check_layout_divides(self._layout_map, variable.path, tuple(variable.shape),
+                             tuple(layout.axes),
+                             dict(zip(mesh.axis_names, mesh.shape, strict=True)))
+        return layout
+
+
+def check_layout_divides(layout_map: Mapping[str, Any], path: str, shape: tuple[int, ...],
+                         axes: tuple[Any, ...], mesh_shape: Mapping[str, int]) -> None:
+    """Raises when ``axes`` split a dimension of the variable ``path`` (of ``shape``) over a
+    number of devices that does not divide it.
+
+    Raises:
+        ValueError: naming the rule of ``layout_map`` that matched ``path``, the variable, the
+            dimension and the two ways out.
+    """
+    for dim, (size, axis) in enumerate(zip(shape, axes, strict=False)):
+        names = () if axis is None else (axis,) if isinstance(axis, str) else tuple(axis)
+        parts = math.prod(mesh_shape[name] for name in names)
+        if size % parts:
+            rule = _matching_rule(layout_map, path)
+            raise ValueError(
+                f"layout_map[{rule!r}] = {axes} splits dimension {dim} of variable {path!r} "
+                f"(shape {shape}) into {parts} parts over mesh axis {axis!r}, but {size} is not "
+                f"divisible by {parts}. Narrow the rule so that it does not match {path!r} "
+                f"(e.g. name the layers to split and match their names), or split over a mesh "
+                f"axis whose size divides {size}.")
+
+
+def _matching_rule(layout_map: Mapping[str, Any], path: str) -> str:
+    """The key of ``layout_map`` that gives ``path`` its layout, as ``LayoutMap`` picks it."""
+    rules = list(layout_map)  # a LayoutMap's ``in`` matches regexes too
+    if path in rules:
+        return path
+    # Keras matches whole paths (re.fullmatch); releases before 3.11 searched (re.search).
+    return next((rule for match in (re.fullmatch, re.search) for rule in rules
+                 if match(rule, path)), path)
