@@ -155,6 +155,44 @@ def test_run_compiles_once_per_structure():
     assert len(traces) == first  # no retrace for the same structure and shapes
 
 
+@pytest.mark.parametrize("tpu", [False, True], ids=["mirrored", "tpu"])
+def test_run_inside_jit_trains_as_one_device(tpu):
+    """The guide's multi-step ``@tf.function`` loop in JAX form: ``strategy.run`` and
+    ``strategy.reduce`` inside the user's ``jax.jit``, over several distributed batches."""
+    if tpu:
+        resolver = sx.cluster_resolver.TPUClusterResolver(tpu="", emulation_cores=8)
+        sx.tpu.experimental.initialize_tpu_system(resolver)
+        strategy = sx.TPUStrategy(resolver)
+    else:
+        strategy = sx.MirroredStrategy([f"cpu:{i}" for i in range(4)])
+    rng = np.random.default_rng(0)
+    x = rng.random((48, 3), np.float32)
+    y = x @ np.array([1.0, -2.0, 0.5], np.float32)
+
+    def loss(w, bx, by):
+        return jnp.sum((bx @ w - by) ** 2) / 16.0  # the global batch: 16 rows
+
+    def grad_step(w, batch):
+        return jax.grad(loss)(w, *batch)
+
+    def train(w, batches):
+        for batch in batches:
+            gradient = strategy.reduce("SUM", strategy.run(grad_step, args=(w, batch)),
+                                       axis=None)
+            w = w - 0.1 * gradient
+        return w
+
+    batches = list(strategy.experimental_distribute_dataset(
+        [(x[i:i + 16], y[i:i + 16]) for i in range(0, 48, 16)]))
+    w = jnp.zeros(3)
+    for i in range(0, 48, 16):  # one device
+        w = w - 0.1 * jax.grad(loss)(w, x[i:i + 16], y[i:i + 16])
+    jitted = jax.jit(train)(jnp.zeros(3), batches)
+    assert not np.allclose(jitted, 0.0)
+    np.testing.assert_allclose(jitted, w, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(jitted, train(jnp.zeros(3), batches), rtol=1e-6, atol=1e-7)
+
+
 def test_compute_average_loss_uses_global_batch():
     per_example = jnp.array([1.0, 2.0, 3.0, 4.0])
     assert float(sx.compute_average_loss(per_example, global_batch_size=8)) == pytest.approx(1.25)

@@ -167,7 +167,8 @@ class RunCompiler:
             if len(self._counts_cache) >= _COUNTS_CACHE_SIZE:
                 self._counts_cache.clear()
             counts = jax.device_put(np.asarray(valid_rows, np.int32), self._replicated)
-            self._counts_cache[valid_rows] = counts
+            if not isinstance(counts, jax.core.Tracer):  # traced: inside the user's jax.jit
+                self._counts_cache[valid_rows] = counts
         return counts
 
     def cache_info(self) -> int:
