@@ -150,3 +150,36 @@ def test_connect_to_a_pod_after_jax_started_is_a_clear_error(
 def test_connect_needs_a_tpu_resolver() -> None:
     with pytest.raises(TypeError, match=r"Expected a TPUClusterResolver.*MultiWorkerMirrored"):
         sx.config.experimental_connect_to_cluster(sx.cluster_resolver.SimpleClusterResolver({}))
+
+
+@pytest.mark.parametrize("from_function", [False, True])
+def test_custom_loop_batches_keep_one_shape_for_the_whole_epoch(from_function: bool) -> None:
+    """A short last batch is padded to the full one: one program serves the epoch, and the
+    padding rows stay out of reductions and gathers (Mirrored keeps the short shape)."""
+    resolver = _emulated()
+    sx.tpu.experimental.initialize_tpu_system(resolver)
+    strategy = sx.TPUStrategy(resolver)
+    x = np.arange(160 * 4, dtype=np.float32).reshape(160, 4)
+    batches = [x[:64], x[64:128], x[128:]]  # per replica: 8, 8, then 4 rows
+    if from_function:
+        per_replica = [b[i * len(b) // 8:(i + 1) * len(b) // 8] for b in batches for i in range(8)]
+        dataset = strategy.distribute_datasets_from_function(lambda _: per_replica)
+    else:
+        dataset = strategy.experimental_distribute_dataset(batches)
+    shapes = []
+
+    def step(batch):
+        shapes.append(batch.shape)  # once per trace
+        return batch * 2.0
+
+    totals, rows = [], []
+    for batch in dataset:
+        doubled = strategy.run(step, args=(batch,))
+        totals.append(float(strategy.reduce("SUM", doubled, axis=0).sum()))
+        rows.append(strategy.gather(doubled, axis=0).shape[0])
+    assert shapes == [(8, 4)]
+    assert rows == [64, 64, 32]
+    np.testing.assert_allclose(totals, [2 * b.sum() for b in batches])
+    mirrored = sx.MirroredStrategy([f"cpu:{i}" for i in range(8)])
+    last = list(mirrored.experimental_distribute_dataset(batches))[-1]
+    assert last.stacked.shape == (8, 4, 4)

@@ -97,7 +97,8 @@ class _Step:
 class _Placement:
     """Where one process's share of a batch goes: the mesh, its replicas, the sharding."""
 
-    def __init__(self, mesh: Mesh) -> None:
+    def __init__(self, mesh: Mesh, static_shapes: bool = False) -> None:
+        self.static_shapes = static_shapes
         # One device per replica: a ("replica", "core") mesh's replica spans a row of cores.
         devices = list(mesh.devices.reshape(mesh.devices.shape[0], -1)[:, 0])
         self.num_replicas = len(devices)
@@ -135,9 +136,10 @@ class _Placement:
         return tuple(counts)
 
 
-def _finish(step: _Step, counts: tuple[int, ...], placement: _Placement, to_device: bool) -> Any:
-    """The ``PerReplica`` batch of a step, given every replica's real rows: padded, placed."""
-    padded = max(counts)
+def _finish(step: _Step, counts: tuple[int, ...], padded: int, placement: _Placement,
+            to_device: bool) -> Any:
+    """The ``PerReplica`` batch of a step, given every replica's real rows: padded to
+    ``padded`` rows per replica, placed."""
 
     def leaf(block: np.ndarray | jax.Array) -> PerReplica:
         if block.shape[1] < padded:
@@ -228,9 +230,17 @@ def _iterate(steps: Iterator[_Step], placement: _Placement, options: InputOption
     that the agreement collective runs in the same order on every process.
     """
     to_device = options.experimental_fetch_to_device
+    widest = 0
+
+    def finished(step: _Step, counts: tuple[int, ...]) -> Any:
+        # Static shapes (TPUStrategy): a short batch is padded to the widest one before it,
+        # so that one compiled program serves the whole epoch.
+        nonlocal widest
+        widest = max(widest, *counts) if placement.static_shapes else max(counts)
+        return _finish(step, counts, widest, placement, to_device)
+
     if agreed:
-        return DistributedIterator(
-            (_finish(s, s.counts or (), placement, to_device) for s in steps), options)
+        return DistributedIterator((finished(s, s.counts or (0,)) for s in steps), options)
 
     def finish(produced: Iterator[_Step]) -> Iterator[Any]:
         template: _Step | None = None
@@ -243,7 +253,7 @@ def _iterate(steps: Iterator[_Step], placement: _Placement, options: InputOption
             if step is None:
                 step = _empty_like(template, placement)
             template = step
-            yield _finish(step, counts, placement, to_device)
+            yield finished(step, counts)
 
     return DistributedIterator(steps, options, finish)
 
@@ -273,9 +283,10 @@ class DistributedDataset:
         ...     losses = strategy.run(step, args=(x, y))
     """
 
-    def __init__(self, dataset: Any, mesh: Mesh, options: InputOptions | None = None) -> None:
+    def __init__(self, dataset: Any, mesh: Mesh, options: InputOptions | None = None,
+                 static_shapes: bool = False) -> None:
         self._dataset = dataset
-        self._placement = _Placement(mesh)
+        self._placement = _Placement(mesh, static_shapes)
         self._options = options or InputOptions()
 
     @property
@@ -304,8 +315,9 @@ class DistributedDatasetsFromFunction:
         dataset_fn: Callable[[InputContext], Any],
         mesh: Mesh,
         options: InputOptions | None = None,
+        static_shapes: bool = False,
     ) -> None:
-        self._placement = _Placement(mesh)
+        self._placement = _Placement(mesh, static_shapes)
         self._options = options or InputOptions()
         context = InputContext(
             num_input_pipelines=self._placement.num_processes,

@@ -51,6 +51,9 @@ class Strategy:
     """
 
     is_default = False  # True only for the strategy current outside any scope
+    # Custom-loop batches keep one shape per epoch (a short last batch padded to the full one)
+    # where every new shape is a new compilation (TPUs).
+    _static_batch_shapes = False
 
     def __init__(self, devices: Sequence[jax.Device], cores_per_replica: int | None = None,
                  layout_map: Any = None) -> None:
@@ -311,13 +314,14 @@ class Strategy:
         self, dataset: Any, options: InputOptions | None = None
     ) -> DistributedDataset:
         """Splits each *global* batch of ``dataset`` over the replicas (``PerReplica`` batches)."""
-        return DistributedDataset(dataset, self._mesh, options)
+        return DistributedDataset(dataset, self._mesh, options, self._static_batch_shapes)
 
     def distribute_datasets_from_function(
         self, dataset_fn: Callable[[InputContext], Any], options: InputOptions | None = None
     ) -> DistributedDatasetsFromFunction:
         """Calls ``dataset_fn(InputContext)`` once per process; it yields per-replica batches."""
-        return DistributedDatasetsFromFunction(dataset_fn, self._mesh, options)
+        return DistributedDatasetsFromFunction(dataset_fn, self._mesh, options,
+                                               self._static_batch_shapes)
 
     def experimental_distribute_values_from_function(
         self, value_fn: Callable[[ValueContext], Any]

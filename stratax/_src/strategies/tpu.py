@@ -46,6 +46,8 @@ class TPUStrategy(Strategy):
         ...     model.compile(optimizer="adam", loss="mse")
     """
 
+    _static_batch_shapes = True
+
     def __init__(
         self,
         tpu_cluster_resolver: TPUClusterResolver | None = None,
