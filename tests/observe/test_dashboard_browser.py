@@ -189,3 +189,66 @@ def test_saved_run_shows_straggler_failure_cause_and_server_load(tmp_path):
     ps_rows = re.findall(r"<tr><td>ps_0</td><td>([^<]*)</td><td>([^<]*)</td>", dom)
     assert ps_rows == [("1200.0", "2.00")]
     assert dom.count('class="uplot') >= 5  # ps load chart too
+
+
+def _outcome_run(run_dir: Path, *, restarted: bool, exit_code: int, failed: bool) -> None:
+    """A run directory: one worker, 6 reports per start (steps resumed from 40 after a
+    restart), then the end with ``exit_code`` (a failure's last lines when ``failed``)."""
+    from stratax._src.observe import record as record_mod
+    from stratax._src.observe.events import EventLog
+
+    log = EventLog(run_dir)
+    log.append("start", restart=0, tasks=["worker_0"], pids=[11])
+    for step in range(10, 70, 10):
+        record_mod.record(step=step, run_dir=run_dir, task="worker_0", step_s=0.01,
+                          samples_per_s=250_000.0, loss=2.0 - step / 100)
+    record_mod.close_all()
+    if restarted:
+        log.failure(restart=0, task="worker_0", pid=11, returncode=42,
+                    message="worker 0 (local rank 0, pid 11) was preempted", tail=["epoch 2"])
+        log.append("restart", restart=1, message="restart 1 of 3")
+        time.sleep(0.05)
+        log.append("start", restart=1, tasks=["worker_0"], pids=[12])
+        for step in range(40, 100, 10):
+            record_mod.record(step=step, run_dir=run_dir, task="worker_0", step_s=0.01,
+                              samples_per_s=250_000.0, loss=1.8 - step / 100)
+        record_mod.close_all()
+    if failed:
+        log.failure(restart=int(restarted), task="worker_0", pid=12, returncode=1,
+                    message="worker 0 (local rank 0, pid 12) exited with code 1",
+                    tail=["Traceback (most recent call last):", "ValueError: bad batch"])
+    log.append("end", exit_code=exit_code, message=f"stratax launch: exit {exit_code}")
+
+
+@pytest.mark.parametrize("outcome", ["finished", "restarted-then-failed", "preempted"])
+def test_the_page_shows_how_the_run_ended(tmp_path, outcome):
+    """The end of a run on the page (and a screenshot of it): success, a failure with its root
+    cause, a preemption; a restart drawn as its own line with a marker, not spliced."""
+    from stratax._src.observe.server import DashboardServer
+
+    chromium = _chromium()
+    run_dir = tmp_path / "run"
+    restarted = outcome == "restarted-then-failed"
+    exit_code = {"finished": 0, "restarted-then-failed": 1, "preempted": 42}[outcome]
+    _outcome_run(run_dir, restarted=restarted, exit_code=exit_code, failed=restarted)
+    screenshot = tmp_path / f"{outcome}.png"
+    with DashboardServer(run_dir) as server:
+        dom = _browser(chromium, "--dump-dom", server.url)
+        _browser(chromium, "--window-size=1400,1750", f"--screenshot={screenshot}", server.url)
+        assert server.serve_until_seen(0.0)  # the page received the end
+    status = re.search(r'<span id="status" class="status (\w+)">([^<]*)</span>', dom)
+    assert status, dom[:3000]
+    if outcome == "finished":
+        assert status.groups() == ("ended", "ended")
+        assert '<section id="outcome" hidden="">' in dom
+    elif outcome == "preempted":
+        assert status.groups() == ("failed", "preempted (exit 42): stratax launch: exit 42")
+    else:
+        assert status.groups() == (
+            "failed", "failed (exit 1): worker 0 (local rank 0, pid 12) exited with code 1")
+        assert re.search(r'<section id="outcome">.*ValueError: bad batch', dom, re.S)
+        assert "ValueError: bad batch" in dom
+        # loss vs step: the second start is its own line (steps 40-90 kept, not dropped)
+        assert "worker_0 (start 1)" in dom
+    assert "run ended" in dom and "not answering" not in dom
+    assert screenshot.stat().st_size > 20_000

@@ -127,6 +127,42 @@ def test_server_serves_page_static_files_and_data(tmp_path):
         assert _get(server.url + "api/data?since=x")[0] == 400
 
 
+def test_loopback_server_answers_only_requests_addressed_to_it(tmp_path):
+    """No token on loopback: a page of another site that rebinds its name to 127.0.0.1 sends
+    its own name as Host, and is refused."""
+    with DashboardServer(tmp_path) as server:
+        for host in (f"127.0.0.1:{server.port}", f"localhost:{server.port}"):
+            assert _get(server.url + "api/data", {"Host": host})[0] == 200
+        for host in (f"evil.example:{server.port}", "localhost:1", ""):
+            status, body = _get(server.url + "api/data", {"Host": host})
+            assert status == 421 and b"open the URL the dashboard printed" in body, host
+        assert _get(server.url + "favicon.ico")[0] == 204
+
+
+def test_server_stays_until_a_watching_page_has_the_end(tmp_path):
+    """After the run: serve on until a polling page received the end event (bounded), and not
+    at all when no page is watching."""
+    import threading
+    import time
+
+    with DashboardServer(tmp_path) as server:
+        assert server.serve_until_seen(30.0) is False  # nobody polled: no wait
+    log = EventLog(tmp_path)
+    log.append("start", restart=0, tasks=["worker_0"], pids=[1])
+    with DashboardServer(tmp_path) as server:
+        _get(server.url + "api/data?since=0")  # a page is watching the live run
+        started = time.monotonic()
+        assert server.serve_until_seen(0.3) is False  # no end yet: the grace period bounds it
+        assert 0.3 <= time.monotonic() - started < 5
+        log.append("end", exit_code=1, message="worker 0 failed")
+        poller = threading.Timer(0.2, _get, [server.url + "api/data?since=0"])
+        poller.start()
+        started = time.monotonic()
+        assert server.serve_until_seen(30.0) is True
+        assert time.monotonic() - started < 10
+        poller.join(timeout=10)
+
+
 def test_non_loopback_server_requires_token(tmp_path, monkeypatch):
     monkeypatch.delenv(env_names.STRATAX_DASHBOARD_TOKEN, raising=False)
     with DashboardServer(tmp_path, host="0.0.0.0") as server:

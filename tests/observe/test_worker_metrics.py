@@ -74,3 +74,29 @@ def test_needs_a_run_dir(monkeypatch):
         WorkerMetrics()
     with pytest.raises(ValueError, match="every_seconds must be a number > 0, got 0"):
         WorkerMetrics("/tmp/x", every_seconds=0)
+
+
+def test_fit_reports_by_itself_when_the_run_has_a_directory(tmp_path, monkeypatch):
+    """`stratax launch --dashboard` sets STRATAX_RUN_DIR: fit then reports without the user
+    adding WorkerMetrics, and a WorkerMetrics of the user's is not doubled."""
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(256, 6)).astype(np.float32), rng.integers(0, 3, 256)
+    strategy = sx.MirroredStrategy(["cpu:0", "cpu:1"])
+    monkeypatch.delenv("STRATAX_RUN_DIR", raising=False)
+    _model(strategy).fit(x, y, batch_size=32, epochs=1, verbose=0)
+    assert not (tmp_path / "metrics").exists()
+
+    monkeypatch.setenv("STRATAX_RUN_DIR", str(tmp_path / "auto"))
+    monkeypatch.setenv("STRATAX_TASK_NAME", "worker_0")
+    _model(strategy).fit(x, y, batch_size=32, epochs=2, verbose=0)
+    records = _records(tmp_path / "auto" / "metrics" / "worker_0.jsonl")
+    assert [r["epoch"] for r in records if r.get("epoch_end")] == [0, 1]
+    assert any(r.get("step_s", 0) > 0 for r in records)
+
+    mine = WorkerMetrics(tmp_path / "mine", task="worker_0")
+    model = _model(strategy)
+    model.fit(x, y, batch_size=32, epochs=1, verbose=0,
+              callbacks=keras.callbacks.CallbackList([mine], add_history=True, model=model))
+    assert [r["epoch"] for r in _records(tmp_path / "mine" / "metrics" / "worker_0.jsonl")
+            if r.get("epoch_end")] == [0]
+    assert len(_records(tmp_path / "auto" / "metrics" / "worker_0.jsonl")) == len(records)

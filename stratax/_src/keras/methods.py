@@ -19,6 +19,7 @@ from stratax._src import seam
 from stratax._src.keras import binding, recovery, session
 from stratax._src.keras.feed import GlobalFeed
 from stratax._src.keras.runner import runner_for, steps_per_execution
+from stratax._src.observe import worker_metrics
 
 _BATCHED_METHODS = ("fit", "evaluate", "predict")
 # The step a method compiles: Keras' train_step, test_step or predict_step.
@@ -48,6 +49,8 @@ def model_method(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
         call = session.Call(runner, name, self)
         if name in _BATCHED_METHODS:
             kwargs = runner.prepare(name, _bind(original, args, kwargs))
+            if name == "fit":
+                kwargs["callbacks"] = worker_metrics.with_default_reporter(kwargs.get("callbacks"))
             args = ()
             x = kwargs.get("x")
             call.feed = x if isinstance(x, GlobalFeed) else None

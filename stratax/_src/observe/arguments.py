@@ -18,6 +18,7 @@ from stratax._src.observe.run_dir import default_run_dir
 from stratax._src.observe.server import DashboardServer
 
 EXIT_USAGE = 2
+KEEP_SERVING_S = 10.0
 
 
 def add_dashboard_arguments(parser: argparse.ArgumentParser) -> None:
@@ -35,6 +36,10 @@ def add_dashboard_arguments(parser: argparse.ArgumentParser) -> None:
                             "address requires a token, printed in the URL)")
     group.add_argument("--dashboard-port", type=int, default=0, metavar="PORT",
                        help="dashboard port (default: a free one)")
+    group.add_argument("--keep-serving", type=float, default=KEEP_SERVING_S, metavar="SECONDS",
+                       help="after the run, keep serving until an open page has shown how it "
+                            f"ended, at most SECONDS (default {KEEP_SERVING_S:g}); "
+                            "`stratax dashboard DIR` serves it again any time")
 
 
 def run_dir_from_args(args: argparse.Namespace) -> Path | None:
@@ -66,6 +71,7 @@ def dashboard_from_args(args: argparse.Namespace, prog: str) -> Iterator[Path | 
         yield run_dir
     finally:
         if server is not None:
+            server.serve_until_seen(args.keep_serving)
             server.close()
         _say(prog, f"run saved in {run_dir}; view it with: stratax dashboard {run_dir}")
 

@@ -4,7 +4,8 @@ Standard library only (``http.server``'s threading server in a daemon thread): t
 ``/api/data?since=<seq>`` once a second and draws with uPlot, vendored under ``static/`` (MIT,
 from the npm package ``uplot``), so it works offline. Loopback by default; any other address
 requires a token (the rule of stratax's other servers): requests to the page and the data must
-carry ``?token=...`` or ``Authorization: Bearer ...``; static library files are public.
+carry ``?token=...`` or ``Authorization: Bearer ...``; static library files are public. Without
+a token, a request must name the server in its ``Host`` header (no DNS rebinding).
 """
 
 from __future__ import annotations
@@ -64,11 +65,17 @@ class DashboardServer:
         self.run_dir = Path(run_dir)
         self.token = token
         self.reader = RunReader(self.run_dir)
+        self._page_polled = threading.Event()  # a page asked for data
+        self._end_delivered = threading.Event()  # ... and has received the run's end
         handler = type("_BoundHandler", (_Handler,), {"dashboard": self})
         self._httpd = ThreadingHTTPServer((host, port), handler)
         self._httpd.daemon_threads = True
         self.host = host
         self.port = int(self._httpd.server_address[1])
+        # On loopback no token guards the page: a request must name this server in its Host
+        # header, or a page of another site could read it by DNS rebinding.
+        self._hosts = None if token is not None else {
+            f"{name}:{self.port}" for name in ("127.0.0.1", "localhost", "[::1]", host)}
         self._thread = threading.Thread(target=self._httpd.serve_forever,
                                         name=f"stratax-dashboard:{self.port}", daemon=True)
         self._thread.start()
@@ -79,6 +86,30 @@ class DashboardServer:
         host = f"[{self.host}]" if ":" in self.host else self.host
         query = f"?token={quote(self.token)}" if self.token else ""
         return f"http://{host}:{self.port}/{query}"
+
+    def serve_until_seen(self, grace_seconds: float) -> bool:
+        """After the run ended: keeps serving until a page that was polling has received the
+        end of the run (its outcome and any failure's cause), at most ``grace_seconds``.
+
+        Returns at once when no page polled (nobody is watching). Returns whether the end was
+        delivered.
+        """
+        if not self._page_polled.is_set():
+            return False
+        return self._end_delivered.wait(max(grace_seconds, 0.0))
+
+    def host_allowed(self, header: str | None) -> bool:
+        """Whether a request's ``Host`` header names this server (always true with a token)."""
+        return self._hosts is None or (header or "").lower() in self._hosts
+
+    def data(self, since: int) -> dict[str, object]:
+        """The page's data since record ``since`` (see ``RunReader.snapshot``), noting what the
+        page has seen."""
+        snapshot = self.reader.snapshot(since)
+        self._page_polled.set()
+        if any(event.get("kind") == "end" for event in snapshot["events"]):
+            self._end_delivered.set()
+        return snapshot
 
     def close(self) -> None:
         """Stops serving and joins the server thread (bounded: 5 s)."""
@@ -108,6 +139,13 @@ class _Handler(BaseHTTPRequestHandler):
         parts = urlsplit(self.path)
         query = parse_qs(parts.query)
         path = parts.path
+        if not self.dashboard.host_allowed(self.headers.get("Host")):
+            self._send(HTTPStatus.MISDIRECTED_REQUEST, b"this dashboard answers only requests "
+                       b"addressed to it: open the URL the dashboard printed\n", "text/plain")
+            return
+        if path == "/favicon.ico":
+            self._send(HTTPStatus.NO_CONTENT, b"", "text/plain")
+            return
         if path.startswith("/static/") and path[len("/static/"):] in _PUBLIC_FILES:
             self._send_file(STATIC_DIR / path[len("/static/"):])
             return
@@ -124,7 +162,7 @@ class _Handler(BaseHTTPRequestHandler):
             except ValueError:
                 self._send(HTTPStatus.BAD_REQUEST, b"since must be an integer\n", "text/plain")
                 return
-            body = json.dumps(self.dashboard.reader.snapshot(since)).encode()
+            body = json.dumps(self.dashboard.data(since)).encode()
             self._send(HTTPStatus.OK, body, "application/json")
         else:
             self._send(HTTPStatus.NOT_FOUND, b"not found\n", "text/plain")

@@ -38,7 +38,7 @@ from stratax._src.core.reduce_op import ReduceOp
 from stratax._src.keras.binding import model_strategy
 from stratax._src.keras.device_rows import RowBatch
 from stratax._src.observe.record import MetricsWriter, writer_for
-from stratax._src.observe.run_dir import PathLike
+from stratax._src.observe.run_dir import PathLike, resolve_run_dir
 
 
 class _Window:
@@ -243,3 +243,20 @@ def probe_all_reduce(strategy: Any, num_floats: int, repeats: int) -> float | No
         jax.block_until_ready(strategy.run(all_reduce, args=(value,)))
         times.append(time.perf_counter() - start)
     return statistics.median(times)
+
+
+def with_default_reporter(callbacks: Any) -> Any:
+    """``fit``'s ``callbacks`` plus a ``WorkerMetrics`` when the run has a run directory
+    (``stratax launch``/``train`` with ``--dashboard`` or ``--run-dir`` set
+    ``STRATAX_RUN_DIR``) and none is among them, so that the dashboard shows every ``fit``
+    without the user adding a callback."""
+    if resolve_run_dir() is None:
+        return callbacks
+    as_list = isinstance(callbacks, keras.callbacks.CallbackList)
+    given = list(callbacks.callbacks if as_list else callbacks or [])
+    if any(isinstance(c, WorkerMetrics) for c in given):
+        return callbacks
+    if as_list:
+        callbacks.append(WorkerMetrics())
+        return callbacks
+    return [*given, WorkerMetrics()]

@@ -114,7 +114,11 @@ def run_train(args: argparse.Namespace) -> int:
             args.run_dir = str(run_dir)
             events = EventLog(run_dir)
             events.append("start", restart=0, tasks=["main"], pids=[os.getpid()])
-            code = _run_train(args)
+            try:
+                code = _run_train(args)
+            except BaseException as error:  # the page shows how the run ended, then it raises
+                events.append("end", exit_code=1, message=f"stratax train failed: {error!r}")
+                raise
             events.append("end", exit_code=code, message=f"stratax train exited with {code}")
             return code
     except ValueError as err:  # the dashboard could not start
