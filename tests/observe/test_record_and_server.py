@@ -98,6 +98,15 @@ def test_straggler_needs_a_clear_gap():
     assert find_straggler({"a": {"step_s": 1.0}, "b": {"step_s": 1.02}}) is None
     assert find_straggler({"a": {"step_s": 1.0}, "b": {"step_s": 1.5}}) == "b"
     assert find_straggler({"a": {"step_s": 1.0}, "ps_0": {"requests_per_s": 5}}) is None
+    # Synchronous workers step together (2.70 vs 2.35 ms is noise): the one whose input wait
+    # holds the others up in the all-reduce is named, by a gap of 5% of the step.
+    sync = {"synchronous": 1}
+    assert find_straggler({"a": {"step_s": 2.70e-3, "input_s": 1e-4, **sync},
+                           "b": {"step_s": 2.35e-3, "input_s": 1e-4, **sync}}) is None
+    assert find_straggler({"a": {"step_s": 10e-3, "input_s": 0.1e-3, **sync},
+                           "b": {"step_s": 10e-3, "input_s": 4e-3, **sync}}) == "b"
+    assert find_straggler({"a": {"step_s": 10e-3, "input_s": 0.1e-3, **sync},
+                           "b": {"step_s": 10e-3, "input_s": 0.4e-3, **sync}}) is None
 
 
 def test_event_log_round_trip(tmp_path):

@@ -64,8 +64,10 @@ def test_reports_speed_and_leaves_training_unchanged(tmp_path, devices):
     np.testing.assert_allclose([r["loss"] for r in epochs], history["loss"], rtol=1e-6)
     if devices == 1:
         assert "collective_s" not in windows[0]  # no all-reduce with one replica
+        assert "synchronous" not in windows[0]
     else:
         assert windows[0]["collective_s"] > 0 and windows[0]["collective_estimated"] == 1
+        assert windows[0]["synchronous"] == 1
 
 
 def test_needs_a_run_dir(monkeypatch):

@@ -105,12 +105,26 @@ class RunReader:
 
 
 def find_straggler(tasks: dict[str, dict[str, Any]]) -> str | None:
-    """The training task whose latest ``step_s`` is the largest, when it exceeds the median of
-    all tasks' by ``STRAGGLER_FACTOR``; ``None`` with fewer than two tasks reporting steps."""
+    """The task that holds the others up, or ``None`` (fewer than two tasks, or no clear gap).
+
+    Asynchronous workers: the one whose latest ``step_s`` exceeds the median by
+    ``STRAGGLER_FACTOR``. Synchronous workers (``synchronous`` records) step together, since
+    each waits for the slowest inside the all-reduce, so their step times differ only by noise:
+    there it is the worker whose host time before its step (``input_s``) exceeds the median of
+    the workers' by more than ``STRAGGLER_FACTOR - 1`` of the median step time.
+    """
     times = {name: float(v["step_s"]) for name, v in tasks.items()
              if isinstance(v.get("step_s"), (int, float))}
     if len(times) < 2:
         return None
+    median_step = statistics.median(times.values())
+    if all(tasks[name].get("synchronous") for name in times):
+        waits = {name: float(tasks[name]["input_s"]) for name in times
+                 if isinstance(tasks[name].get("input_s"), (int, float))}
+        if len(waits) < 2:
+            return None
+        slowest = max(waits, key=lambda name: waits[name])
+        gap = waits[slowest] - statistics.median(waits.values())
+        return slowest if gap > (STRAGGLER_FACTOR - 1) * median_step else None
     slowest = max(times, key=lambda name: times[name])
-    median = statistics.median(times.values())
-    return slowest if times[slowest] > STRAGGLER_FACTOR * median else None
+    return slowest if times[slowest] > STRAGGLER_FACTOR * median_step else None

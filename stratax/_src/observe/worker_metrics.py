@@ -39,6 +39,7 @@ from stratax._src.keras.binding import model_strategy
 from stratax._src.keras.device_rows import RowBatch
 from stratax._src.observe.record import MetricsWriter, writer_for
 from stratax._src.observe.run_dir import PathLike, resolve_run_dir
+from stratax._src.strategies.base import Strategy
 
 
 class _Window:
@@ -124,12 +125,16 @@ class WorkerMetrics(keras.callbacks.Callback):
         self._processes = 1
         self._warm = False
         self._last_logs: Any = None
+        self._synchronous = False
         self._rows_by_shape: dict[tuple[type, tuple[int, ...]], float] = {}
 
     # ------------------------------------------------------------------ keras hooks
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         strategy = model_strategy(self.model)
         self._processes = strategy.num_processes if strategy is not None else 1
+        # All-reduce strategies step together: the dashboard then names a straggler by its
+        # input wait, not by its step time (observe.reader.find_straggler).
+        self._synchronous = isinstance(strategy, Strategy) and strategy.num_replicas_in_sync > 1
         self._rows_by_shape.clear()
         if strategy is not None and strategy.num_replicas_in_sync > 1 and self.probe_repeats:
             self.collective_s = probe_all_reduce(strategy, _trainable_size(self.model),
@@ -195,6 +200,8 @@ class WorkerMetrics(keras.callbacks.Callback):
         if self.collective_s is not None:
             scalars["collective_s"] = self.collective_s
             scalars["collective_estimated"] = 1
+        if self._synchronous:
+            scalars["synchronous"] = 1
         self.writer.write(self._step, **scalars)
         window.reset(now)
 
