@@ -1,11 +1,12 @@
 """The package's shape: no import cycles, imports one way through the layers, a light start.
 
-ARCHITECTURE.md orders the layers core -> cluster -> runtime -> data -> strategies ->
-parameter_server -> keras -> launch, cli, train; a module imports only from its own layer and
-the ones before it. Function-local imports count: a cycle dodged by one is still a cycle.
+ARCHITECTURE.md (in the repository root) lists the layers, and this test reads them from it; a
+module imports only from its own layer and the ones before it. Function-local imports count: a
+cycle dodged by one is still a cycle.
 """
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,17 +16,20 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "stratax"
 
-# Layer of each part of stratax/_src (and of the public re-export modules, which sit on top).
-LAYERS = {
-    "seam": 0, "startup": 0, "core": 0, "datasets": 0,
-    "cluster": 1,
-    "runtime": 2,
-    "data": 3,
-    "strategies": 4,
-    "parameter_server": 5,
-    "keras": 6,
-    "observe": 7, "launch": 7, "train": 7, "cli": 8,
-}
+
+def _layers_from_architecture_md() -> dict[str, int]:
+    """The layer of each part of stratax/_src, read from ARCHITECTURE.md's numbered list (one
+    source for the document and this test): ``N. `part`, `part`: what they hold``."""
+    text = (ROOT / "ARCHITECTURE.md").read_text()
+    listing = text.split("<!-- layers:", 1)[1].split("\n\n", 1)[0]
+    layers = {}
+    for number, names in re.findall(r"^(\d+)\. ((?:`[a-z_]+`(?:, )?)+)", listing, re.M):
+        for name in re.findall(r"`([a-z_]+)`", names):
+            layers[name] = int(number)
+    return layers
+
+
+LAYERS = _layers_from_architecture_md()
 PUBLIC_LAYER = 9
 # Modules whose layer is not their package's: observe's pure writers import only the standard
 # library and core (see stratax/_src/observe/__init__.py), so any layer may report through them
@@ -79,6 +83,13 @@ def _layer(module: str) -> int:
     if parts[:2] != ["stratax", "_src"] or len(parts) < 3:
         return PUBLIC_LAYER
     return LAYERS[parts[2]]
+
+
+def test_architecture_md_names_every_part_of_the_package():
+    parts = {p.name for p in (PACKAGE / "_src").iterdir()
+             if (p.is_dir() and (p / "__init__.py").exists()) or p.suffix == ".py"}
+    parts = {p.removesuffix(".py") for p in parts} - {"__init__"}
+    assert parts == set(LAYERS), (sorted(parts - set(LAYERS)), sorted(set(LAYERS) - parts))
 
 
 def test_no_module_imports_one_that_imports_it_back():

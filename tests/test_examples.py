@@ -85,7 +85,7 @@ def test_mirrored_keras_guide(examples):
     out = run.output()
     (eval_acc,) = _floats(r"Eval loss: [0-9.]+, Eval accuracy: ([0-9.]+)", out)
     # 10 classes; 2 epochs on 2 replicas reach 0.850 with seed 0 (seeds 0-3: 0.850-0.883; the
-    # order of examples is stratax's (seed, epoch) shuffle, see README).
+    # order of examples is stratax's (seed, epoch) shuffle, see docs/fit.md).
     assert eval_acc >= 0.84
     # The saved model gives the same result without a strategy and under it.
     assert _floats(r"Unreplicated model: .* Eval Accuracy: ([0-9.]+)", out) == [eval_acc]

@@ -3,6 +3,7 @@ example program run as written (keras imported first) where TensorFlow is absent
 
 import importlib.util
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -172,3 +173,19 @@ def test_ci_runs_exactly_the_readme_test_command():
     assert "python -m ruff check ." in command and "python -m pytest" in command
     assert command.endswith("bash .ci/other_end_of_range.sh")  # the other end of the range
     assert f"```bash\n{command}\n```" in readme
+
+
+def test_readme_stays_a_short_user_page_whose_links_resolve():
+    """The README is for users: at most 12 KB, no dated measurements (they live in
+    docs/design/ and benchmarks/), and every relative link of it and of the docs resolves."""
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.encode()) <= 12 * 1024, len(readme.encode())
+    assert not re.search(r"\d\d:\d\d UTC", readme)
+    broken = []
+    for page in [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *(ROOT / "docs").rglob("*.md")]:
+        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
+            path = target.split("#")[0]
+            if path and not path.startswith(("http://", "https://")) \
+                    and not (page.parent / path).exists():
+                broken.append(f"{page.relative_to(ROOT)}: {target}")
+    assert not broken, broken

@@ -122,7 +122,7 @@ def _fit_kwargs(variant, x, y):
         return {"x": Batches(x, y), "shuffle": True}
     if variant == "generator":
         return {"x": _generator(x, y, passes=2), "steps_per_epoch": -(-len(x) // GLOBAL_BATCH)}
-    # Unshuffled: Keras alone draws its shuffled order elsewhere (README), and is the reference.
+    # Unshuffled: Keras alone draws its shuffled order elsewhere (docs/fit.md); it is the reference.
     arrays = {"x": x, "y": y, "batch_size": GLOBAL_BATCH, "shuffle": False}
     if variant == "steps_per_epoch":  # epochs of 4 of the 10 batches: the next picks up there
         return {**arrays, "steps_per_epoch": 4}
