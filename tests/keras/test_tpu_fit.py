@@ -134,18 +134,22 @@ def test_the_same_layout_map_under_mirrored_strategy():
 
 def test_a_layout_that_does_not_divide_names_the_rule_and_the_variable():
     """The docs' rule on a 2x4 split also matches the Dense(10) head: 10 does not split in 4."""
+
+    def build(hidden_name):
+        return keras.Sequential([keras.Input((16,)), keras.layers.Dense(64, name=hidden_name),
+                                 keras.layers.Dense(10, name="dense_head")], name="net")
+
     strategy = _tpu_strategy(cores_per_replica=4, layout_map=_kernels_split_map())
     with strategy.scope(), pytest.raises(
             ValueError, match=r"layout_map\['\.\*dense\.\*kernel'\] = \(None, 'core'\) splits "
-                              r"dimension 1 of variable 'sequential/dense_1/kernel' \(shape "
+                              r"dimension 1 of variable 'net/dense_head/kernel' \(shape "
                               r"\(64, 10\)\) into 4 parts .* 10 is not divisible by 4\. Narrow "
                               r"the rule"):
-        keras.Sequential([keras.Input((16,)), keras.layers.Dense(64), keras.layers.Dense(10)])
+        build("dense_hidden")
     layout_map = keras.distribution.LayoutMap(None)
     layout_map[".*hidden.*kernel"] = (None, "core")  # the fix: name the layers to split
     with _tpu_strategy(cores_per_replica=4, layout_map=layout_map).scope():
-        model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(64, name="hidden"),
-                                  keras.layers.Dense(10)])
+        model = build("hidden")
     assert [v.value.sharding.spec for v in model.trainable_variables][::2] == [
         P(None, "core"), P(None, None)]
 
