@@ -293,7 +293,41 @@ def sync_exact(strategy):
         "predict_err": float(np.abs(model.predict(x, batch_size=16, verbose=0)
                                     - reference.predict(x, batch_size=16, verbose=0)).max()),
         "iterations": int(model.optimizer.iterations.numpy()),
+        **_embedding_adam_errors(strategy),
     }
+
+
+def _embedding_adam_errors(strategy):
+    """An Embedding trained with Adam, its gradients row-sparse on the servers: by default with
+    Keras' rule (every row's moments decay each step), so equal to one process; the lazy rule
+    (only the looked-up rows change) is an opt-in that differs."""
+    import keras
+
+    rng = np.random.default_rng(12)
+    ids = rng.integers(0, 60, size=(96, 3)).astype(np.int32)
+    y = (ids.sum(axis=1, keepdims=True) % 2).astype(np.float32)
+
+    def build():
+        model = keras.Sequential([keras.Input((3,), dtype="int32"), keras.layers.Embedding(60, 4),
+                                  keras.layers.GlobalAveragePooling1D(),
+                                  keras.layers.Dense(1, activation="sigmoid")])
+        model.compile(optimizer=keras.optimizers.Adam(0.05), loss="binary_crossentropy")
+        return model
+
+    reference = build()
+    initial = reference.get_weights()
+    reference.fit(ids, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
+    errors = {}
+    for rule in ("default", "lazy"):
+        with strategy.scope():
+            model = build()
+        if rule == "lazy":
+            model.optimizer.stratax_sparse_updates = "lazy"
+        model.set_weights(initial)
+        model.fit(ids, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
+        errors[f"embedding_{rule}_err"] = max_abs_diff(model.get_weights(),
+                                                       reference.get_weights())
+    return errors
 
 
 def counts(strategy):

@@ -45,6 +45,7 @@ from stratax._src.core.reduce_op import ReduceOp
 from stratax._src.keras import forward_losses
 from stratax._src.keras.runner import steps_per_execution
 from stratax._src.parameter_server.coordinator import PerWorkerValues
+from stratax._src.parameter_server.optimizers import DEFAULT_SPARSE_UPDATES
 from stratax._src.parameter_server.program import optimizer_spec
 
 # A group waits behind at most one group per worker, each bounded by the strategy's step
@@ -127,7 +128,7 @@ def replica_function(model: Any, kind: str, strategy: Any) -> Callable[[Any], An
     metric_specs = [(tuple(v.shape), v.dtype) for v in model.metrics_variables]
     # Read now: Keras empties the optimizer's variables while its loop runs.
     optimizer = optimizer_spec(model.optimizer) if kind == "train" else None
-    sparse_updates = getattr(model.optimizer, "stratax_sparse_updates", "lazy")
+    sparse_updates = getattr(model.optimizer, "stratax_sparse_updates", DEFAULT_SPARSE_UPDATES)
     replicas = strategy.num_replicas_in_sync
 
     def zero_metrics() -> list[Any]:

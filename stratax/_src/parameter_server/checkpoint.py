@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from stratax._src.parameter_server import rpc, wire
-from stratax._src.parameter_server.optimizers import ShardOptimizer
+from stratax._src.parameter_server.optimizers import DEFAULT_SPARSE_UPDATES, ShardOptimizer
 from stratax._src.parameter_server.program import optimizer_spec
 from stratax._src.parameter_server.snapshots import HEADER, write_npz
 
@@ -220,7 +220,8 @@ def _keras_optimizer(optimizer: Any, variables: Sequence[Any]) -> tuple[str, Any
                              f"{var.path!r}; build it on these variables first.")
         return {k: v[0] for k, v in found.items()}
 
-    return json.dumps({"spec": spec, "sparse": "lazy"}, sort_keys=True), slots_of
+    sparse = getattr(optimizer, "stratax_sparse_updates", DEFAULT_SPARSE_UPDATES)
+    return json.dumps({"spec": spec, "sparse": sparse}, sort_keys=True), slots_of
 
 
 def _call(method: str, meta: dict[str, Any], tensors: Sequence[np.ndarray] = ()) -> Any:

@@ -7,10 +7,11 @@ The coordinator sends the optimizer as data (``{"class_name": "Adam", "config": 
 Row-sparse gradients (an embedding's touched rows): SGD is exact either way. For Adam and
 momentum two semantics exist, chosen by ``sparse_updates``:
 
-- ``"lazy"`` (default, like ``torch.optim.SparseAdam`` / TF Addons ``LazyAdam``): only the touched
-  rows' slots and values change; cost proportional to the rows touched.
-- ``"dense"``: the gradient is scattered into zeros and the whole shard gets a dense update,
-  exactly what Keras does with a dense gradient (every row's moments decay each step).
+- ``"dense"`` (default): the gradient is scattered into zeros and the whole shard gets a dense
+  update, exactly what Keras (and TensorFlow) do on one device: every row's moments decay each
+  step.
+- ``"lazy"`` (opt-in, like ``torch.optim.SparseAdam`` / TF Addons ``LazyAdam``): only the touched
+  rows' slots and values change; cost proportional to the rows touched, a different rule.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from typing import Any
 
 import numpy as np
 
-SPARSE_MODES = ("lazy", "dense")
+SPARSE_MODES = ("dense", "lazy")
+DEFAULT_SPARSE_UPDATES = "dense"  # Keras' rule; "lazy" changes the math, so it is an opt-in
 # Keras optimizer options the parameter server does not apply; set, they are an error rather
 # than silently ignored.
 _UNSUPPORTED = ("weight_decay", "clipnorm", "global_clipnorm", "clipvalue", "use_ema",
@@ -43,7 +45,8 @@ def _number(config: Mapping[str, Any], key: str, default: float) -> float:
 class ShardOptimizer:
     """Holds one shard's optimizer slots and applies dense or row-sparse updates to it in place."""
 
-    def __init__(self, spec: Mapping[str, Any], value: np.ndarray, sparse_updates: str = "lazy"):
+    def __init__(self, spec: Mapping[str, Any], value: np.ndarray,
+                 sparse_updates: str = DEFAULT_SPARSE_UPDATES):
         if not isinstance(spec, Mapping) or "class_name" not in spec:
             raise TypeError("Optimizer spec must be {'class_name': ..., 'config': ...}, "
                             f"got {spec!r}.")

@@ -35,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import export as jax_export
 
+from stratax._src.parameter_server.optimizers import DEFAULT_SPARSE_UPDATES, SPARSE_MODES
 from stratax._src.parameter_server.variables import PSVariable
 
 
@@ -115,15 +116,16 @@ def read_rows(table: PSVariable, ids: Any) -> tuple[Any, Any]:
     return jnp.zeros((bucket, *table.shape[1:]), table.dtype), jnp.zeros(ids.shape, jnp.int32)
 
 
-def apply_gradients(grads_and_vars: Any, optimizer: Any, sparse_updates: str = "lazy") -> None:
+def apply_gradients(grads_and_vars: Any, optimizer: Any,
+                    sparse_updates: str = DEFAULT_SPARSE_UPDATES) -> None:
     """Records gradients to push; the parameter servers apply ``optimizer`` to them.
 
-    ``sparse_updates`` ("lazy" or "dense") chooses how Adam/momentum treat row-sparse gradients
-    (see ``optimizers``); SGD is exact either way.
+    ``sparse_updates`` ("dense", Keras' rule, or the opt-in "lazy") chooses how Adam/momentum
+    treat row-sparse gradients (see ``optimizers``); SGD is exact either way.
     """
     recorder = _recorder("apply_gradients")
-    if sparse_updates not in ("lazy", "dense"):
-        raise ValueError(f"sparse_updates must be 'lazy' or 'dense', got {sparse_updates!r}.")
+    if sparse_updates not in SPARSE_MODES:
+        raise ValueError(f"sparse_updates must be one of {SPARSE_MODES}, got {sparse_updates!r}.")
     spec = {**optimizer_spec(optimizer), "sparse_updates": sparse_updates}
     for grad, var in list(grads_and_vars):
         if not isinstance(var, PSVariable):

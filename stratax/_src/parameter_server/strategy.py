@@ -25,6 +25,7 @@ from stratax._src.cluster.resolver import ClusterResolver
 from stratax._src.core.context import strategy_scope
 from stratax._src.parameter_server import checkpoint, compute_threads, functions, program
 from stratax._src.parameter_server import coordinator as coord
+from stratax._src.parameter_server.optimizers import DEFAULT_SPARSE_UPDATES
 from stratax._src.parameter_server.partitioners import shard_offsets, shard_sizes
 from stratax._src.parameter_server.ps_client import PSClients
 from stratax._src.parameter_server.rpc import RpcClient
@@ -199,10 +200,11 @@ class ParameterServerStrategy:
         return program.read_rows(self._on_ps(table), ids)
 
     def apply_gradients(self, grads_and_vars: Any, optimizer: Any,
-                        sparse_updates: str = "lazy") -> None:
+                        sparse_updates: str = DEFAULT_SPARSE_UPDATES) -> None:
         """Inside ``run``: the parameter servers apply ``optimizer`` (a Keras SGD/Adam or its
-        config) to these gradients. ``sparse_updates``: "lazy" (only touched rows' slots
-        change, the default) or "dense" (Keras' dense semantics) for row-sparse gradients."""
+        config) to these gradients. ``sparse_updates``: "dense" (Keras' rule, the default) or
+        "lazy" (only the touched rows' slots change: faster, another rule) for row-sparse
+        gradients."""
         pairs = [(g, self._on_ps(v)) for g, v in grads_and_vars]
         program.apply_gradients(pairs, optimizer, sparse_updates)
 
@@ -351,7 +353,7 @@ class ParameterServerStrategy:
                     if (p.key, text) not in self._optimizers_set:
                         by_ps[p.ps].append(p.key)
                         self._optimizers_set.add((p.key, text))
-            sparse = spec.get("sparse_updates", "lazy")
+            sparse = spec.get("sparse_updates", DEFAULT_SPARSE_UPDATES)
             clean = {k: v for k, v in spec.items() if k != "sparse_updates"}
             for ps, names in by_ps.items():
                 self._ps.clients[ps].call("set_optimizer", {"names": names, "spec": clean,
