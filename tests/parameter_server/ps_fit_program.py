@@ -293,8 +293,33 @@ def sync_exact(strategy):
         "predict_err": float(np.abs(model.predict(x, batch_size=16, verbose=0)
                                     - reference.predict(x, batch_size=16, verbose=0)).max()),
         "iterations": int(model.optimizer.iterations.numpy()),
+        # Adam's moments come back from the servers (the file of model.save holds them).
+        "optimizer_err": max_abs_diff([v.numpy() for v in model.optimizer.variables],
+                                      [v.numpy() for v in reference.optimizer.variables]),
+        "resumed_err": _resumed_from_a_saved_model(strategy, build, x, y),
         **_embedding_adam_errors(strategy),
     }
+
+
+def _resumed_from_a_saved_model(strategy, build, x, y):
+    """One epoch, model.save, keras.models.load_model under the strategy, one more epoch:
+    the weights of two uninterrupted epochs (the loaded Adam state goes to the servers)."""
+    import keras
+
+    reference = build()
+    initial = reference.get_weights()
+    reference.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
+    with strategy.scope():
+        first = build()
+    first.set_weights(initial)
+    first.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)
+    with tempfile.TemporaryDirectory() as tmp:
+        first.save(f"{tmp}/resume.keras")
+        with strategy.scope():
+            resumed = keras.models.load_model(f"{tmp}/resume.keras")
+    resumed.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)
+    assert int(resumed.optimizer.iterations.numpy()) == 12, resumed.optimizer.iterations
+    return max_abs_diff(resumed.get_weights(), reference.get_weights())
 
 
 def _embedding_adam_errors(strategy):

@@ -111,6 +111,11 @@ def test_sync_mode_fit_equals_one_process_on_the_global_batches(cluster):  # noq
     assert sync["weights_err"] < 1e-5 and sync["history_err"] < 1e-5, sync
     assert sync["evaluate_err"] < 1e-5 and sync["predict_err"] < 1e-5, sync
     assert sync["iterations"] == 12                          # 6 global batches x 2 epochs
+    # The optimizer state on the chief (what model.save writes) is the servers', and a model
+    # saved after one epoch and loaded under the strategy trains on to the uninterrupted run.
+    assert sync["optimizer_err"] < 1e-5 and sync["resumed_err"] < 1e-5, sync
     # Embedding + Adam: Keras' rule by default (issue: lazy was the default, 4.3e-3 off).
-    assert sync["embedding_default_err"] < 1e-5, sync
-    assert sync["embedding_lazy_err"] > 1e-4, sync  # the opt-in rule is another rule
+    # (Adam divides by sqrt(v): where a row's gradients are tiny, the rounding of averaging
+    # two halves instead of one batch shows more than elsewhere, as in Mirrored training.)
+    assert sync["embedding_default_err"] < 1e-4, sync
+    assert sync["embedding_lazy_err"] > 1e-2, sync  # the opt-in rule is another rule

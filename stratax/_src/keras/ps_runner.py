@@ -126,8 +126,14 @@ class ParameterServerRunner(KerasRunner):
             )
         if kind != "predict":
             check_additive_metrics(model)
+        fresh = [v for v in model.trainable_variables if not self.strategy.is_placed(v)]
         self.strategy.place_variables([*model.trainable_variables,
                                        *model.non_trainable_variables])
+        optimizer = getattr(model, "optimizer", None)
+        if kind == "train" and fresh and optimizer is not None and optimizer.built \
+                and int(optimizer.iterations.numpy()) > 0:
+            # A model whose optimizer state was loaded (load_model, a backup) trains on from it.
+            self.strategy.push_optimizer_state(optimizer, fresh)
         pipeline = GroupPipeline(model, kind, self.strategy.cluster_coordinator(),
                                  depth=self._num_workers(),
                                  planned_steps=lambda: self._planned_steps(kind))
@@ -156,6 +162,7 @@ class ParameterServerRunner(KerasRunner):
         self.strategy.refresh_keras_variables()
         if (id(model), "train") in self._pipelines:
             _set_iterations(self.strategy, model)
+            self.strategy.pull_optimizer_state(model.optimizer, model.trainable_variables)
 
     # ------------------------------------------------------------------ internals
     def _convert(self, method: str, arguments: dict[str, Any], call: _Call) -> dict[str, Any]:
@@ -257,6 +264,8 @@ class ParameterServerRunner(KerasRunner):
         for (_, kind), pipeline in self._pipelines.items():
             if kind == "train":
                 _set_iterations(self.strategy, pipeline.model)
+                self.strategy.pull_optimizer_state(pipeline.model.optimizer,
+                                                   pipeline.model.trainable_variables)
 
 
 def _set_iterations(strategy: Any, model: Any) -> None:

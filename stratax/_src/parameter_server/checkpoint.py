@@ -89,8 +89,10 @@ def import_shards(server: Any, frame: wire.Frame) -> bytes:
 
 
 # ----- on the coordinator -----------------------------------------------------------------
-def save(strategy: Any, path: str | os.PathLike, variables: Sequence[Any]) -> None:
-    """Writes ``variables`` (``PSVariable``s) with their optimizer state to ``path``."""
+def _export(strategy: Any, variables: Sequence[Any]
+            ) -> dict[str, tuple[dict[str, Any], list[np.ndarray]]]:
+    """Every shard of ``variables`` (``PSVariable``s): its state (optimizer key, slot names,
+    iterations) and its tensors (value, then the slots), one ``export`` call per ps."""
     by_ps: dict[int, list[str]] = defaultdict(list)
     for var in variables:
         for p in var.placements:
@@ -104,6 +106,54 @@ def save(strategy: Any, path: str | os.PathLike, variables: Sequence[Any]) -> No
             count = 1 + len(state["slots"])
             shards[name] = (state, reply.tensors[position:position + count])
             position += count
+    return shards
+
+
+def pull_keras_optimizer(strategy: Any, optimizer: Any,
+                         pairs: Sequence[tuple[Any, Any]]) -> None:
+    """Copies the parameter servers' optimizer slots of ``pairs`` (a Keras variable and its
+    ``PSVariable``) into the slot variables of ``optimizer`` (a built Keras ``SGD``/``Adam``), so
+    that ``model.save`` and ``get_weights`` of the optimizer hold the trained state. Shards
+    without an optimizer (never trained) leave the Keras slots as they are."""
+    _, slots_of = _keras_optimizer(optimizer, [keras_var for keras_var, _ in pairs])
+    shards = _export(strategy, [ps_var for _, ps_var in pairs])
+    for keras_var, ps_var in pairs:
+        parts = [shards[p.key] for p in ps_var.placements]
+        if parts[0][0]["optimizer"] is None:
+            continue
+        keras_slots = slots_of(keras_var)
+        for j, slot in enumerate(parts[0][0]["slots"]):
+            if slot in keras_slots:
+                keras_slots[slot].assign(_join([tensors[1 + j] for _, tensors in parts],
+                                               ps_var.shape))
+
+
+def push_keras_optimizer(strategy: Any, optimizer: Any,
+                         pairs: Sequence[tuple[Any, Any]]) -> None:
+    """Gives the parameter servers ``optimizer``'s state for ``pairs`` (a Keras variable and its
+    ``PSVariable``): values, slots and iterations, resharded to the placement. A model whose
+    optimizer was loaded (``keras.models.load_model``, a backup) trains on from that state."""
+    key, slots_of = _keras_optimizer(optimizer, [keras_var for keras_var, _ in pairs])
+    iterations = int(np.asarray(optimizer.iterations.numpy()))
+    calls: dict[int, tuple[list[str], list[dict[str, Any]], list[np.ndarray]]] = defaultdict(
+        lambda: ([], [], []))
+    for keras_var, ps_var in pairs:
+        value = np.asarray(keras_var.numpy())
+        slots = {name: np.asarray(slot.numpy())
+                 for name, slot in sorted(slots_of(keras_var).items())}
+        for p in ps_var.placements:
+            rows = slice(p.start, p.start + p.rows) if ps_var.shape else slice(None)
+            names, states, tensors = calls[p.ps]
+            names.append(p.key)
+            states.append({"optimizer": key, "slots": list(slots), "iterations": iterations})
+            tensors += [value[rows], *(slot[rows] for slot in slots.values())]
+    strategy._ps.each({ps: _call("import", {"names": names, "shards": states}, tensors)
+                       for ps, (names, states, tensors) in calls.items()})
+
+
+def save(strategy: Any, path: str | os.PathLike, variables: Sequence[Any]) -> None:
+    """Writes ``variables`` (``PSVariable``s) with their optimizer state to ``path``."""
+    shards = _export(strategy, variables)
     entries, arrays = [], {}
     for i, var in enumerate(variables):
         parts = [shards[p.key] for p in var.placements]

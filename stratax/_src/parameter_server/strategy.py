@@ -220,6 +220,27 @@ class ParameterServerStrategy:
         for keras_var, ps_var in self._keras.values():
             keras_var.assign(ps_var.numpy())
 
+    def pull_optimizer_state(self, optimizer: Any, variables: Sequence[Any]) -> None:
+        """Copies the servers' optimizer slots of the placed Keras ``variables`` into the Keras
+        ``optimizer``'s (see ``checkpoint.pull_keras_optimizer``): saves hold the trained state."""
+        pairs = self._placed_pairs(variables)
+        if pairs and optimizer is not None and optimizer.built:
+            checkpoint.pull_keras_optimizer(self, optimizer, pairs)
+
+    def push_optimizer_state(self, optimizer: Any, variables: Sequence[Any]) -> None:
+        """Gives the servers the Keras ``optimizer``'s state (slots, iterations) and the values
+        of the placed Keras ``variables``: a loaded model trains on from its saved state."""
+        pairs = self._placed_pairs(variables)
+        if pairs and optimizer is not None and optimizer.built:
+            checkpoint.push_keras_optimizer(self, optimizer, pairs)
+
+    def is_placed(self, variable: Any) -> bool:
+        """Whether the Keras ``variable`` has its parameter-server variable already."""
+        return id(variable) in self._keras
+
+    def _placed_pairs(self, variables: Sequence[Any]) -> list[tuple[Any, PSVariable]]:
+        return [self._keras[id(v)] for v in variables if id(v) in self._keras]
+
     def place_variables(self, variables: Any) -> Any:
         """Places the Keras variables of a pytree on the parameter servers now (they are
         otherwise placed when a step first uses them) and returns their ``PSVariable`` objects."""
