@@ -7,6 +7,8 @@ written), what for, and which stratax module relies on it:
   and ``Trainer.compile`` (replaced): a model bound to a strategy runs its calls through the
   strategy's Keras runner. -> ``keras.methods``
 - ``keras.Model.{save, save_weights}`` (replaced): atomic, chief-only saves. -> ``keras.saving``
+- ``keras.Model.load_weights`` (replaced): the optimizer is built first, so its saved state
+  loads (as TensorFlow restores slots). -> ``keras.saving``
 - ``keras.Model.reset_metrics`` (replaced): resets of mirrored metrics placed without a
   cross-process check. -> ``keras.metric_reset``
 - ``Trainer._get_metrics_result_or_logs`` (replaced): an epoch's logs taken from the last
@@ -142,6 +144,7 @@ def install_keras_hooks(
     *,
     model_method: Callable[[str, Callable[..., Any]], Callable[..., Any]],
     save_method: Callable[[Callable[..., Any]], Callable[..., Any]],
+    load_weights_method: Callable[[Callable[..., Any]], Callable[..., Any]],
     reset_metrics_method: Callable[[Callable[..., Any]], Callable[..., Any]],
     metrics_result_or_logs_method: Callable[[Callable[..., Any]], Callable[..., Any]],
     make_step: Callable[[Any, Callable[..., Any], Callable[..., Any]], Callable[..., Any]],
@@ -152,6 +155,7 @@ def install_keras_hooks(
     Args:
         model_method: ``(name, original) -> replacement`` for the public ``Model`` methods.
         save_method: ``original -> replacement`` for ``save`` and ``save_weights``.
+        load_weights_method: ``original -> replacement`` for ``load_weights``.
         reset_metrics_method: ``original -> replacement`` for ``reset_metrics``.
         metrics_result_or_logs_method: ``original -> replacement`` for
             ``_get_metrics_result_or_logs`` (an epoch's or an evaluation's final logs).
@@ -175,6 +179,7 @@ def install_keras_hooks(
         setattr(owner, name, model_method(name, getattr(owner, name)))
     for name in ("save", "save_weights"):
         setattr(keras.Model, name, save_method(getattr(keras.Model, name)))
+    keras.Model.load_weights = load_weights_method(keras.Model.load_weights)
     keras.Model.reset_metrics = reset_metrics_method(keras.Model.reset_metrics)
     base_trainer.Trainer._get_metrics_result_or_logs = metrics_result_or_logs_method(
         base_trainer.Trainer._get_metrics_result_or_logs)

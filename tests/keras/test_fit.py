@@ -139,6 +139,29 @@ def test_callbacks_checkpoint_early_stopping_backup(tmp_path):
     _assert_same_weights(model, restored, tol=0)
 
 
+def test_load_weights_then_fit_resumes_the_optimizer_state(tmp_path):
+    """TensorFlow restores an optimizer's slots from a checkpoint; Keras alone skips them when
+    load_weights comes before the first fit (a warning, then Adam restarts). Under a strategy
+    the optimizer state in the file is loaded, and training goes on as if never stopped."""
+    import warnings
+
+    x, y = _data(64)
+    strategy = sx.MirroredStrategy(REPLICAS)
+    model = _compiled(strategy)
+    model.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)
+    model.save_weights(str(tmp_path / "w.weights.h5"))
+    loaded = _compiled(strategy)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # "Skipping variable loading for optimizer ..."
+        loaded.load_weights(str(tmp_path / "w.weights.h5"))
+    assert int(loaded.optimizer.iterations.numpy()) == int(model.optimizer.iterations.numpy()) == 4
+    for a, b in zip(model.optimizer.variables, loaded.optimizer.variables, strict=True):
+        np.testing.assert_array_equal(np.asarray(a.numpy()), np.asarray(b.numpy()))
+    model.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)
+    loaded.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)
+    _assert_same_weights(model, loaded, tol=1e-6)
+
+
 def test_backup_and_restore_resumes_an_interrupted_fit(tmp_path):
     x, y = _data(64)
     strategy = sx.MirroredStrategy(REPLICAS)
