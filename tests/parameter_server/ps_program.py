@@ -154,12 +154,31 @@ def fail(strategy, coordinator):
     return {"raised": None}
 
 
+def scalar(strategy, coordinator):
+    """Scalar variables take gradient pushes (SGD and Adam), as in TensorFlow's tests."""
+    sgd = strategy.create_variable(np.float32(2.0), name="scalar_sgd")
+    adam = strategy.create_variable(np.float32(2.0), name="scalar_adam")
+
+    def replica_fn():
+        strategy.apply_gradients([(np.float32(0.5), sgd)],
+                                 {"class_name": "SGD", "config": {"learning_rate": 0.1}})
+        strategy.apply_gradients([(np.float32(0.5), adam)],
+                                 {"class_name": "Adam", "config": {"learning_rate": 0.1}})
+        return strategy.read(sgd)
+
+    for _ in range(3):
+        coordinator.schedule(lambda: strategy.run(replica_fn))
+        coordinator.join()
+    return {"sgd": float(sgd.numpy()), "adam": float(adam.numpy()),
+            "shape": list(sgd.shape), "iterations": strategy.optimizer_iterations(adam)}
+
+
 def main():
     strategy = sx.ParameterServerStrategy(
         variable_partitioner=sx.partitioners.FixedShardsPartitioner(3), timeout_seconds=30)
     coordinator = sx.coordinator.ClusterCoordinator(strategy)
     result = {name: fn(strategy, coordinator) for name, fn in
-              [("sparse", sparse), ("converge", converge), ("fail", fail)]}
+              [("sparse", sparse), ("converge", converge), ("scalar", scalar), ("fail", fail)]}
     print("RESULT " + json.dumps(result), flush=True)
 
 

@@ -15,11 +15,13 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("shape", [(5, 3), ()], ids=["matrix", "scalar"])
 @pytest.mark.parametrize("optimizer", CASES, ids=lambda o: str(o.get_config()))
-def test_dense_updates_equal_keras(optimizer):
+def test_dense_updates_equal_keras(optimizer, shape):
+    optimizer = optimizer.from_config(optimizer.get_config())  # fresh slots for each shape
     rng = np.random.default_rng(0)
-    start = rng.normal(size=(5, 3)).astype(np.float32)
-    grads = [rng.normal(size=(5, 3)).astype(np.float32) for _ in range(4)]
+    start = np.asarray(rng.normal(size=shape), np.float32)
+    grads = [np.asarray(rng.normal(size=shape), np.float32) for _ in range(4)]
     var = keras.Variable(start)
     ours = start.copy()
     shard = ShardOptimizer(optimizer_spec(optimizer), ours)

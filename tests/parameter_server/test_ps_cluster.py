@@ -34,6 +34,10 @@ def test_custom_loop_sparse_exact_and_errors(cluster):  # noqa: F811 - fixture
     assert stats["worker 0"]["steps"] + stats["worker 1"]["steps"] == 12 + 200  # sparse + converge
     assert stats["worker 0"]["steps"] > 0 and stats["worker 1"]["steps"] > 0
 
+    scalar = result["scalar"]  # 3 steps of gradient 0.5: SGD 2 - 3 * 0.05; Adam ~ 2 - 3 * 0.1
+    assert scalar["shape"] == [] and scalar["iterations"] == [3]
+    assert abs(scalar["sgd"] - 1.85) < 1e-6 and abs(scalar["adam"] - 1.7) < 1e-4, scalar
+
     raised = result["fail"]["raised"]
     assert raised, result["fail"]
     worker = re.search(r"worker (\d) at 127\.0\.0\.1:\d+", raised)

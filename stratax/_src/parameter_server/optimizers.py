@@ -106,7 +106,7 @@ class ShardOptimizer:
         self.iterations += 1
 
     def _sgd(self, value: np.ndarray, grad: np.ndarray, rows: np.ndarray | None) -> None:
-        index = slice(None) if rows is None else rows
+        index = ... if rows is None else rows  # ``...`` indexes a scalar too
         if not self.slots:
             value[index] -= self.lr * grad
             return
@@ -128,7 +128,7 @@ class ShardOptimizer:
             m += (1 - self.beta_1) * grad
             v *= self.beta_2
             v += (1 - self.beta_2) * np.square(grad)
-            step = np.sqrt(v)
+            step = np.sqrt(v, out=np.empty_like(v))  # an array for a scalar variable too
             step += self.epsilon
             np.divide(m, step, out=step)
             step *= lr
