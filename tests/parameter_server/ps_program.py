@@ -167,10 +167,22 @@ def scalar(strategy, coordinator):
         return strategy.read(sgd)
 
     for _ in range(3):
-        coordinator.schedule(lambda: strategy.run(replica_fn))
+        remote = coordinator.schedule(lambda: strategy.run(replica_fn))
         coordinator.join()
+    try:
+        coordinator.schedule(lambda value: value, args=([remote],))
+        refused = ""
+    except ValueError as err:  # as in TensorFlow: fetch() first
+        refused = str(err)
+    # A shard of a ShardedVariable assigned through ``variables[i]`` (its rows only), and
+    # ``assign`` returning the variable, as in TensorFlow.
+    table = strategy.create_variable(np.zeros((10, 2), np.float32), name="assigned")
+    returned = table.assign(np.full((10, 2), 3.0, np.float32)) is table
+    table.variables[1].assign(np.ones(table.variables[1].shape, np.float32))
     return {"sgd": float(sgd.numpy()), "adam": float(adam.numpy()),
-            "shape": list(sgd.shape), "iterations": strategy.optimizer_iterations(adam)}
+            "shape": list(sgd.shape), "iterations": strategy.optimizer_iterations(adam),
+            "assign_returns_variable": returned, "table": table.numpy()[:, 0].tolist(),
+            "shard_rows": [v.shape[0] for v in table.variables], "refused": refused}
 
 
 def main():

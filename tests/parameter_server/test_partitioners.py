@@ -1,5 +1,7 @@
 """Partitioners: TensorFlow's test cases (sharded_variable_test.PartitionerTest) and layout."""
 
+import types
+
 import numpy as np
 import pytest
 
@@ -52,3 +54,24 @@ def test_contiguous_blocks_as_tensorflow():
     assert shard_sizes(10, 2) == [5, 5]
     with pytest.raises(ValueError, match="Cannot split"):
         shard_sizes(3, 4)
+
+
+@pytest.mark.parametrize("result", [[2, 2, 1], [2], (2, 1, 1, 1), [0, 1, 1], 2, [2.0, 1, 1],
+                                    ["2", 1, 1], [True, 1, 1], None])
+def test_a_bad_partitioner_result_is_a_value_error_naming_it(result):
+    """TensorFlow's check: one positive int per axis, 1 past axis 0 (else ValueError)."""
+    from stratax._src.parameter_server.strategy import ParameterServerStrategy
+
+    holder = types.SimpleNamespace(_partitioner=lambda shape, dtype: result)
+    with pytest.raises(ValueError, match=r"variable_partitioner must return a list of 3 ints.*"
+                                         r"'table' of shape \(10, 4, 2\)"):
+        ParameterServerStrategy._partition_count(holder, "table", np.zeros((10, 4, 2)))
+
+
+def test_more_shards_than_rows_are_capped_at_the_rows():
+    from stratax._src.parameter_server.strategy import ParameterServerStrategy
+
+    holder = types.SimpleNamespace(_partitioner=lambda shape, dtype: [8, 1])
+    assert ParameterServerStrategy._partition_count(holder, "w", np.zeros((3, 2))) == 3
+    holder = types.SimpleNamespace(_partitioner=FixedShardsPartitioner(2))
+    assert ParameterServerStrategy._partition_count(holder, "w", np.zeros((5, 2))) == 2

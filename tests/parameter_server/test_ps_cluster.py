@@ -37,6 +37,9 @@ def test_custom_loop_sparse_exact_and_errors(cluster):  # noqa: F811 - fixture
     scalar = result["scalar"]  # 3 steps of gradient 0.5: SGD 2 - 3 * 0.05; Adam ~ 2 - 3 * 0.1
     assert scalar["shape"] == [] and scalar["iterations"] == [3]
     assert abs(scalar["sgd"] - 1.85) < 1e-6 and abs(scalar["adam"] - 1.7) < 1e-4, scalar
+    assert scalar["assign_returns_variable"] and scalar["shard_rows"] == [4, 3, 3]
+    assert scalar["table"] == [3.0] * 4 + [1.0] * 3 + [3.0] * 3  # only shard 1's rows changed
+    assert "schedule() got a RemoteValue" in scalar["refused"], scalar
 
     raised = result["fail"]["raised"]
     assert raised, result["fail"]

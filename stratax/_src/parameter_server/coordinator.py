@@ -302,7 +302,12 @@ class ClusterCoordinator:
 
         Raises:
           StrataxError: A previous closure failed and ``join()`` has not reported it yet.
+          ValueError: ``args`` or ``kwargs`` hold a ``RemoteValue`` (as in TensorFlow).
         """
+        if _holds_remote_value((args, kwargs)):
+            raise ValueError(
+                "schedule() got a RemoteValue among its arguments; a scheduled function takes "
+                "values, per-worker iterators or variables. Pass remote_value.fetch() instead.")
         with self._cond:
             if self._error is not None:
                 raise self._error
@@ -557,3 +562,14 @@ class ClusterCoordinator:
         with self._cond:
             closure.parts[worker.index] = outputs
             closure.resolve(sync)
+
+
+def _holds_remote_value(tree: Any) -> bool:
+    """Whether a structure of lists, tuples and dicts holds a ``RemoteValue``."""
+    if isinstance(tree, RemoteValue):
+        return True
+    if isinstance(tree, (list, tuple)):
+        return any(_holds_remote_value(item) for item in tree)
+    if isinstance(tree, dict):
+        return any(_holds_remote_value(item) for item in tree.values())
+    return False

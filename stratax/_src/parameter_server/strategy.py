@@ -282,8 +282,7 @@ class ParameterServerStrategy:
         name = self._unique_name(name or "Variable")
         shards = [value.shape[0]] if value.ndim else [1]
         if self._partitioner is not None and value.ndim >= 1 and value.shape[0] > 1:
-            count = int(self._partitioner(value.shape, value.dtype)[0])
-            shards = shard_sizes(value.shape[0], count)
+            shards = shard_sizes(value.shape[0], self._partition_count(name, value))
         placements = []
         for i, (start, rows) in enumerate(zip(shard_offsets(shards), shards, strict=False)):
             ps = min(range(len(self._load)), key=lambda p: (self._load[p], p))
@@ -296,6 +295,25 @@ class ParameterServerStrategy:
         self._write("create", placements, value)
         self._variables.append(var)
         return var
+
+    def _partition_count(self, name: str, value: np.ndarray) -> int:
+        """Shards along axis 0 that the partitioner asks for ``value``, checked as TensorFlow
+        checks it; more shards than rows are capped at the rows (as TensorFlow does).
+
+        Raises:
+            ValueError: the result is not one positive int per dimension with 1 past axis 0.
+        """
+        result = self._partitioner(value.shape, value.dtype)
+        parts = list(result) if isinstance(result, (list, tuple, np.ndarray)) else None
+        if (parts is None or len(parts) != value.ndim
+                or not all(isinstance(p, (int, np.integer)) and not isinstance(p, bool)
+                           for p in parts)
+                or parts[0] < 1 or any(p != 1 for p in parts[1:])):
+            raise ValueError(
+                f"variable_partitioner must return a list of {value.ndim} ints, the number of "
+                f"shards along axis 0 (>= 1) and 1 for every other axis; for {name!r} of shape "
+                f"{value.shape} it returned {result!r}. Partition along the first axis only.")
+        return min(int(parts[0]), value.shape[0])
 
     def describe_variables(self) -> str:
         """A table: each variable's shards, the ps holding them (with address) and bytes."""
@@ -357,9 +375,11 @@ class ParameterServerStrategy:
         """Sends each shard of ``value`` to its ps (``create`` or ``assign``), one call per ps."""
         names: dict[int, list[str]] = defaultdict(list)
         parts: dict[int, list[np.ndarray]] = defaultdict(list)
+        base = placements[0].start  # ``value`` starts at the first placement's row (a shard's)
         for p in placements:
             names[p.ps].append(p.key)
-            parts[p.ps].append(value[p.start:p.start + p.rows] if value.ndim else value)
+            rows = slice(p.start - base, p.start - base + p.rows)
+            parts[p.ps].append(value[rows] if value.ndim else value)
 
         def call(ps: int) -> Callable[[RpcClient], Any]:
             return lambda c: c.call(method, {"names": names[ps]}, parts[ps], stream=True)

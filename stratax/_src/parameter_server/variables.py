@@ -57,13 +57,15 @@ class PSVariable:
         """Same as ``numpy()`` (TensorFlow's name)."""
         return self.numpy()
 
-    def assign(self, value: Any) -> None:
-        """Overwrites the value on the parameter server(s)."""
+    def assign(self, value: Any) -> PSVariable:
+        """Overwrites the value on the parameter server(s); returns the variable (as
+        TensorFlow's ``assign`` does)."""
         value = np.asarray(value, dtype=self.dtype)
         if value.shape != self.shape:
             raise ValueError(f"Cannot assign a value of shape {value.shape} to {self.name!r} "
                              f"of shape {self.shape}.")
         self._assign(self, value)
+        return self
 
     def describe(self) -> dict[str, Any]:
         """JSON-ready description (sent to workers inside programs)."""
