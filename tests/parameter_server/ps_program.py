@@ -159,7 +159,14 @@ def scalar(strategy, coordinator):
     sgd = strategy.create_variable(np.float32(2.0), name="scalar_sgd")
     adam = strategy.create_variable(np.float32(2.0), name="scalar_adam")
 
+    seen = {}
+
     def replica_fn():
+        # TensorFlow's replica context inside run (traced on the chief: Python values).
+        ctx = sx.get_replica_context()
+        seen.update(id=ctx.replica_id_in_sync_group, replicas=ctx.num_replicas_in_sync,
+                    cross=sx.in_cross_replica_context(),
+                    summed=float(ctx.all_reduce(sx.ReduceOp.SUM, np.float32(2.0))))
         strategy.apply_gradients([(np.float32(0.5), sgd)],
                                  {"class_name": "SGD", "config": {"learning_rate": 0.1}})
         strategy.apply_gradients([(np.float32(0.5), adam)],
@@ -182,7 +189,8 @@ def scalar(strategy, coordinator):
     return {"sgd": float(sgd.numpy()), "adam": float(adam.numpy()),
             "shape": list(sgd.shape), "iterations": strategy.optimizer_iterations(adam),
             "assign_returns_variable": returned, "table": table.numpy()[:, 0].tolist(),
-            "shard_rows": [v.shape[0] for v in table.variables], "refused": refused}
+            "shard_rows": [v.shape[0] for v in table.variables], "refused": refused,
+            "replica_context": seen}
 
 
 def main():

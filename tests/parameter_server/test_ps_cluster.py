@@ -40,6 +40,8 @@ def test_custom_loop_sparse_exact_and_errors(cluster):  # noqa: F811 - fixture
     assert scalar["assign_returns_variable"] and scalar["shard_rows"] == [4, 3, 3]
     assert scalar["table"] == [3.0] * 4 + [1.0] * 3 + [3.0] * 3  # only shard 1's rows changed
     assert "schedule() got a RemoteValue" in scalar["refused"], scalar
+    # Inside run: a replica context (one replica in asynchronous mode), as in TensorFlow.
+    assert scalar["replica_context"] == {"id": 0, "replicas": 1, "cross": False, "summed": 2.0}
 
     raised = result["fail"]["raised"]
     assert raised, result["fail"]

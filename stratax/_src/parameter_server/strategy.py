@@ -22,7 +22,7 @@ import numpy as np
 
 from stratax._src.cluster.cluster_spec import ClusterSpec
 from stratax._src.cluster.resolver import ClusterResolver
-from stratax._src.core.context import strategy_scope
+from stratax._src.core.context import replica_context_scope, strategy_scope
 from stratax._src.parameter_server import checkpoint, compute_threads, functions, program
 from stratax._src.parameter_server import coordinator as coord
 from stratax._src.parameter_server.optimizers import DEFAULT_SPARSE_UPDATES
@@ -36,6 +36,7 @@ from stratax._src.parameter_server.variables import (
     ShardedVariable,
     describe_table,
 )
+from stratax._src.strategies.replica_context import ReplicaContext
 
 logger = logging.getLogger(__name__)
 MODES = ("async", "sync")
@@ -174,7 +175,8 @@ class ParameterServerStrategy:
         if built is None:
             def positional(packed: Any) -> Any:
                 a, kw = packed
-                return fn(*a, **kw)
+                with replica_context_scope(_WorkerReplicaContext(self)):
+                    return fn(*a, **kw)
 
             built = program.build_program(f"p{len(self._programs)}", positional, specs,
                                           jax.tree_util.tree_structure((call_args,)))
@@ -425,3 +427,37 @@ def _function_key(fn: Callable[..., Any]) -> Any:
     cells = tuple(id(c.cell_contents) for c in (fn.__closure__ or ()))
     defaults = tuple(id(d) for d in (fn.__defaults__ or ()))
     return (code, cells, defaults, inspect.ismethod(fn) and id(fn.__self__))
+
+
+class _WorkerReplicaContext(ReplicaContext):
+    """The replica context inside ``run`` of a parameter-server step: one worker's step.
+
+    Asynchronous mode: one replica (id 0), whose collectives are the value itself, as in
+    TensorFlow's ``ParameterServerStrategy``. Synchronous mode: a step per worker, combined by
+    the servers (they sum the workers' gradients), so ``num_replicas_in_sync`` counts the
+    workers; a collective across them inside the step is not available and says so.
+    """
+
+    def __init__(self, strategy: Any) -> None:
+        super().__init__(strategy, traced=False)
+
+    def _refuse_in_sync_mode(self, what: str) -> None:
+        if self.strategy.mode == "sync":
+            raise ValueError(
+                f"{what} inside a synchronous ParameterServerStrategy step is not available: "
+                "each worker's step runs alone and the parameter servers sum the workers' "
+                "gradients (strategy.apply_gradients); combine results with strategy.reduce "
+                "in the scheduled function instead.")
+
+    @property
+    def replica_id_in_sync_group(self) -> Any:
+        self._refuse_in_sync_mode("replica_id_in_sync_group")
+        return 0
+
+    def all_reduce(self, reduce_op: Any, value: Any) -> Any:
+        self._refuse_in_sync_mode("all_reduce")
+        return super().all_reduce(reduce_op, value)
+
+    def all_gather(self, value: Any, axis: int) -> Any:
+        self._refuse_in_sync_mode("all_gather")
+        return super().all_gather(value, axis)
