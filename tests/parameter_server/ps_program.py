@@ -5,6 +5,7 @@ argv[1] and prints one JSON line ``RESULT {...}``.
 """
 
 import json
+import time
 
 import numpy as np
 
@@ -150,8 +151,37 @@ def fail(strategy, coordinator):
     try:
         coordinator.join()
     except sx.StrataxError as err:
-        return {"raised": str(err)}
-    return {"raised": None}
+        raised = str(err)
+    else:
+        return {"raised": None}
+    # Closures that were already running when the error came may fail later too (the other
+    # worker's pipeline breaks as well): let them end, reporting their errors.
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            if coordinator.done():
+                break
+        except sx.StrataxError:
+            pass
+        time.sleep(0.05)
+    # An error is reported once, by whichever of schedule/join/done comes first (TensorFlow):
+    # one step at a time until one fails, then schedule() raises it and join() does not.
+    iterator = iter(coordinator.create_per_worker_dataset(failing_dataset))
+    for _ in range(20):
+        value = coordinator.schedule(lambda it: strategy.run(replica_fn, args=next(it)),
+                                     args=(iterator,))
+        while value.status.name == "PENDING":
+            time.sleep(0.01)
+        if value.status.name == "FAILED":
+            break
+    try:
+        coordinator.schedule(lambda: 1)
+        schedule_raised = False
+    except sx.StrataxError:
+        schedule_raised = True
+    coordinator.join()  # the error was reported: nothing to raise again
+    return {"raised": raised, "failed_step": value.status.name,
+            "schedule_raised": schedule_raised, "done_after": coordinator.done()}
 
 
 def scalar(strategy, coordinator):

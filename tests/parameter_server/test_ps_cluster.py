@@ -47,6 +47,8 @@ def test_custom_loop_sparse_exact_and_errors(cluster):  # noqa: F811 - fixture
     assert raised, result["fail"]
     worker = re.search(r"worker (\d) at 127\.0\.0\.1:\d+", raised)
     assert worker and f"dataset of pipeline {worker.group(1)} broke" in raised, raised
+    fail = result["fail"]  # reported once: schedule() raised it, the next join() did not
+    assert fail["failed_step"] == "FAILED" and fail["schedule_raised"] and fail["done_after"]
 
     # Every worker and ps exits by itself once the chief is done.
     codes = wait_all(cluster, timeout=30)

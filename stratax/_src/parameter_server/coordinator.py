@@ -309,8 +309,7 @@ class ClusterCoordinator:
                 "schedule() got a RemoteValue among its arguments; a scheduled function takes "
                 "values, per-worker iterators or variables. Pass remote_value.fetch() instead.")
         with self._cond:
-            if self._error is not None:
-                raise self._error
+            self._raise_error_once()
         self._live_workers()  # raises WorkerUnavailableError, naming them, when none is left
         closure = _Closure(next(self._ids))
         _recording.closure = closure
@@ -337,19 +336,22 @@ class ClusterCoordinator:
         with self._cond:
             while self._pending() and self._error is None:
                 self._cond.wait(1.0)
-            error, self._error = self._error, None
-            if error is not None:
-                self._cancel_queued(StepError(f"Cancelled after an earlier error: {error}"))
-        if error is not None:
-            raise error
+            self._raise_error_once()
 
     def done(self) -> bool:
         """True when nothing is queued or running (raises a pending error like ``join``)."""
         with self._cond:
-            if self._error is not None:
-                error, self._error = self._error, None
-                raise error
+            self._raise_error_once()
             return not self._pending()
+
+    def _raise_error_once(self) -> None:
+        """Under the lock: raises a step's error, once, as TensorFlow reports it (from
+        ``schedule``, ``join`` or ``done``, whichever comes first): it is cleared and the
+        closures still queued are cancelled with it."""
+        error, self._error = self._error, None
+        if error is not None:
+            self._cancel_queued(StepError(f"Cancelled after an earlier error: {error}"))
+            raise error
 
     def fetch(self, values: Any) -> Any:
         """``fetch()`` of every ``RemoteValue`` in a structure (also ``PerWorkerValues``)."""
