@@ -160,28 +160,55 @@ def test_killed_server_is_named_within_the_timeout_then_a_restart_is_reached():
             shutil.rmtree(os.path.dirname(killed), ignore_errors=True)
 
 
-def test_an_endpoint_that_fails_a_check_keeps_the_calls_on_grpc(echo_server, monkeypatch):
-    real = echo_server.local.endpoint()
-    for lie in ({**real, "host": "elsewhere/other"}, {**real, "pid": real["pid"] + 1},
-                {**real, "uid": real["uid"] + 1}, {**real, "path": "/etc/passwd"},
-                {**real, "path": None}):
-        monkeypatch.setattr(echo_server.local, "endpoint", lambda lie=lie: lie)
-        client = rpc.RpcClient("ps 0", f"127.0.0.1:{echo_server.port}", timeout=5)
-        try:
-            assert client.call("echo", {"x": 5}).meta["x"] == 5
-            assert client.transport == "grpc", lie
-        finally:
-            client.close()
+def test_an_endpoint_that_fails_a_check_keeps_the_calls_on_grpc(monkeypatch, echo_handler):
+    server = rpc.RpcServer("ps 0", "127.0.0.1", 0, echo_handler, token="s3cret", max_workers=2)
+    server.start()
+    real = server.local.endpoint()
+    try:
+        for lie in ({**real, "host": "elsewhere/other"}, {**real, "pid": real["pid"] + 1},
+                    {**real, "uid": real["uid"] + 1}, {**real, "path": "/etc/passwd"},
+                    {**real, "path": None}):
+            monkeypatch.setattr(server.local, "endpoint", lambda lie=lie: lie)
+            client = rpc.RpcClient("ps 0", f"127.0.0.1:{server.port}", timeout=5, token="s3cret")
+            try:
+                assert client.call("echo", {"x": 5}).meta["x"] == 5
+                assert client.transport == "grpc", lie
+            finally:
+                client.close()
+    finally:
+        server.stop(0)
+
+
+def test_a_server_without_a_token_takes_no_grpc_call(echo_server):
+    address = f"127.0.0.1:{echo_server.port}"
+    client = rpc.RpcClient("ps 0", address, timeout=5, transport="grpc")
+    try:
+        with pytest.raises(rpc.RemoteError, match=r"ps 0 at 127\.0\.0\.1:\d+ refused the call: "
+                           r"ps 0 takes gRPC calls only with the cluster's shared token.*local "
+                           r"socket is trusted \(processes of uid \d+ on its host\).*"
+                           r"STRATAX_PS_TOKEN=<secret>.*\(its local socket was not usable: "
+                           r"transport 'grpc'\)"):
+            client.call("echo", {"x": 1})
+    finally:
+        client.close()
+    # A wrong token fails the same way on a server that has one (tests/.../test_rpc.py).
 
 
 def test_the_grpc_switch(monkeypatch, echo_handler):
     monkeypatch.setenv("STRATAX_PS_TRANSPORT", "grpc")
-    server = rpc.RpcServer("ps 0", "127.0.0.1", 0, echo_handler, max_workers=2)
+    monkeypatch.delenv("STRATAX_PS_TOKEN", raising=False)
+    monkeypatch.delenv("STRATAX_PS_TOKEN_FILE", raising=False)
+    with pytest.raises(ValueError, match=r"ps 0 would take no calls: without a shared token only "
+                                         r"its local socket is trusted, and it has none "
+                                         r"\(STRATAX_PS_TRANSPORT=grpc\); set STRATAX_PS_TOKEN"):
+        rpc.RpcServer("ps 0", "127.0.0.1", 0, echo_handler, max_workers=2)
+    server = rpc.RpcServer("ps 0", "127.0.0.1", 0, echo_handler, token="s3cret", max_workers=2)
     assert server.local is None
     server.start()
     try:
         monkeypatch.setenv("STRATAX_PS_TRANSPORT", "auto")
-        client = rpc.RpcClient("ps 0", f"127.0.0.1:{server.port}", timeout=5, transport="grpc")
+        client = rpc.RpcClient("ps 0", f"127.0.0.1:{server.port}", timeout=5, token="s3cret",
+                               transport="grpc")
         try:
             assert client.call("echo", {"x": 1}).meta["x"] == 1
             assert client.transport == "grpc"
