@@ -31,16 +31,27 @@ def save(directory: str | os.PathLike[str], arrays: list[np.ndarray], meta: dict
     root.mkdir(parents=True, exist_ok=True)
     current = latest_version(root)
     number = 0 if current is None else int(current.name.split("-")[1]) + 1
-    staging = Path(tempfile.mkdtemp(dir=root, prefix=".staging-"))
+    final = root / f"ckpt-{number}"
+    staging = None
     try:
+        staging = Path(tempfile.mkdtemp(dir=root, prefix=".staging-"))
         np.savez(staging / "state.npz", *arrays)
         (staging / "meta.json").write_text(json.dumps(meta, sort_keys=True))
-        final = root / f"ckpt-{number}"
         os.replace(staging, final)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+        write_atomically(root / _LATEST, final.name)
+    except BaseException as err:
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+        if final.exists() and latest_version(root) != final:
+            shutil.rmtree(final, ignore_errors=True)
+        if isinstance(err, OSError):
+            kept = (f"the previous checkpoint {current} is kept" if current
+                    else "no earlier checkpoint existed")
+            message = (f"Could not write checkpoint {final} in {root}: {err.strerror or err}; "
+                       f"{kept}. Free space on that disk or choose another directory.")
+            raise (type(err)(err.errno, message) if err.errno is not None
+                   else type(err)(message)) from err
         raise
-    write_atomically(root / _LATEST, final.name)
     for old in root.glob("ckpt-*"):
         if old != final:
             shutil.rmtree(old, ignore_errors=True)
