@@ -3,6 +3,7 @@ a restart, who may connect, and the switch back to gRPC."""
 
 import os
 import pwd
+import re
 import shutil
 import signal
 import socket
@@ -12,6 +13,7 @@ import textwrap
 import threading
 import time
 
+import grpc
 import numpy as np
 import pytest
 
@@ -179,19 +181,33 @@ def test_an_endpoint_that_fails_a_check_keeps_the_calls_on_grpc(monkeypatch, ech
         server.stop(0)
 
 
-def test_a_server_without_a_token_takes_no_grpc_call(echo_server):
+def test_without_a_token_no_call_goes_over_grpc(echo_server, monkeypatch):
     address = f"127.0.0.1:{echo_server.port}"
-    client = rpc.RpcClient("ps 0", address, timeout=5, transport="grpc")
-    try:
-        with pytest.raises(rpc.RemoteError, match=r"ps 0 at 127\.0\.0\.1:\d+ refused the call: "
-                           r"ps 0 takes gRPC calls only with the cluster's shared token.*local "
-                           r"socket is trusted \(processes of uid \d+ on its host\).*"
-                           r"STRATAX_PS_TOKEN=<secret>.*\(its local socket was not usable: "
-                           r"transport 'grpc'\)"):
-            client.call("echo", {"x": 1})
-    finally:
-        client.close()
-    # A wrong token fails the same way on a server that has one (tests/.../test_rpc.py).
+    # The server refuses it (a raw call, as any local process can make it) ...
+    with grpc.insecure_channel(address) as channel, pytest.raises(grpc.RpcError) as err:
+        channel.unary_unary("/stratax.Service/Call")(wire.encode({"method": "echo"}),
+                                                     timeout=5)
+    assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert re.search(r"ps 0 takes gRPC calls only with the cluster's shared token.*local socket "
+                     r"is trusted \(processes of uid \d+ on its host\).*STRATAX_PS_TOKEN=<secret>",
+                     err.value.details()), err.value.details()
+    # ... and a client without a token never sends one: whoever listens at the port (a
+    # squatter) gets no request.
+    sent = []
+    elsewhere = {**echo_server.local.endpoint(), "host": "elsewhere/other"}
+    for transport, why in (("grpc", "transport 'grpc'"), ("auto", "the server is on another")):
+        client = rpc.RpcClient("ps 0", address, timeout=5, transport=transport)
+        if transport == "auto":
+            monkeypatch.setattr(echo_server.local, "endpoint", lambda: elsewhere)
+        monkeypatch.setattr(client, "_grpc_call", lambda *a: sent.append(a))
+        try:
+            with pytest.raises(rpc.RemoteError, match=rf"ps 0 at 127\.0\.0\.1:\d+: no trusted "
+                               rf"way to call it: its local socket is not usable \({why}.*\) and "
+                               r"no token is set here for gRPC; set the same STRATAX_PS_TOKEN"):
+                client.call("echo", {"x": 1})
+        finally:
+            client.close()
+    assert sent == []
 
 
 def test_the_grpc_switch(monkeypatch, echo_handler):

@@ -10,7 +10,8 @@ trusted in one of two ways, and nothing else reaches a handler:
 
 - over gRPC, with the cluster's shared token (``STRATAX_PS_TOKEN`` or the file named by
   ``STRATAX_PS_TOKEN_FILE``; ``stratax launch`` makes one per run) in its metadata, compared in
-  constant time. A server without a token takes no ``Call``/``Stream`` over gRPC at all; binding
+  constant time. A server without a token takes no ``Call``/``Stream`` over gRPC at all, and a
+  client without one sends none (whoever listens at the port gets no request); binding
   anything but loopback requires a token;
 - over the server's Unix socket (``local_socket``), from a process of the server's own uid
   (checked with ``SO_PEERCRED``; such a process could read the token anyway).
@@ -354,6 +355,15 @@ class RpcClient:
             for attempt in (1, 2):
                 local = self._local_channel(method, deadline)
                 if local is None:
+                    if not self._token:
+                        # No server takes this call over gRPC without a token, and whoever
+                        # listens at the port (a squatter, say) must not get the request.
+                        raise RemoteError(
+                            f"{self.name} at {self.address}: no trusted way to call it: its "
+                            f"local socket is not usable ({self._no_local or 'unknown'}) and no "
+                            f"token is set here for gRPC; set the same "
+                            f"{env.STRATAX_PS_TOKEN}=<secret> (or "
+                            f"{env.STRATAX_PS_TOKEN_FILE}=<path>) on every task of the cluster.")
                     data = self._grpc(method, deadline, lambda metadata: self._grpc_call(
                         parts, deadline, stream, metadata))
                     break
