@@ -5,6 +5,8 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
+import time
 
 import keras
 import numpy as np
@@ -202,3 +204,49 @@ def test_a_full_disk_during_a_backup_names_the_path_and_keeps_the_previous_one(t
         assert checkpoint_io.load(backup_dir)[1]["global_step"] == 2
     finally:
         subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+_SAVER = """
+import sys
+import numpy as np
+from stratax._src.keras import checkpoint_io
+
+checkpoint_io.save(sys.argv[1], [np.zeros(4 << 20, np.float32)], {"step": 0})
+print("first", flush=True)
+step = 1
+while True:
+    checkpoint_io.save(sys.argv[1], [np.full(4 << 20, step, np.float32)], {"step": step})
+    step += 1
+"""
+
+
+@pytest.mark.timeout(180)
+def test_a_chief_killed_mid_backup_leaves_nothing_after_the_next_save(tmp_path):
+    """A real SIGKILL of a process in the middle of a backup: its staging directory stays (it
+    cannot remove it); the next save removes it, and the last complete backup loads."""
+    leftovers = []
+    for _ in range(20):   # until the kill lands while a staging directory exists
+        proc = subprocess.Popen([sys.executable, "-c", _SAVER, str(tmp_path)],
+                                stdout=subprocess.PIPE, text=True, start_new_session=True)
+        try:
+            assert proc.stdout.readline().strip() == "first"
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                if any(p.name.startswith(".staging-") for p in tmp_path.iterdir()):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    break
+                time.sleep(0.0005)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+            proc.stdout.close()
+        leftovers = [p.name for p in tmp_path.iterdir() if p.name.startswith(".staging-")]
+        if leftovers:
+            break
+    assert leftovers, "no kill landed during a backup in 20 tries"
+    arrays, meta = checkpoint_io.load(tmp_path)
+    assert float(arrays[0][0]) == meta["step"]          # the last complete backup
+    checkpoint_io.save(tmp_path, [np.arange(3.0)], {"step": -1})
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+    assert checkpoint_io.load(tmp_path)[1] == {"step": -1}

@@ -11,9 +11,9 @@ temporaries nobody holds.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -44,8 +44,7 @@ def write_atomically(path: str | os.PathLike[str], data: bytes | bytearray | mem
     except OSError as err:
         raise _naming(err, path, None) from err
     try:
-        if fcntl is not None:  # held until the rename: a live writer's temp is never removed
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        lock_held(fd)  # until the rename: a live writer's temp file is never removed
         with os.fdopen(fd, "w" if isinstance(data, str) else "wb", closefd=False) as f:
             f.write(data)
             f.flush()
@@ -68,37 +67,72 @@ def _naming(err: OSError, path: Path, tmp: str | None) -> OSError:
     return type(err)(err.errno, message) if err.errno is not None else type(err)(message)
 
 
-def remove_stale_temporaries(path: str | os.PathLike[str]) -> list[str]:
-    """Removes the temp files that ``write_atomically(path, ...)`` calls left behind when their
-    process died mid-write (no process holds their lock); returns their names. A temp file a
-    live writer holds is kept. Does nothing where ``flock`` is missing."""
-    path = Path(path)
+def lock_held(fd: int) -> None:
+    """Takes ``fd``'s exclusive lock (a temp file or directory being written): until ``fd`` is
+    closed, or its process dies, ``remove_stale`` leaves the entry alone."""
+    if fcntl is not None:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+def hold_directory(path: str | os.PathLike[str]) -> int | None:
+    """Opens and locks a temp directory being written (see ``lock_held``); close the returned
+    descriptor when done (None where ``flock`` is missing)."""
+    if fcntl is None:
+        return None
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        lock_held(fd)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def remove_stale(directory: str | os.PathLike[str], prefix: str) -> list[str]:
+    """Removes the entries of ``directory`` named ``prefix*`` (temp files or directories) that
+    no process holds locked (their writer died mid-write); returns their names. Does nothing
+    where ``flock`` is missing."""
     removed: list[str] = []
     if fcntl is None:
         return removed
-    with contextlib.suppress(FileNotFoundError):
-        entries = list(os.scandir(path.parent))
-        for entry in entries:
-            if not entry.name.startswith(_temp_prefix(path)) or not entry.is_file(
-                    follow_symlinks=False):
-                continue
-            try:
-                fd = os.open(entry.path, os.O_RDONLY | os.O_NOFOLLOW)
-            except OSError:
-                continue
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:  # a live writer holds it
-                os.close(fd)
-                continue
-            try:
+    try:
+        entries = [e for e in os.scandir(directory) if e.name.startswith(prefix)]
+    except FileNotFoundError:
+        return removed
+    for entry in entries:
+        is_dir = entry.is_dir(follow_symlinks=False)
+        if not is_dir and not entry.is_file(follow_symlinks=False):
+            continue
+        flags = os.O_RDONLY | os.O_NOFOLLOW | (os.O_DIRECTORY if is_dir else 0)
+        try:
+            fd = os.open(entry.path, flags)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # a live writer holds it
+            os.close(fd)
+            continue
+        try:
+            if is_dir:
+                shutil.rmtree(entry.path)
+            else:
                 os.unlink(entry.path)
-                removed.append(entry.name)
-            except OSError:
-                pass
-            finally:
-                os.close(fd)
+            removed.append(entry.name)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
     if removed:
-        logger.warning("removed %d temp file(s) of %s left by a writer that died: %s",
-                       len(removed), path, ", ".join(removed))
+        logger.warning("removed %d temporary entr%s in %s left by a writer that died: %s",
+                       len(removed), "y" if len(removed) == 1 else "ies", directory,
+                       ", ".join(removed))
     return removed
+
+
+def remove_stale_temporaries(path: str | os.PathLike[str]) -> list[str]:
+    """Removes the temp files that ``write_atomically(path, ...)`` calls left behind when their
+    process died mid-write (no process holds their lock); returns their names. A temp file a
+    live writer holds is kept."""
+    path = Path(path)
+    return remove_stale(path.parent, _temp_prefix(path))
