@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import signal
 import socket
 import statistics
@@ -56,6 +57,9 @@ def run_once(workload: str, spe: int, calls: int, workers: int, ps: int, timeout
     if pythonpath:
         env["PYTHONPATH"] = pythonpath
     env.update(extra_env or {})
+    # This cluster's secret, as `stratax launch` makes one: gRPC calls carry it (the same-host
+    # socket checks the caller's uid instead), so `--baseline-env STRATAX_PS_TRANSPORT=grpc` runs.
+    env.setdefault("STRATAX_PS_TOKEN", secrets.token_urlsafe(32))
     procs = []
     try:
         for job, addresses in spec.items():

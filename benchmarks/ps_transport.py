@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import secrets
 import statistics
 import subprocess
 import sys
@@ -65,11 +66,14 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     args = parser.parse_args()
     rpc.keep_buffers_in_heap()
+    # gRPC calls need the shared token (the local socket checks the caller's uid instead).
+    token = secrets.token_urlsafe(32)
     server = subprocess.Popen([sys.executable, "-c", _SERVER], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True)
+                              stdout=subprocess.PIPE, text=True,
+                              env=dict(os.environ, STRATAX_PS_TOKEN=token))
     try:
         port = int(server.stdout.readline())
-        clients = {t: rpc.RpcClient("echo", f"127.0.0.1:{port}", 30, transport=t)
+        clients = {t: rpc.RpcClient("echo", f"127.0.0.1:{port}", 30, token=token, transport=t)
                    for t in ("grpc", "auto")}
         for client in clients.values():
             client.wait_ready(30)

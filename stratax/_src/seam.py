@@ -24,6 +24,8 @@ written), what for, and which stratax module relies on it:
   -> ``keras.feed``
 - ``data_adapter_utils.class_weight_to_sample_weights``: ``class_weight`` exactly as Keras
   weighs it. -> ``keras.feed``
+- ``data_adapter_utils.check_data_cardinality``: arrays of different lengths refused with
+  Keras' own message. -> ``keras.feed``
 - ``rng_utils.get_random_seed``: the seed of ``keras.utils.set_random_seed`` (no public
   getter). -> ``keras.feed``, ``keras.install``
 - ``Distribution._is_multi_process`` (written, ``False``): Keras 3.10 refuses every input but
@@ -220,6 +222,14 @@ def class_weight_to_sample_weights(y: Any, class_weight: dict[int, float]) -> An
     from keras.src.trainers.data_adapters import data_adapter_utils
 
     return data_adapter_utils.class_weight_to_sample_weights(y, class_weight)
+
+
+def check_data_cardinality(arrays: tuple[Any, ...]) -> None:
+    """Keras' own check that ``(x, y, sample_weight)`` have one length (its ``ValueError``,
+    "Data cardinality is ambiguous", naming each one's sizes)."""
+    from keras.src.trainers.data_adapters import data_adapter_utils
+
+    data_adapter_utils.check_data_cardinality(arrays)
 
 
 def keras_random_seed() -> int | None:

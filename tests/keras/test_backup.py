@@ -1,7 +1,12 @@
 """Step-level BackupAndRestore in one process, preemption by SIGTERM, and atomic saves."""
 
+import errno
 import os
+import shutil
 import signal
+import subprocess
+import sys
+import time
 
 import keras
 import numpy as np
@@ -152,3 +157,96 @@ def test_backup_with_validation_data_trains_like_plain_fit(tmp_path):
     assert history.history == plain_history.history
     for got, want in zip(with_backup.get_weights(), plain.get_weights(), strict=True):
         np.testing.assert_array_equal(got, want)
+
+
+class _FillDisk(keras.callbacks.Callback):
+    """After ``step`` batches, fills the disk at ``path`` with a file until it is full."""
+
+    def __init__(self, path, step):
+        super().__init__()
+        self.path, self.step, self.seen = path, step, 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.seen += 1
+        if self.seen == self.step:
+            with open(self.path, "wb", buffering=0) as f:
+                try:
+                    while True:
+                        f.write(b"\0" * 4096)
+                except OSError as err:
+                    assert err.errno == errno.ENOSPC
+
+
+@pytest.mark.skipif(os.getuid() != 0 or shutil.which("mount") is None,
+                    reason="mounting a small tmpfs needs root")
+def test_a_full_disk_during_a_backup_names_the_path_and_keeps_the_previous_one(tmp_path):
+    # Before: a bare `[Errno 28] No space left on device` with no path.
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)],
+                      check=False, capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        backup_dir = disk / "backup"
+        model = _model(sx.OneDeviceStrategy("cpu:0"))
+        x, y = _data()
+        backup = sx.BackupAndRestore(str(backup_dir), save_freq=2)
+        with pytest.raises(OSError) as err:   # backups after steps 2 and 4; the disk fills at 3
+            model.fit(x, y, batch_size=8, epochs=1, verbose=0, shuffle=False,
+                      callbacks=[backup, _FillDisk(disk / "filler", 3)])
+        assert err.value.errno == errno.ENOSPC
+        assert str(err.value) == (
+            f"[Errno 28] Could not write checkpoint {backup_dir}/ckpt-1 in {backup_dir}: No "
+            f"space left on device; the previous checkpoint {backup_dir}/ckpt-0 is kept. Free "
+            "space on that disk or choose another directory.")
+        (disk / "filler").unlink()
+        assert sorted(p.name for p in backup_dir.iterdir()) == ["ckpt-0", "latest"]
+        assert checkpoint_io.load(backup_dir)[1]["global_step"] == 2
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+_SAVER = """
+import sys
+import numpy as np
+from stratax._src.keras import checkpoint_io
+
+checkpoint_io.save(sys.argv[1], [np.zeros(4 << 20, np.float32)], {"step": 0})
+print("first", flush=True)
+step = 1
+while True:
+    checkpoint_io.save(sys.argv[1], [np.full(4 << 20, step, np.float32)], {"step": step})
+    step += 1
+"""
+
+
+@pytest.mark.timeout(180)
+def test_a_chief_killed_mid_backup_leaves_nothing_after_the_next_save(tmp_path):
+    """A real SIGKILL of a process in the middle of a backup: its staging directory stays (it
+    cannot remove it); the next save removes it, and the last complete backup loads."""
+    leftovers = []
+    for _ in range(20):   # until the kill lands while a staging directory exists
+        proc = subprocess.Popen([sys.executable, "-c", _SAVER, str(tmp_path)],
+                                stdout=subprocess.PIPE, text=True, start_new_session=True)
+        try:
+            assert proc.stdout.readline().strip() == "first"
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                if any(p.name.startswith(".staging-") for p in tmp_path.iterdir()):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    break
+                time.sleep(0.0005)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+            proc.stdout.close()
+        leftovers = [p.name for p in tmp_path.iterdir() if p.name.startswith(".staging-")]
+        if leftovers:
+            break
+    assert leftovers, "no kill landed during a backup in 20 tries"
+    arrays, meta = checkpoint_io.load(tmp_path)
+    assert float(arrays[0][0]) == meta["step"]          # the last complete backup
+    checkpoint_io.save(tmp_path, [np.arange(3.0)], {"step": -1})
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+    assert checkpoint_io.load(tmp_path)[1] == {"step": -1}

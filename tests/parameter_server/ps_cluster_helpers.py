@@ -34,10 +34,12 @@ class Cluster:
         self._commands: dict[str, tuple[list[str], dict[str, str]]] = {}
         self._logs = []
 
-    def start(self, program: str, jobs: dict[str, int], args=(), skip=(), generic=(), env=None):
+    def start(self, program: str, jobs: dict[str, int], args=(), skip=(), generic=(), env=None,
+              clusters=None):
         """Starts every task but those in ``skip``; tasks named in ``generic`` (e.g.
         ``"ps0"``) run ``stratax server`` instead of the program; ``env`` is added to every
-        task's environment."""
+        task's environment; ``clusters`` maps a task name to ``f(spec) -> cluster`` for a task
+        given another TF_CONFIG cluster than the others."""
         spec = {job: [f"127.0.0.1:{free_port()}" for _ in range(n)] for job, n in jobs.items()}
         base = {k: v for k, v in os.environ.items()
                 if not k.startswith("STRATAX_") and k not in ("TF_CONFIG", "PYTEST_CURRENT_TEST")}
@@ -46,8 +48,9 @@ class Cluster:
                 name = f"{job}{index}"
                 if name in skip:
                     continue
+                cluster = (clusters or {}).get(name, lambda spec: spec)(spec)
                 task_env = dict(base, **(env or {}), PYTHONUNBUFFERED="1", TF_CONFIG=json.dumps(
-                    {"cluster": spec, "task": {"type": job, "index": index}}))
+                    {"cluster": cluster, "task": {"type": job, "index": index}}))
                 command = ([sys.executable, "-m", "stratax._src.cli", "server"] if name in generic
                            else [sys.executable, str(HERE / program), *args])
                 self._commands[name] = (command, task_env)

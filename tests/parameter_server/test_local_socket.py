@@ -3,6 +3,7 @@ a restart, who may connect, and the switch back to gRPC."""
 
 import os
 import pwd
+import re
 import shutil
 import signal
 import socket
@@ -12,6 +13,7 @@ import textwrap
 import threading
 import time
 
+import grpc
 import numpy as np
 import pytest
 
@@ -160,28 +162,69 @@ def test_killed_server_is_named_within_the_timeout_then_a_restart_is_reached():
             shutil.rmtree(os.path.dirname(killed), ignore_errors=True)
 
 
-def test_an_endpoint_that_fails_a_check_keeps_the_calls_on_grpc(echo_server, monkeypatch):
-    real = echo_server.local.endpoint()
-    for lie in ({**real, "host": "elsewhere/other"}, {**real, "pid": real["pid"] + 1},
-                {**real, "uid": real["uid"] + 1}, {**real, "path": "/etc/passwd"},
-                {**real, "path": None}):
-        monkeypatch.setattr(echo_server.local, "endpoint", lambda lie=lie: lie)
-        client = rpc.RpcClient("ps 0", f"127.0.0.1:{echo_server.port}", timeout=5)
+def test_an_endpoint_that_fails_a_check_keeps_the_calls_on_grpc(monkeypatch, echo_handler):
+    server = rpc.RpcServer("ps 0", "127.0.0.1", 0, echo_handler, token="s3cret", max_workers=2)
+    server.start()
+    real = server.local.endpoint()
+    try:
+        for lie in ({**real, "host": "elsewhere/other"}, {**real, "pid": real["pid"] + 1},
+                    {**real, "uid": real["uid"] + 1}, {**real, "path": "/etc/passwd"},
+                    {**real, "path": None}):
+            monkeypatch.setattr(server.local, "endpoint", lambda lie=lie: lie)
+            client = rpc.RpcClient("ps 0", f"127.0.0.1:{server.port}", timeout=5, token="s3cret")
+            try:
+                assert client.call("echo", {"x": 5}).meta["x"] == 5
+                assert client.transport == "grpc", lie
+            finally:
+                client.close()
+    finally:
+        server.stop(0)
+
+
+def test_without_a_token_no_call_goes_over_grpc(echo_server, monkeypatch):
+    address = f"127.0.0.1:{echo_server.port}"
+    # The server refuses it (a raw call, as any local process can make it) ...
+    with grpc.insecure_channel(address) as channel, pytest.raises(grpc.RpcError) as err:
+        channel.unary_unary("/stratax.Service/Call")(wire.encode({"method": "echo"}),
+                                                     timeout=5)
+    assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert re.search(r"ps 0 takes gRPC calls only with the cluster's shared token.*local socket "
+                     r"is trusted \(processes of uid \d+ on its host\).*STRATAX_PS_TOKEN=<secret>",
+                     err.value.details()), err.value.details()
+    # ... and a client without a token never sends one: whoever listens at the port (a
+    # squatter) gets no request.
+    sent = []
+    elsewhere = {**echo_server.local.endpoint(), "host": "elsewhere/other"}
+    for transport, why in (("grpc", "transport 'grpc'"), ("auto", "the server is on another")):
+        client = rpc.RpcClient("ps 0", address, timeout=5, transport=transport)
+        if transport == "auto":
+            monkeypatch.setattr(echo_server.local, "endpoint", lambda: elsewhere)
+        monkeypatch.setattr(client, "_grpc_call", lambda *a: sent.append(a))
         try:
-            assert client.call("echo", {"x": 5}).meta["x"] == 5
-            assert client.transport == "grpc", lie
+            with pytest.raises(rpc.RemoteError, match=rf"ps 0 at 127\.0\.0\.1:\d+: no trusted "
+                               rf"way to call it: its local socket is not usable \({why}.*\) and "
+                               r"no token is set here for gRPC; set the same STRATAX_PS_TOKEN"):
+                client.call("echo", {"x": 1})
         finally:
             client.close()
+    assert sent == []
 
 
 def test_the_grpc_switch(monkeypatch, echo_handler):
     monkeypatch.setenv("STRATAX_PS_TRANSPORT", "grpc")
-    server = rpc.RpcServer("ps 0", "127.0.0.1", 0, echo_handler, max_workers=2)
+    monkeypatch.delenv("STRATAX_PS_TOKEN", raising=False)
+    monkeypatch.delenv("STRATAX_PS_TOKEN_FILE", raising=False)
+    with pytest.raises(ValueError, match=r"ps 0 would take no calls: without a shared token only "
+                                         r"its local socket is trusted, and it has none "
+                                         r"\(STRATAX_PS_TRANSPORT=grpc\); set STRATAX_PS_TOKEN"):
+        rpc.RpcServer("ps 0", "127.0.0.1", 0, echo_handler, max_workers=2)
+    server = rpc.RpcServer("ps 0", "127.0.0.1", 0, echo_handler, token="s3cret", max_workers=2)
     assert server.local is None
     server.start()
     try:
         monkeypatch.setenv("STRATAX_PS_TRANSPORT", "auto")
-        client = rpc.RpcClient("ps 0", f"127.0.0.1:{server.port}", timeout=5, transport="grpc")
+        client = rpc.RpcClient("ps 0", f"127.0.0.1:{server.port}", timeout=5, token="s3cret",
+                               transport="grpc")
         try:
             assert client.call("echo", {"x": 1}).meta["x"] == 1
             assert client.transport == "grpc"

@@ -93,3 +93,53 @@ def test_sync_mode_equals_one_process_on_the_global_batches(cluster):  # noqa: F
     assert result["loss_rel_err"] < 1e-5, result         # float32 rounding of losses ~10-40
     assert result["loss_first_last"][1] < result["loss_first_last"][0]
     assert result["stats"]["worker 0"]["steps"] == result["stats"]["worker 1"]["steps"] == 12
+
+
+def _swapped_ps(spec):
+    return {**spec, "ps": spec["ps"][::-1]}
+
+
+def _one_more_worker(spec):
+    return {**spec, "worker": [*spec["worker"], "127.0.0.1:1"]}   # nobody listens there
+
+
+@pytest.mark.parametrize("task,change,job", [("worker1", _swapped_ps, "ps"),
+                                             ("ps0", _one_more_worker, "worker")])
+def test_a_task_with_another_cluster_fails_the_start_naming_it(cluster, task, change, job):  # noqa: F811
+    # Before: worker 1 with the ps list swapped failed later with `KeyError: No variable shard
+    # named ...`; a task with another worker list trained silently.
+    jobs = {"chief": 1, "worker": 2, "ps": 2}
+    spec = cluster.start("ps_sync.py", jobs, clusters={task: change},
+                         generic=("worker0", "worker1", "ps0", "ps1"))
+    code, out = cluster.wait("chief0", timeout=120)
+    assert code != 0, out[-3000:]
+    name = f"{task[:-1]} {task[-1]}"
+    address = spec[task[:-1]][int(task[-1])]
+    theirs = change(spec)[job]
+    assert (f"ValueError: {name} at {address} was started with another cluster than the chief: "
+            f"{job!r} is {theirs} on {name} but {spec[job]} on the chief") in out, out[-3000:]
+    assert 'Give every task the same TF_CONFIG "cluster"' in out
+    if job == "ps":
+        assert "the same addresses in another order" in out
+    assert "the chief's cluster differs from this task's" in cluster.output(task)
+    assert "RESULT" not in out
+
+
+def test_a_cluster_without_workers_or_ps_is_refused_at_start():
+    import stratax as sx
+    from stratax._src.parameter_server.server import Server
+
+    for job in ("worker", "ps"):
+        spec = {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"], "ps": ["127.0.0.1:3"],
+                job: []}
+        message = f"needs at least one {job!r} task"
+        with pytest.raises(ValueError, match=message):
+            sx.ParameterServerStrategy(sx.cluster_resolver.SimpleClusterResolver(
+                spec, task_type="chief", task_id=0), timeout_seconds=1)
+        with pytest.raises(ValueError, match=message):
+            Server(spec, job_name="ps" if job == "worker" else "worker", task_index=0,
+                   start=False)
+    gap = {"chief": ["127.0.0.1:1"], "worker": {1: "127.0.0.1:2"}, "ps": ["127.0.0.1:3"]}
+    with pytest.raises(ValueError, match="Job 'worker' has no task 0"):
+        sx.ParameterServerStrategy(sx.cluster_resolver.SimpleClusterResolver(
+            gap, task_type="chief", task_id=0), timeout_seconds=1)

@@ -71,3 +71,21 @@ def test_flags_go_together(capsys):
 
     assert main(["launch", "--workers", "2", str(EXAMPLE)]) == 2
     assert "--workers and --ps go together" in capsys.readouterr().err
+
+
+def test_launch_gives_each_run_its_own_token(monkeypatch):
+    import argparse
+
+    from stratax._src.launch.arguments import parameter_server_layout
+
+    args = argparse.Namespace(workers=2, ps=1, nproc_per_node=1, nnodes=1)
+    monkeypatch.delenv("STRATAX_PS_TOKEN", raising=False)
+    monkeypatch.delenv("STRATAX_PS_TOKEN_FILE", raising=False)
+    first, second = parameter_server_layout(args)[1], parameter_server_layout(args)[1]
+    assert len(first["STRATAX_PS_TOKEN"]) >= 40
+    assert first["STRATAX_PS_TOKEN"] != second["STRATAX_PS_TOKEN"]
+    monkeypatch.setenv("STRATAX_PS_TOKEN", "mine")           # a token the user set is kept
+    assert "STRATAX_PS_TOKEN" not in parameter_server_layout(args)[1]
+    monkeypatch.delenv("STRATAX_PS_TOKEN")
+    monkeypatch.setenv("STRATAX_PS_TOKEN_FILE", "/path/of/mine")
+    assert "STRATAX_PS_TOKEN" not in parameter_server_layout(args)[1]

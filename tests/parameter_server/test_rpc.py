@@ -27,7 +27,7 @@ def test_calls_need_the_token(ps_server, caplog):
         assert good.call("ping").meta["ok"]
         with pytest.raises(rpc.RemoteError, match="refused the call"):
             bad.call("ping")
-        assert "refused a call" in caplog.text
+        assert "refused a gRPC call" in caplog.text
     finally:
         good.close()
         bad.close()

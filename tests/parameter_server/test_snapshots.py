@@ -102,3 +102,68 @@ def test_checkpoint_files_check_names_shapes_and_format(tmp_path):
     np.savez(tmp_path / "other.npz", header=np.frombuffer(json.dumps({"x": 1}).encode(), np.uint8))
     with pytest.raises(ValueError, match="not a stratax variables checkpoint"):
         load_variables(tmp_path / "other.npz", [target])
+
+
+_WRITER = """
+import sys
+import numpy as np
+from stratax._src.parameter_server import wire
+from stratax._src.parameter_server.ps_server import ParameterServer
+from stratax._src.parameter_server.snapshots import Snapshots
+
+snapshots = Snapshots(sys.argv[1], task_index=0, every=1000)
+server = ParameterServer(snapshots)
+server.handle(wire.decode(wire.encode({"method": "create", "names": ["w"]},
+                                      [np.ones((4 << 20,), np.float32)])))   # 16 MiB
+snapshots.write()
+print("first", flush=True)
+while True:
+    snapshots.write()
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_ps_killed_while_writing_a_snapshot_leaves_no_temp_file(tmp_path):
+    """A real SIGKILL of a ps process in the middle of a snapshot write: its temp file stays
+    (it cannot remove it), and the next ps started on the directory removes it and loads the
+    last complete snapshot. A temp file a live writer holds is kept."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from stratax._src.core import files
+
+    leftovers = []
+    for _ in range(20):   # until the kill lands while a temp file exists
+        proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(tmp_path)],
+                                stdout=subprocess.PIPE, text=True, start_new_session=True)
+        try:
+            assert proc.stdout.readline().strip() == "first"
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                if any(p.name.startswith(".ps0.npz.tmp-") for p in tmp_path.iterdir()):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    break
+                time.sleep(0.0005)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+            proc.stdout.close()
+        leftovers = [p.name for p in tmp_path.iterdir() if p.name.startswith(".ps0.npz.tmp-")]
+        if leftovers:
+            break
+    assert leftovers, "no kill landed during a snapshot write in 20 tries"
+    # A live writer's temp file (held, as write_atomically holds its own) is not touched.
+    live = tmp_path / ".ps0.npz.tmp-live"
+    live.write_bytes(b"partial")
+    with open(live, "rb") as held:
+        import fcntl
+
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX)
+        restored = ParameterServer(Snapshots(tmp_path, task_index=0, every=2))
+        assert sorted(p.name for p in tmp_path.iterdir()) == [".ps0.npz.tmp-live", "ps0.npz"]
+    np.testing.assert_array_equal(restored._shards["w"].value, np.ones(4 << 20, np.float32))
+    assert files.remove_stale_temporaries(tmp_path / "ps0.npz") == [".ps0.npz.tmp-live"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ps0.npz"]

@@ -147,13 +147,36 @@ def _mutate(case, rng):
     return frame + rng.bytes(cut) if case % 2 else frame[:-cut] if tensors else frame + b"\0"
 
 
+_TOKEN = "fuzz-cluster-secret"
+
+
+class _Channel:
+    """A gRPC channel whose calls carry the cluster's token (a server takes no gRPC call
+    without one), so the frames reach the parser."""
+
+    def __init__(self, address: str) -> None:
+        self._channel = grpc.insecure_channel(address)
+        self._metadata = (("x-stratax-token", _TOKEN),)
+
+    def unary_unary(self, path):
+        method = self._channel.unary_unary(path)
+        return lambda request, **kw: method(request, metadata=self._metadata, **kw)
+
+    def stream_stream(self, path):
+        method = self._channel.stream_stream(path)
+        return lambda chunks, **kw: method(chunks, metadata=self._metadata, **kw)
+
+    def close(self) -> None:
+        self._channel.close()
+
+
 @pytest.fixture
 def live_server():
     service = ParameterServer()
     _setup(service)
-    server = rpc.RpcServer("ps 0", "127.0.0.1", 0, service.handle, max_workers=2)
+    server = rpc.RpcServer("ps 0", "127.0.0.1", 0, service.handle, token=_TOKEN, max_workers=2)
     server.start()
-    channel = grpc.insecure_channel(f"127.0.0.1:{server.port}")
+    channel = _Channel(f"127.0.0.1:{server.port}")
     yield service, channel, server
     channel.close()
     server.stop(0)

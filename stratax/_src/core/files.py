@@ -2,27 +2,137 @@
 
 Checkpoints, ps snapshots and their pointer files are written this way, so a process killed
 (or a disk that fills) while writing leaves the previous version readable.
+
+A writer killed mid-write (SIGKILL, OOM, power) cannot remove its temp file, so the temp file
+is locked (``flock``) while it is written: the kernel drops the lock when the writer dies, and
+``remove_stale_temporaries`` (called when a writer starts, e.g. a restarted ps) removes the
+temporaries nobody holds.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import shutil
 import tempfile
 from pathlib import Path
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: no locks, so no clean-up of other writers' temporaries
+    fcntl = None  # type: ignore[assignment]
+
+logger = logging.getLogger(__name__)
+
+
+def _temp_prefix(path: Path) -> str:
+    return f".{path.name}.tmp-"
 
 
 def write_atomically(path: str | os.PathLike[str], data: bytes | bytearray | memoryview | str
                      ) -> None:
     """Writes ``data`` to ``path`` through a temp file beside it, flushed to disk, then renamed
-    over ``path``. On any failure the temp file is removed and ``path`` is left as it was."""
+    over ``path``. On any failure the temp file is removed and ``path`` is left as it was.
+
+    Raises:
+      OSError: the write failed (a full disk, a read-only or removed directory); the message
+        names ``path`` and the temp file, and ``path`` keeps its previous content.
+    """
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.tmp-")
     try:
-        with os.fdopen(fd, "w" if isinstance(data, str) else "wb") as f:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=_temp_prefix(path))
+    except OSError as err:
+        raise _naming(err, path, None) from err
+    try:
+        lock_held(fd)  # until the rename: a live writer's temp file is never removed
+        with os.fdopen(fd, "w" if isinstance(data, str) else "wb", closefd=False) as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(err, OSError) and str(path) not in str(err):
+            raise _naming(err, path, tmp) from err
         raise
+    finally:
+        os.close(fd)
+
+
+def _naming(err: OSError, path: Path, tmp: str | None) -> OSError:
+    """``err`` (same class and errno) with a message naming the file being written."""
+    via = f" (through {tmp})" if tmp else ""
+    message = (f"Could not write {path}{via}: {err.strerror or err}; its previous version, if "
+               "any, is kept. Free space on that disk or choose another directory.")
+    return type(err)(err.errno, message) if err.errno is not None else type(err)(message)
+
+
+def lock_held(fd: int) -> None:
+    """Takes ``fd``'s exclusive lock (a temp file or directory being written): until ``fd`` is
+    closed, or its process dies, ``remove_stale`` leaves the entry alone."""
+    if fcntl is not None:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+def hold_directory(path: str | os.PathLike[str]) -> int | None:
+    """Opens and locks a temp directory being written (see ``lock_held``); close the returned
+    descriptor when done (None where ``flock`` is missing)."""
+    if fcntl is None:
+        return None
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        lock_held(fd)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def remove_stale(directory: str | os.PathLike[str], prefix: str) -> list[str]:
+    """Removes the entries of ``directory`` named ``prefix*`` (temp files or directories) that
+    no process holds locked (their writer died mid-write); returns their names. Does nothing
+    where ``flock`` is missing."""
+    removed: list[str] = []
+    if fcntl is None:
+        return removed
+    try:
+        entries = [e for e in os.scandir(directory) if e.name.startswith(prefix)]
+    except FileNotFoundError:
+        return removed
+    for entry in entries:
+        is_dir = entry.is_dir(follow_symlinks=False)
+        if not is_dir and not entry.is_file(follow_symlinks=False):
+            continue
+        flags = os.O_RDONLY | os.O_NOFOLLOW | (os.O_DIRECTORY if is_dir else 0)
+        try:
+            fd = os.open(entry.path, flags)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # a live writer holds it
+            os.close(fd)
+            continue
+        try:
+            if is_dir:
+                shutil.rmtree(entry.path)
+            else:
+                os.unlink(entry.path)
+            removed.append(entry.name)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+    if removed:
+        logger.warning("removed %d temporary entr%s in %s left by a writer that died: %s",
+                       len(removed), "y" if len(removed) == 1 else "ies", directory,
+                       ", ".join(removed))
+    return removed
+
+
+def remove_stale_temporaries(path: str | os.PathLike[str]) -> list[str]:
+    """Removes the temp files that ``write_atomically(path, ...)`` calls left behind when their
+    process died mid-write (no process holds their lock); returns their names. A temp file a
+    live writer holds is kept."""
+    path = Path(path)
+    return remove_stale(path.parent, _temp_prefix(path))

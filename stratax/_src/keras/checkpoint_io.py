@@ -1,7 +1,9 @@
 """Atomic checkpoints: a failed or interrupted save never damages the previous one.
 
 A checkpoint directory holds numbered versions (``ckpt-<n>/``, each complete before it becomes
-visible) and a ``latest`` file naming the newest. A save writes the new version under a temporary
+visible) and a ``latest`` file naming the newest. A version is written in a ``.staging-*``
+directory locked (``flock``) by its writer; one whose writer died mid-save (SIGKILL) is removed
+by the next save. A save writes the new version under a temporary
 name, renames it into place, then replaces ``latest`` with ``os.replace`` (atomic on POSIX), and
 only then removes older versions. Arrays go into ``state.npz`` (numpy, no pickle); metadata into
 ``meta.json``.
@@ -20,7 +22,12 @@ from typing import Any
 
 import numpy as np
 
-from stratax._src.core.files import write_atomically
+from stratax._src.core.files import (
+    hold_directory,
+    remove_stale,
+    remove_stale_temporaries,
+    write_atomically,
+)
 
 _LATEST = "latest"
 
@@ -31,16 +38,33 @@ def save(directory: str | os.PathLike[str], arrays: list[np.ndarray], meta: dict
     root.mkdir(parents=True, exist_ok=True)
     current = latest_version(root)
     number = 0 if current is None else int(current.name.split("-")[1]) + 1
-    staging = Path(tempfile.mkdtemp(dir=root, prefix=".staging-"))
+    final = root / f"ckpt-{number}"
+    remove_stale(root, ".staging-")   # of a writer killed mid-save
+    remove_stale_temporaries(root / _LATEST)
+    staging, held = None, None
     try:
+        staging = Path(tempfile.mkdtemp(dir=root, prefix=".staging-"))
+        held = hold_directory(staging)
         np.savez(staging / "state.npz", *arrays)
         (staging / "meta.json").write_text(json.dumps(meta, sort_keys=True))
-        final = root / f"ckpt-{number}"
         os.replace(staging, final)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+        write_atomically(root / _LATEST, final.name)
+    except BaseException as err:
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+        if final.exists() and latest_version(root) != final:
+            shutil.rmtree(final, ignore_errors=True)
+        if isinstance(err, OSError):
+            kept = (f"the previous checkpoint {current} is kept" if current
+                    else "no earlier checkpoint existed")
+            message = (f"Could not write checkpoint {final} in {root}: {err.strerror or err}; "
+                       f"{kept}. Free space on that disk or choose another directory.")
+            raise (type(err)(err.errno, message) if err.errno is not None
+                   else type(err)(message)) from err
         raise
-    write_atomically(root / _LATEST, final.name)
+    finally:
+        if held is not None:
+            os.close(held)
     for old in root.glob("ckpt-*"):
         if old != final:
             shutil.rmtree(old, ignore_errors=True)

@@ -400,6 +400,7 @@ def is_array_input(x: Any) -> bool:
 def _arrays_feed(arrays: tuple[Any, ...], batch_size: int | None, shuffle: bool | str,
                  layout: FeedLayout, class_weight: dict[int, float] | None,
                  hint: str, steps: int | None = None) -> GlobalFeed:
+    seam.check_data_cardinality(arrays)   # x and y of different lengths: Keras' ValueError
     # Keras' rule: without a batch size, ``steps`` batches cover the data, else 32 rows.
     rows = _rows(arrays)
     batch = batch_size or (-(-rows // steps) if steps else _KERAS_DEFAULT_BATCH)

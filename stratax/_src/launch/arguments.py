@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import secrets
 import sys
 from collections.abc import Sequence
 
@@ -155,7 +156,14 @@ def parameter_server_layout(args: argparse.Namespace) -> tuple[int, dict[str, st
     if args.nproc_per_node != 1 or args.nnodes != 1:
         raise ValueError("--workers/--ps start a one-node cluster of 1 + W + P processes; drop "
                          "--nproc-per-node and --nnodes.")
-    return 1 + workers + ps, {env_names.STRATAX_PS_ROLES: f"{workers},{ps}"}
+    extra = {env_names.STRATAX_PS_ROLES: f"{workers},{ps}"}
+    if not (os.environ.get(env_names.STRATAX_PS_TOKEN)
+            or os.environ.get(env_names.STRATAX_PS_TOKEN_FILE)):
+        # A secret for this run's tasks only: their gRPC calls carry it (the local socket
+        # checks the caller's uid instead). A token the user set is kept (several runs, or
+        # tasks started by hand, may share it).
+        extra[env_names.STRATAX_PS_TOKEN] = secrets.token_urlsafe(32)
+    return 1 + workers + ps, extra
 
 
 def build_parser(prog: str | None = None) -> argparse.ArgumentParser:

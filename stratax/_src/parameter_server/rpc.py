@@ -5,25 +5,35 @@ and ``Stream`` (the same frame cut into ``CHUNK_BYTES`` chunks both ways, for la
 measured 0.8-0.97 GB/s streamed vs 0.46-0.66 GB/s unary on loopback). No protobuf, no pickle:
 the bytes are ``wire`` frames, whose ``meta["method"]`` names the operation.
 
-Security: a server binds 127.0.0.1 unless the cluster names another address; binding any other
-address requires a shared token (``STRATAX_PS_TOKEN`` or the file named by
-``STRATAX_PS_TOKEN_FILE``), which every call must carry in its metadata. A call without the
-right token is refused (``UNAUTHENTICATED``) and logged.
+Security (loopback is no trust boundary: any local user can reach a loopback port). A call is
+trusted in one of two ways, and nothing else reaches a handler:
 
-Same host: a server also listens on a Unix socket (``local_socket``) and names it, with its
-host's identity, to any client that asks over gRPC (the ``Local`` method, token-checked like
-the others); a client on the same host then sends its frames there instead (same frames, same
-handler, same errors and deadlines; frames up to 4 MiB in a buffer shared under the socket,
-see ``shared_frames``), unless ``STRATAX_PS_TRANSPORT=grpc``.
+- over gRPC, with the cluster's shared token (``STRATAX_PS_TOKEN`` or the file named by
+  ``STRATAX_PS_TOKEN_FILE``; ``stratax launch`` makes one per run) in its metadata, compared in
+  constant time. A server without a token takes no ``Call``/``Stream`` over gRPC at all, and a
+  client without one sends none (whoever listens at the port gets no request); binding
+  anything but loopback requires a token;
+- over the server's Unix socket (``local_socket``), from a process of the server's own uid
+  (checked with ``SO_PEERCRED``; such a process could read the token anyway).
+
+The one gRPC method that needs no trust is ``Local``: where the socket is (token-checked when
+the server has a token). A refused call is answered ``UNAUTHENTICATED`` before its bytes are
+parsed, and logged (at most once per 10 s, with a count).
+
+Same host: a client asks ``Local`` and, on the same host (and uid), sends its frames over the
+socket (same frames, same handler, same errors and deadlines; frames up to 4 MiB in a buffer
+shared under the socket, see ``shared_frames``), unless ``STRATAX_PS_TRANSPORT=grpc``.
 """
 
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import hmac
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent import futures
 from typing import Any
@@ -72,6 +82,14 @@ def read_token() -> str | None:
         return token
     return None
 
+
+def same_secret(sent: str | None, token: str) -> bool:
+    """Whether ``sent`` is ``token``, in time independent of both (digests of equal length
+    are compared in constant time, so neither the content nor the length leaks)."""
+    if sent is None:
+        return False
+    return hmac.compare_digest(hashlib.sha256(str(sent).encode()).digest(),
+                               hashlib.sha256(token.encode()).digest())
 
 
 def keep_buffers_in_heap() -> bool:
@@ -158,11 +176,23 @@ class RpcServer:
             raise OSError(f"{name} could not listen on {bind} (port in use?); free it or pick "
                           "another port in the cluster spec.")
         self.local: local_socket.LocalListener | None = None
+        why_not = "STRATAX_PS_TRANSPORT=grpc" if not use_local else ""
         if use_local:
             try:
                 self.local = local_socket.LocalListener(name, self._dispatch)
             except OSError as err:
+                why_not = str(err)
                 logger.warning("%s serves gRPC only: no local socket (%s)", name, err)
+        if self.local is None and not token:
+            self._server.stop(None)
+            self._executor.shutdown(wait=False)
+            raise ValueError(
+                f"{name} would take no calls: without a shared token only its local socket is "
+                f"trusted, and it has none ({why_not}); set {env.STRATAX_PS_TOKEN}=<secret> (or "
+                f"{env.STRATAX_PS_TOKEN_FILE}=<path>) on every task of the cluster.")
+        self._refusals = 0
+        self._refusal_logged = -float("inf")
+        self._refusal_lock = threading.Lock()
         self.stopped = threading.Event()
 
     def start(self) -> None:
@@ -179,15 +209,39 @@ class RpcServer:
         self._executor.shutdown(wait=True)
         self.stopped.set()
 
-    def _authorized(self, context: grpc.ServicerContext) -> bool:
-        if not self._token:
+    def _authorized(self, context: grpc.ServicerContext, method: str) -> bool:
+        """Whether a gRPC call is trusted (see the module docstring); a refusal is logged."""
+        sent = dict(context.invocation_metadata()).get(_TOKEN_KEY)
+        if self._token:
+            if same_secret(sent, self._token):
+                return True
+            reason = "wrong token" if sent else "missing token"
+        elif method == "Local":
             return True
-        sent = dict(context.invocation_metadata()).get(_TOKEN_KEY, "")
-        if hmac.compare_digest(str(sent).encode(), self._token.encode()):
-            return True
-        logger.warning("%s refused a call from %s: missing or wrong token", self.name,
-                       context.peer())
+        else:
+            reason = "no token is set on this task"
+        now = time.monotonic()
+        with self._refusal_lock:
+            self._refusals += 1
+            if now - self._refusal_logged < 10.0:
+                return False
+            self._refusal_logged, count, self._refusals = now, self._refusals, 0
+        logger.warning("%s refused a gRPC call to %s from %s: %s (%d refused since the last "
+                       "such message)", self.name, method, context.peer(), reason, count)
         return False
+
+    def _refuse(self, context: grpc.ServicerContext) -> None:
+        if self._token:
+            context.abort(grpc.StatusCode.UNAUTHENTICATED,
+                          f"{self.name}: missing or wrong stratax token; set the cluster's "
+                          f"{env.STRATAX_PS_TOKEN} (or {env.STRATAX_PS_TOKEN_FILE}) on this task.")
+        context.abort(
+            grpc.StatusCode.UNAUTHENTICATED,
+            f"{self.name} takes gRPC calls only with the cluster's shared token, and none is set "
+            f"on it; without one only its local socket is trusted (processes of uid "
+            f"{os.getuid()} on its host). Set the same {env.STRATAX_PS_TOKEN}=<secret> (or "
+            f"{env.STRATAX_PS_TOKEN_FILE}=<path>) on every task of the cluster to call it over "
+            "gRPC.")
 
     def _dispatch(self, data: bytes) -> bytes:
         try:
@@ -203,18 +257,18 @@ class RpcServer:
             return error_response(f"{type(err).__name__}: {err}")
 
     def _local_endpoint(self, request: bytes, context: grpc.ServicerContext) -> bytes:
-        if not self._authorized(context):
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong stratax token")
+        if not self._authorized(context, "Local"):
+            self._refuse(context)
         return response(self.local.endpoint() if self.local is not None else {"path": None})
 
     def _call(self, request: bytes, context: grpc.ServicerContext) -> bytes:
-        if not self._authorized(context):
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong stratax token")
+        if not self._authorized(context, "Call"):
+            self._refuse(context)
         return self._dispatch(request)
 
     def _stream(self, chunks: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
-        if not self._authorized(context):
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong stratax token")
+        if not self._authorized(context, "Stream"):
+            self._refuse(context)
         # A growing writable buffer (glibc grows large ones in place with mremap): decoded
         # tensors are views of it, which a server may keep (a created variable) as they are.
         data = bytearray()
@@ -272,6 +326,7 @@ class RpcClient:
         self._local_lock = threading.Lock()
         self._local: local_socket.LocalChannel | None = None
         self._grpc_only = not self._auto  # until a failure makes it ask again
+        self._no_local = "" if self._auto else f"transport {mode!r}"  # why calls go over gRPC
 
     @property
     def transport(self) -> str:
@@ -300,6 +355,15 @@ class RpcClient:
             for attempt in (1, 2):
                 local = self._local_channel(method, deadline)
                 if local is None:
+                    if not self._token:
+                        # No server takes this call over gRPC without a token, and whoever
+                        # listens at the port (a squatter, say) must not get the request.
+                        raise RemoteError(
+                            f"{self.name} at {self.address}: no trusted way to call it: its "
+                            f"local socket is not usable ({self._no_local or 'unknown'}) and no "
+                            f"token is set here for gRPC; set the same "
+                            f"{env.STRATAX_PS_TOKEN}=<secret> (or "
+                            f"{env.STRATAX_PS_TOKEN_FILE}=<path>) on every task of the cluster.")
                     data = self._grpc(method, deadline, lambda metadata: self._grpc_call(
                         parts, deadline, stream, metadata))
                     break
@@ -336,9 +400,10 @@ class RpcClient:
         except grpc.RpcError as err:
             code = err.code() if hasattr(err, "code") else None
             if code == grpc.StatusCode.UNAUTHENTICATED:
-                raise RemoteError(f"{self.name} at {self.address} refused the call: missing or "
-                                  f"wrong token; set the same {env.STRATAX_PS_TOKEN} on every "
-                                  "task.") from None
+                why = f" (its local socket was not usable: {self._no_local})" if (
+                    self._no_local and not self._token) else ""
+                raise RemoteError(f"{self.name} at {self.address} refused the call: "
+                                  f"{err.details()}{why}") from None
             if discovery and code == grpc.StatusCode.UNIMPLEMENTED:
                 raise
             if code == grpc.StatusCode.DEADLINE_EXCEEDED:
@@ -366,6 +431,7 @@ class RpcClient:
             except (grpc.RpcError, wire.WireError, ValueError, OSError) as err:
                 logger.info("%s at %s: calls go over gRPC (no usable local socket: %s)",
                             self.name, self.address, err)
+                self._no_local = str(err)
                 self._grpc_only = True
                 return None
             logger.info("%s at %s: calls go over the local socket %s", self.name, self.address,

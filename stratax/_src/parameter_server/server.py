@@ -17,7 +17,7 @@ from typing import Any
 
 from stratax._src.cluster.cluster_spec import ClusterSpec, parse_address
 from stratax._src.cluster.resolver import ClusterResolver
-from stratax._src.parameter_server import rpc
+from stratax._src.parameter_server import cluster_check, rpc, wire
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +63,7 @@ class Server:
             raise ValueError(f"A Server runs a 'ps' or 'worker' task, got job_name={job_name!r}.")
         if task_index is None:
             raise ValueError("task_index is required (which task of the job this server is).")
+        cluster_check.require_jobs(spec)
         self.cluster_spec = spec
         self.job_name = job_name
         self.task_index = int(task_index)
@@ -98,9 +99,15 @@ class Server:
 
             self._service = WorkerService(self.task_index, self.cluster_spec.num_tasks("worker"),
                                           self.cluster_spec.job_tasks("ps"), self._timeout)
-        self._rpc = rpc.RpcServer(name, host, port, self._service.handle)
+        self._rpc = rpc.RpcServer(name, host, port, self._handle)
         self._rpc.start()
         logger.info("%s serving at %s", name, self.address)
+
+    def _handle(self, frame: wire.Frame) -> bytes:
+        if frame.meta.get("method") == "hello":  # the chief checks that we agree on the cluster
+            return cluster_check.answer_hello(frame, self.cluster_spec, self.job_name,
+                                              self.task_index)
+        return self._service.handle(frame)
 
     def join(self, timeout: float | None = None) -> bool:
         """Blocks until the coordinator asks this task to stop (or ``timeout`` seconds pass);

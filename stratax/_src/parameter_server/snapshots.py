@@ -3,7 +3,8 @@
 A snapshot holds, per shard, the value, the optimizer (its spec, slots and iterations) and the
 ledger of applied step ids, in one ``.npz`` file (raw arrays plus a JSON header; no pickle).
 It is written atomically (``core.files.write_atomically``: a temp file, flushed to disk, then
-renamed over ``ps<i>.npz``), so a ps killed while writing leaves the previous snapshot intact.
+renamed over ``ps<i>.npz``), so a ps killed while writing leaves the previous snapshot intact;
+its temp file (``.ps<i>.npz.tmp-*``, locked while written) is removed when the ps starts again.
 
 Consistency: while a snapshot is taken no push is applied (pushes wait for it), so every
 shard's value, slots and ledger agree. A ps restarted at its address with the same directory
@@ -27,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from stratax._src.core import env, envvars
-from stratax._src.core.files import write_atomically
+from stratax._src.core.files import remove_stale_temporaries, write_atomically
 from stratax._src.parameter_server import wire
 from stratax._src.parameter_server.optimizers import ShardOptimizer
 
@@ -66,6 +67,7 @@ class Snapshots:
                              f"pushes, e.g. {env.STRATAX_PS_SNAPSHOT_EVERY}=100.")
         self.path = Path(directory) / f"ps{task_index}.npz"
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_temporaries(self.path)  # of a ps killed while writing
         self.every = every
         self.written = 0  # snapshots written by this process
         self._cond = threading.Condition()

@@ -23,7 +23,13 @@ import numpy as np
 from stratax._src.cluster.cluster_spec import ClusterSpec
 from stratax._src.cluster.resolver import ClusterResolver
 from stratax._src.core.context import replica_context_scope, strategy_scope
-from stratax._src.parameter_server import checkpoint, compute_threads, functions, program
+from stratax._src.parameter_server import (
+    checkpoint,
+    cluster_check,
+    compute_threads,
+    functions,
+    program,
+)
 from stratax._src.parameter_server import coordinator as coord
 from stratax._src.parameter_server.optimizers import DEFAULT_SPARSE_UPDATES
 from stratax._src.parameter_server.partitioners import shard_offsets, shard_sizes
@@ -85,6 +91,7 @@ class ParameterServerStrategy:
                 f"{spec.as_dict()}; describe them in TF_CONFIG or launch with "
                 "`stratax launch --workers 2 --ps 1 train.py`."
             )
+        cluster_check.require_jobs(spec)
         if cluster_resolver.task_type not in (None, "chief", *SERVED_JOBS):
             raise ValueError(
                 f"ParameterServerStrategy runs on 'chief', 'worker' and 'ps' tasks; this task is "
@@ -104,6 +111,8 @@ class ParameterServerStrategy:
         try:
             for client in [*self._ps.clients, *self._worker_clients]:
                 client.wait_ready(timeout_seconds)
+            cluster_check.agree([*self._ps.clients, *self._worker_clients], ClusterSpec(spec),
+                                timeout_seconds)
         except BaseException:
             for client in self._worker_clients:
                 client.close()
