@@ -59,11 +59,15 @@ class Workers:
     def __init__(self) -> None:
         self.procs: list[subprocess.Popen] = []
 
-    def start(self, args, tf_configs, extra_env=None):
+    def start(self, args, tf_configs, extra_env=None, *, prefix=(), cwd=HERE,
+              executable=sys.executable):
+        """Starts ``[*prefix, executable, *args]`` once per TF_CONFIG, each in its own session.
+
+        ``prefix`` runs it through another program (``ip netns exec NAME``)."""
         for config in tf_configs:
             env = worker_env(TF_CONFIG=config, PYTHONUNBUFFERED="1", **(extra_env or {}))
             self.procs.append(subprocess.Popen(
-                [sys.executable, *args], cwd=HERE, env=env, stdout=subprocess.PIPE,
+                [*prefix, executable, *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT, text=True, start_new_session=True))
         return self.procs
 
