@@ -5,12 +5,11 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
-import time
 
 import keras
 import numpy as np
 import pytest
+from kill_mid_write import kill_while_writing
 
 import stratax as sx
 from stratax._src.keras import checkpoint_io
@@ -224,26 +223,7 @@ while True:
 def test_a_chief_killed_mid_backup_leaves_nothing_after_the_next_save(tmp_path):
     """A real SIGKILL of a process in the middle of a backup: its staging directory stays (it
     cannot remove it); the next save removes it, and the last complete backup loads."""
-    leftovers = []
-    for _ in range(20):   # until the kill lands while a staging directory exists
-        proc = subprocess.Popen([sys.executable, "-c", _SAVER, str(tmp_path)],
-                                stdout=subprocess.PIPE, text=True, start_new_session=True)
-        try:
-            assert proc.stdout.readline().strip() == "first"
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline:
-                if any(p.name.startswith(".staging-") for p in tmp_path.iterdir()):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    break
-                time.sleep(0.0005)
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
-            proc.stdout.close()
-        leftovers = [p.name for p in tmp_path.iterdir() if p.name.startswith(".staging-")]
-        if leftovers:
-            break
+    leftovers = kill_while_writing(_SAVER, tmp_path, ".staging-")
     assert leftovers, "no kill landed during a backup in 20 tries"
     arrays, meta = checkpoint_io.load(tmp_path)
     assert float(arrays[0][0]) == meta["step"]          # the last complete backup

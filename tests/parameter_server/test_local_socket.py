@@ -5,7 +5,6 @@ import os
 import pwd
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -16,6 +15,7 @@ import time
 import grpc
 import numpy as np
 import pytest
+from as_nobody import send_as_nobody
 
 from stratax._src.core.errors import WorkerUnavailableError
 from stratax._src.parameter_server import local_socket, rpc, wire
@@ -244,37 +244,10 @@ def test_a_process_of_another_uid_is_refused(echo_server, caplog):
     path = echo_server.local.path
     request = wire.encode({"method": "echo", "x": 1})
 
-    def attempt_as_nobody():
-        pid = os.fork()
-        if pid == 0:  # the child: only socket calls, then _exit
-            code = 9
-            try:
-                os.setuid(nobody)
-                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                sock.settimeout(5)
-                sock.connect(path)
-                sock.sendall(len(request).to_bytes(8, "little") + request)
-                code = 0 if sock.recv(8) == b"" else 1   # 0: closed unanswered
-            except PermissionError:
-                code = 3
-            except (ConnectionResetError, BrokenPipeError):   # closed unanswered
-                code = 0
-            finally:
-                os._exit(code)
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                return os.waitstatus_to_exitcode(status)
-            time.sleep(0.02)
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-        pytest.fail("the child running as nobody did not finish within 20 s")
-
-    assert attempt_as_nobody() == 3                       # the private directory stops it
+    assert send_as_nobody(path, request) == 3  # the private directory stops it
     os.chmod(echo_server.local.directory, 0o755)          # past the file system: the uid check
     os.chmod(path, 0o777)
-    assert attempt_as_nobody() == 0
+    assert send_as_nobody(path, request) == 0
     assert "refused a local connection from pid" in caplog.text
     assert f"running as uid {nobody}" in caplog.text
 

@@ -10,12 +10,12 @@ write a marker.
 
 import os
 import pwd
-import signal
 import socket
 import time
 
 import grpc
 import pytest
+from as_nobody import send_as_nobody
 from ps_cluster_helpers import cluster  # noqa: F401 - `cluster` is a fixture
 
 from stratax._src.parameter_server import local_socket, wire
@@ -108,38 +108,6 @@ def test_a_wrong_or_missing_token_is_refused_and_the_right_one_is_obeyed(cluster
     assert marker.read_text() == "ran"
 
 
-def _as_nobody(path, request):
-    """Connects to the worker's Unix socket as uid ``nobody`` in a forked child and sends the
-    attack; returns how it ended: 3 = no access to the socket, 0 = closed unanswered,
-    1 = answered."""
-    nobody = pwd.getpwnam("nobody").pw_uid
-    pid = os.fork()
-    if pid == 0:  # the child: only socket calls, then _exit
-        code = 9
-        try:
-            os.setuid(nobody)
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            sock.settimeout(20)
-            sock.connect(path)
-            sock.sendall(len(request).to_bytes(8, "little") + request)
-            code = 0 if sock.recv(8) == b"" else 1
-        except PermissionError:
-            code = 3
-        except (ConnectionResetError, BrokenPipeError):
-            code = 0
-        finally:
-            os._exit(code)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return os.waitstatus_to_exitcode(status)
-        time.sleep(0.02)
-    os.kill(pid, signal.SIGKILL)
-    os.waitpid(pid, 0)
-    pytest.fail("the child running as nobody did not finish within 30 s")
-
-
 @pytest.mark.skipif(os.getuid() != 0, reason="switching to another uid needs root")
 @pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")  # the child only makes socket calls
 def test_another_uid_cannot_use_the_local_socket(cluster, attack):  # noqa: F811
@@ -148,10 +116,10 @@ def test_another_uid_cannot_use_the_local_socket(cluster, attack):  # noqa: F811
     code, endpoint = _call(address, b"", method="Local")
     assert code == grpc.StatusCode.OK, endpoint
     path = endpoint["path"]
-    assert _as_nobody(path, request) == 3            # the private directory stops it
+    assert send_as_nobody(path, request) == 3            # the private directory stops it
     os.chmod(os.path.dirname(path), 0o755)             # past the file system: the uid check
     os.chmod(path, 0o777)
-    assert _as_nobody(path, request) == 0
+    assert send_as_nobody(path, request) == 0
     assert not marker.exists()
     log = cluster.output("worker0")
     assert f"running as uid {pwd.getpwnam('nobody').pw_uid}" in log, log[-2000:]

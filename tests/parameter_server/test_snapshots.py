@@ -5,6 +5,7 @@ import os
 
 import numpy as np
 import pytest
+from kill_mid_write import kill_while_writing
 
 from stratax._src.parameter_server import wire
 from stratax._src.parameter_server.ps_server import ParameterServer
@@ -127,33 +128,9 @@ def test_a_ps_killed_while_writing_a_snapshot_leaves_no_temp_file(tmp_path):
     """A real SIGKILL of a ps process in the middle of a snapshot write: its temp file stays
     (it cannot remove it), and the next ps started on the directory removes it and loads the
     last complete snapshot. A temp file a live writer holds is kept."""
-    import signal
-    import subprocess
-    import sys
-    import time
-
     from stratax._src.core import files
 
-    leftovers = []
-    for _ in range(20):   # until the kill lands while a temp file exists
-        proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(tmp_path)],
-                                stdout=subprocess.PIPE, text=True, start_new_session=True)
-        try:
-            assert proc.stdout.readline().strip() == "first"
-            deadline = time.monotonic() + 20
-            while time.monotonic() < deadline:
-                if any(p.name.startswith(".ps0.npz.tmp-") for p in tmp_path.iterdir()):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    break
-                time.sleep(0.0005)
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
-            proc.stdout.close()
-        leftovers = [p.name for p in tmp_path.iterdir() if p.name.startswith(".ps0.npz.tmp-")]
-        if leftovers:
-            break
+    leftovers = kill_while_writing(_WRITER, tmp_path, ".ps0.npz.tmp-")
     assert leftovers, "no kill landed during a snapshot write in 20 tries"
     # A live writer's temp file (held, as write_atomically holds its own) is not touched.
     live = tmp_path / ".ps0.npz.tmp-live"
