@@ -257,3 +257,50 @@ def test_sigterm_to_launcher_escalates_to_sigkill_after_the_grace_period(scripts
     assert 0.9 < elapsed < 6, elapsed
     for pid in pids:
         assert scripts.wait_gone(pid, 1.0)
+
+
+# Worker 1 freezes (SIGSTOP); worker 0 is aborted the way JAX's coordination service aborts a
+# process when a peer stops sending heartbeats (the gloo path), or fails with stratax's error
+# naming the peer (the shared-memory path).
+FROZEN_PEER = '''
+if RANK == 1:
+    open(os.path.join(OUT, "frozen"), "w").close()
+    os.kill(os.getpid(), signal.SIGSTOP)
+    time.sleep(60)
+wait_for("frozen")
+if {jax_abort}:
+    print("F1205 client.h:80] Terminating process because the JAX distributed service detected "
+          "fatal errors. absl::Status: UNAVAILABLE: The following tasks are unhealthy (stopped "
+          "sending heartbeats):", file=sys.stderr)
+    print("1", file=sys.stderr)
+    print("The tasks have crashed.", file=sys.stderr)
+    print("*** Check failure stack trace: ***", file=sys.stderr)
+    sys.stderr.flush()
+    os.abort()
+print("Traceback (most recent call last):", file=sys.stderr)
+print("stratax._src.core.errors.WorkerUnavailableError: The shared-memory all-reduce failed: "
+      "worker 1 (127.0.0.1:1234) did not reach all-reduce round 21 within 10 s.", file=sys.stderr)
+sys.exit(1)
+'''
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("jax_abort", [True, False], ids=["jax-heartbeats", "stratax-error"])
+def test_a_frozen_worker_is_named_not_the_peer_that_reported_it(scripts, jax_abort):
+    script = scripts.write("frozen.py", FROZEN_PEER.format(jax_abort=jax_abort))
+    result = launch([sys.executable, script], nproc_per_node=2, stream_output=False,
+                    grace_period=2)
+    failure = result.failure
+    assert failure is not None and failure.name == "worker 1", result.summary
+    assert failure.reported_by == "worker 0"
+    first_line, said, *quoted = result.summary.splitlines()
+    assert first_line.startswith("stratax launch: worker 1 ") and "stopped answering" in first_line
+    # The teardown resumes a stopped worker, so SIGTERM ends it without the SIGKILL escalation.
+    assert failure.signal_name == "SIGTERM", result.summary
+    assert said == "What worker 0 said:"
+    if jax_abort:
+        assert quoted == ["  [worker 0] JAX's coordination service: The following tasks are "
+                          "unhealthy (stopped sending heartbeats): 1"]
+    else:
+        assert "did not reach all-reduce round 21" in quoted[-1]
+    assert "Check failure" not in result.summary

@@ -4,6 +4,7 @@ Usage: python mwms_fault_program.py OUT_DIR MODE
 MODE: "raise_at_batch" (worker 1 raises RuntimeError from a callback at batch 20),
 "raise_after_strategy" (worker 1 raises right after creating the strategy),
 "sigterm" (worker 1 receives SIGTERM at batch 20; no BackupAndRestore is used),
+"sigstop" (worker 1 stops itself with SIGSTOP at batch 20: a hung worker; 10 s timeout),
 "none" (no fault: trains for minutes, for tests that signal from outside).
 Worker 1 writes OUT_DIR/event.time (``time.time()``) just before the fault, so a test can
 measure the seconds from the fault to the end of the group; every worker writes
@@ -19,7 +20,7 @@ import stratax as sx
 
 out_dir, mode = sys.argv[1], sys.argv[2]
 strategy = sx.MultiWorkerMirroredStrategy(
-    communication_options=sx.CommunicationOptions(timeout_seconds=60))
+    communication_options=sx.CommunicationOptions(timeout_seconds=10 if mode == "sigstop" else 60))
 
 
 def mark_event() -> None:
@@ -50,8 +51,8 @@ class Fault(keras.callbacks.Callback):
         mark_event()
         if mode == "raise_at_batch":
             raise RuntimeError("worker one failed at batch 20")
-        if mode == "sigterm":
-            os.kill(os.getpid(), signal.SIGTERM)
+        if mode in ("sigterm", "sigstop"):
+            os.kill(os.getpid(), signal.SIGTERM if mode == "sigterm" else signal.SIGSTOP)
 
 
 x, y = make_data(n=800)

@@ -30,10 +30,10 @@ def _no_inherited_cluster(monkeypatch):
         monkeypatch.delenv(name, raising=False)
 
 
-def _launch_fault(tmp_path, mode):
+def _launch_fault(tmp_path, mode, **env):
     result = launch([sys.executable, FAULT_PROGRAM, str(tmp_path), mode], nproc_per_node=2,
                     cwd=str(HERE), capture_output=True, stream_output=False, timeout=150,
-                    env={"PYTHONPATH": os.pathsep.join([str(HERE), str(REPO)])})
+                    env={"PYTHONPATH": os.pathsep.join([str(HERE), str(REPO)]), **env})
     ended = time.time()
     event = tmp_path / "event.time"
     assert event.exists(), result.summary
@@ -70,6 +70,23 @@ def test_sigterm_ends_a_worker_without_backup_and_restore(tmp_path):
     assert failure is not None and failure.name == "worker 1", result.summary
     assert failure.signal_name == "SIGTERM" and result.exit_code == 128 + signal.SIGTERM
     assert not any("SIGTERM caught" in line for line in result.outputs[1])
+
+
+@pytest.mark.parametrize("collectives", ["auto", pytest.param("gloo", marks=pytest.mark.slow)])
+def test_a_frozen_worker_is_named_and_the_group_ends(tmp_path, collectives):
+    """Worker 1 SIGSTOPs itself at batch 20 (timeout_seconds=10). On one host (shared memory)
+    worker 0's all-reduce times out with WorkerUnavailableError naming worker 1; over gloo,
+    JAX's heartbeat check (twice the timeout) aborts worker 0 and lists process 1. Either way
+    the launcher names worker 1, not the healthy worker that reported it."""
+    result, seconds = _launch_fault(tmp_path, "sigstop", STRATAX_CPU_COLLECTIVES=collectives)
+    print(f"sigstop ({collectives}): {seconds:.2f} s from the freeze to the end of the group")
+    assert seconds < (10 if collectives == "auto" else 20) + ENDS_WITHIN, result.summary
+    failure = result.failure
+    assert failure is not None and failure.name == "worker 1", result.summary
+    assert failure.reported_by == "worker 0" and "stopped answering" in result.summary
+    evidence = ("WorkerUnavailableError: The shared-memory all-reduce failed: worker 1"
+                if collectives == "auto" else "(stopped sending heartbeats): 1")
+    assert evidence in result.summary and "Check failure" not in result.summary
 
 
 def test_sigterm_to_stratax_launch_ends_the_workers_without_sigkill(tmp_path):

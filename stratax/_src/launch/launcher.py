@@ -57,6 +57,9 @@ class TaskFailure:
     restart_count: int
     tail: tuple[str, ...]
     traceback: tuple[str, ...] = ()  # the worker's last Python traceback, if it printed one
+    # The peer that named this worker as silent (hung, frozen, lost); ``traceback`` then holds
+    # that peer's words (its traceback, or the line JAX's coordination service printed).
+    reported_by: str | None = None
 
     @property
     def exit_code(self) -> int | None:
@@ -72,8 +75,11 @@ class TaskFailure:
 
     def describe(self) -> str:
         """One line: who failed, how, and on which start of the group."""
-        return (f"{self.name} (local rank {self.local_rank}, pid {self.pid}) failed with "
-                f"{describe_returncode(self.returncode)} (restart {self.restart_count})")
+        how = (f"stopped answering ({self.reported_by} reported it; the teardown then ended it "
+               f"with {describe_returncode(self.returncode)})" if self.reported_by
+               else f"failed with {describe_returncode(self.returncode)}")
+        return (f"{self.name} (local rank {self.local_rank}, pid {self.pid}) {how} "
+                f"(restart {self.restart_count})")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -238,7 +244,10 @@ class _Launcher:
                              f"{len(group.workers)} worker(s).")
             group.teardown(config.grace_period, self._force)
             if outcome == "failed" and failed is not None:
-                failures.append(_failure_of(group.root_cause() or failed, restart))
+                cause = group.root_cause() or failed
+                lost = group.named_as_lost(cause)
+                failures.append(_failure_of(lost[0], restart, reporter=(cause, lost[1])) if lost
+                                else _failure_of(cause, restart))
                 self._record_failure(failures[-1])
                 if restart < config.max_restarts and not self._stop.is_set():
                     self._notice(f"{failures[-1].describe()}; restarting the group "
@@ -387,13 +396,16 @@ class _Launcher:
                 signal.signal(sig, handler)
 
 
-def _failure_of(worker: Worker, restart: int) -> TaskFailure:
+def _failure_of(worker: Worker, restart: int,
+                reporter: tuple[Worker, list[str]] | None = None) -> TaskFailure:
+    """``worker``'s failure; ``reporter``: the peer that named it as silent, and its words."""
     return TaskFailure(
         name=worker.spec.name, global_rank=worker.spec.global_rank,
         local_rank=worker.spec.local_rank, pid=worker.pid,
         returncode=int(worker.returncode if worker.returncode is not None else -9),
         restart_count=restart, tail=tuple(worker.output.tail()),
-        traceback=tuple(worker.output.traceback()),
+        traceback=tuple(reporter[1] if reporter else worker.output.traceback()),
+        reported_by=reporter[0].spec.name if reporter else None,
     )
 
 
@@ -402,7 +414,10 @@ def _failure_text(failure: TaskFailure, config: LaunchConfig, restarts: int) -> 
         f"{failure.describe()}, the first task to fail; the other workers were stopped"
         + (f" (gave up after {restarts} restart(s))." if config.max_restarts else "."),
     ]
-    if failure.traceback:
+    if failure.reported_by:
+        lines.append(f"What {failure.reported_by} said:")
+        lines.extend(f"  [{failure.reported_by}] {line}" for line in failure.traceback)
+    elif failure.traceback:
         lines.append(f"{failure.name}'s last Python traceback:")
         lines.extend(f"  [{failure.name}] {line}" for line in failure.traceback)
     elif failure.tail:

@@ -125,6 +125,11 @@ class WorkerOutput:
                 return None
             return self._exception_line.split(":", 1)[0].rsplit(".", 1)[-1]
 
+    def exception_message(self) -> str:
+        """The message of the exception that ended the worker's last traceback (``""`` if none)."""
+        with self._state_lock:
+            return self._exception_line.partition(":")[2].strip()
+
     def captured(self) -> list[str] | None:
         """Every line printed so far when ``capture=True``, else ``None``."""
         with self._state_lock:

@@ -15,6 +15,7 @@ import dataclasses
 import logging
 import os
 import queue
+import re
 import signal
 import subprocess
 import threading
@@ -32,6 +33,20 @@ logger = logging.getLogger(__name__)
 _TEARDOWN_STATUSES = (-signal.SIGTERM, -signal.SIGKILL, 128 + signal.SIGTERM)
 # The error a worker raises when a collective finds a peer gone: the peer failed first.
 _PEER_LOST = "WorkerUnavailableError"
+# How JAX's coordination service words a peer's missed heartbeats (the process ids follow, one
+# per line) when it aborts the other processes.
+_JAX_HEARTBEAT_LOSS = "The following tasks are unhealthy (stopped sending heartbeats):"
+
+
+def _unhealthy_process_ids(lines: Sequence[str]) -> set[int]:
+    """The process ids listed after JAX's last heartbeat-loss line in ``lines``."""
+    ids: set[int] = set()
+    for line in lines:
+        if _JAX_HEARTBEAT_LOSS in line:
+            ids = set()
+        elif ids is not None and line.strip().isdigit():
+            ids.add(int(line.strip()))
+    return ids
 
 
 @dataclasses.dataclass
@@ -214,6 +229,25 @@ class WorkerGroup:
         pool = first_causes or candidates or failed
         return min(pool, key=lambda w: w.failed_at) if failed else None
 
+    def named_as_lost(self, reporter: Worker) -> tuple[Worker, list[str]] | None:
+        """The one other worker of the group that ``reporter`` says stopped answering, with the
+        lines that say so, or ``None``. A hung or frozen worker prints nothing: its peers' word
+        is all there is, either stratax's ``WorkerUnavailableError`` naming it, or JAX's
+        coordination service listing the process ids that "stopped sending heartbeats" as it
+        aborts the peer."""
+        if reporter.output.exception_name() == _PEER_LOST:
+            message = reporter.output.exception_message()
+            named = [w for w in self.workers if w is not reporter
+                     and re.search(re.escape(w.spec.name) + r"(?!\d)", message)]
+            lines = reporter.output.traceback()
+        else:
+            lines = reporter.output.tail()
+            ranks = _unhealthy_process_ids(lines)
+            named = [w for w in self.workers if w is not reporter and w.spec.global_rank in ranks]
+            lines = [f"JAX's coordination service: {_JAX_HEARTBEAT_LOSS} "
+                     + ", ".join(map(str, sorted(ranks)))]
+        return (named[0], lines) if len(named) == 1 else None
+
     def _stopped_by_teardown(self, worker: Worker) -> bool:
         signalled = self._signalled_at
         return (signalled is not None and worker.pid not in self._dead_before_signal
@@ -227,9 +261,12 @@ class WorkerGroup:
 
     def signal_all(self, signum: int) -> None:
         """Sends ``signum`` to every worker's process group (gone groups are skipped)."""
+        # A stopped (SIGSTOP) worker acts on SIGTERM only once it is resumed.
+        signals = (signum, signal.SIGCONT) if signum == signal.SIGTERM else (signum,)
         for worker in self.workers:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(worker.pid, signum)
+            for sent in signals:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(worker.pid, sent)
 
     def teardown(self, grace_period: float, force: threading.Event | None = None) -> None:
         """Stops every worker and its descendants; idempotent.

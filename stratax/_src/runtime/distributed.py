@@ -9,7 +9,10 @@ users expect around it:
   authentication, so a non-loopback coordinator must sit on a trusted network (logged);
 - a worker first checks that the coordinator answers, and fails with an error naming it
   instead of aborting inside XLA;
-- every wait is bounded by ``timeout_seconds`` (start-up, heartbeats, shutdown);
+- every wait is bounded by ``timeout_seconds`` (start-up, collectives, shutdown); JAX's
+  heartbeat check, which aborts every process when one stops answering, waits twice that, so
+  that on one host the shared-memory all-reduce's timeout comes first and names the silent peer
+  in a ``WorkerUnavailableError``;
 - an uncaught exception ends the worker at once instead of in JAX's shutdown barrier, and
   SIGTERM ends it unless a preemption-aware callback is training (``worker_exit``);
 - a failed collective is reported as ``WorkerUnavailableError`` naming the processes that
@@ -196,7 +199,7 @@ def initialize(layout: ProcessLayout, *, timeout_seconds: float, task_names: dic
                 process_id=layout.process_id,
                 coordinator_bind_address=bind,
                 initialization_timeout=timeout,
-                heartbeat_timeout_seconds=timeout,
+                heartbeat_timeout_seconds=2 * timeout,
                 shutdown_timeout_seconds=timeout,
             )
     finally:
