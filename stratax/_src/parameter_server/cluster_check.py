@@ -26,12 +26,28 @@ _FIX = ("Give every task the same TF_CONFIG \"cluster\" (only \"task\" differs f
         "task) and start the cluster again.")
 
 
+KNOWN_JOBS = ("chief", "worker", "ps", "evaluator")  # TensorFlow's allowed task types
+
+
 def require_jobs(spec: ClusterSpec) -> None:
-    """Checks that ``spec`` has at least one ``worker`` and one ``ps`` task, with no gap.
+    """Checks, before any connection, that ``spec`` is a parameter-server cluster as TensorFlow
+    validates one: only ``chief``/``worker``/``ps``/``evaluator`` jobs, at most one ``chief``
+    and one ``evaluator``, at least one ``worker`` and one ``ps`` task, with no gap.
 
     Raises:
       ValueError: naming the job and the fix.
     """
+    unknown = sorted(set(spec.jobs) - set(KNOWN_JOBS))
+    if unknown:
+        raise ValueError(
+            f"The cluster has job(s) {unknown} that a parameter-server cluster does not know "
+            f"(got {spec.as_dict()}); its jobs are {list(KNOWN_JOBS)}: rename them in TF_CONFIG.")
+    for job in ("chief", "evaluator"):
+        count = len(spec.job_tasks(job)) if job in spec.jobs else 0
+        if count > 1:
+            raise ValueError(
+                f"The cluster has {count} {job!r} tasks (got {spec.as_dict()[job]}); a "
+                f"parameter-server cluster has at most one: list the others as 'worker' tasks.")
     for job in JOBS:
         tasks = spec.job_tasks(job) if job in spec.jobs else []
         if not tasks:
