@@ -6,6 +6,8 @@ from stratax._src.parameter_server.partitioners import (
     MaxSizePartitioner,
     MinSizePartitioner,
     Partitioner,
+    ShardInfo,
 )
 
-__all__ = ["FixedShardsPartitioner", "MaxSizePartitioner", "MinSizePartitioner", "Partitioner"]
+__all__ = ["FixedShardsPartitioner", "MaxSizePartitioner", "MinSizePartitioner", "Partitioner",
+           "ShardInfo"]

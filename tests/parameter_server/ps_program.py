@@ -230,12 +230,34 @@ def scalar(strategy, coordinator):
             "replica_context": seen}
 
 
+def shard_init(strategy, coordinator):
+    """A partition-aware initializer is called once per shard (TensorFlow's ShardInfo)."""
+    calls = []
+
+    def init(shard_info):
+        calls.append([list(shard_info.shape), list(shard_info.offset)])
+        start = shard_info.offset[0]
+        rows = np.arange(start, start + shard_info.shape[0], dtype=np.float32)
+        return np.repeat(rows[:, None], shard_info.shape[1], axis=1)
+
+    table = strategy.create_variable(init, shape=(11, 3), name="per_shard")
+    try:
+        strategy.create_variable(init, name="no_shape")
+        missing_shape = ""
+    except ValueError as err:
+        missing_shape = str(err)
+    return {"calls": calls, "table": table.numpy()[:, 0].tolist(),
+            "shards": [v.shape[0] for v in table.variables], "dtype": str(table.dtype),
+            "missing_shape": missing_shape}
+
+
 def main():
     strategy = sx.ParameterServerStrategy(
         variable_partitioner=sx.partitioners.FixedShardsPartitioner(3), timeout_seconds=30)
     coordinator = sx.coordinator.ClusterCoordinator(strategy)
     result = {name: fn(strategy, coordinator) for name, fn in
-              [("sparse", sparse), ("converge", converge), ("scalar", scalar), ("fail", fail)]}
+              [("sparse", sparse), ("converge", converge), ("scalar", scalar),
+               ("shard_init", shard_init), ("fail", fail)]}
     print("RESULT " + json.dumps(result), flush=True)
 
 

@@ -65,13 +65,13 @@ def test_a_bad_partitioner_result_is_a_value_error_naming_it(result):
     holder = types.SimpleNamespace(_partitioner=lambda shape, dtype: result)
     with pytest.raises(ValueError, match=r"variable_partitioner must return a list of 3 ints.*"
                                          r"'table' of shape \(10, 4, 2\)"):
-        ParameterServerStrategy._partition_count(holder, "table", np.zeros((10, 4, 2)))
+        ParameterServerStrategy._partition_count(holder, "table", (10, 4, 2), np.dtype("float32"))
 
 
 def test_more_shards_than_rows_are_capped_at_the_rows():
     from stratax._src.parameter_server.strategy import ParameterServerStrategy
 
     holder = types.SimpleNamespace(_partitioner=lambda shape, dtype: [8, 1])
-    assert ParameterServerStrategy._partition_count(holder, "w", np.zeros((3, 2))) == 3
+    assert ParameterServerStrategy._partition_count(holder, "w", (3, 2), np.dtype("float32")) == 3
     holder = types.SimpleNamespace(_partitioner=FixedShardsPartitioner(2))
-    assert ParameterServerStrategy._partition_count(holder, "w", np.zeros((5, 2))) == 2
+    assert ParameterServerStrategy._partition_count(holder, "w", (5, 2), np.dtype("float32")) == 2

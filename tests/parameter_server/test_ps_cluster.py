@@ -35,6 +35,12 @@ def test_custom_loop_sparse_exact_and_errors(cluster):  # noqa: F811 - fixture
     assert stats["worker 0"]["steps"] + stats["worker 1"]["steps"] == 12 + 200  # sparse + converge
     assert stats["worker 0"]["steps"] > 0 and stats["worker 1"]["steps"] > 0
 
+    shard_init = result["shard_init"]  # one call per shard: no task builds the whole table
+    assert shard_init["calls"] == [[[4, 3], [0, 0]], [[4, 3], [4, 0]], [[3, 3], [8, 0]]]
+    assert shard_init["table"] == list(range(11)) and shard_init["shards"] == [4, 4, 3]
+    assert shard_init["dtype"] == "float32"
+    assert "needs the whole variable's shape" in shard_init["missing_shape"]
+
     scalar = result["scalar"]  # 3 steps of gradient 0.5: SGD 2 - 3 * 0.05; Adam ~ 2 - 3 * 0.1
     assert scalar["shape"] == [] and scalar["iterations"] == [3]
     assert abs(scalar["sgd"] - 1.85) < 1e-6 and abs(scalar["adam"] - 1.7) < 1e-4, scalar

@@ -9,6 +9,8 @@ contiguous blocks along axis 0; the first ``rows % n`` shards get one extra row,
 from __future__ import annotations
 
 import abc
+import dataclasses
+import inspect
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -153,3 +155,29 @@ def shard_offsets(sizes: Sequence[int]) -> list[int]:
         offsets.append(start)
         start += size
     return offsets
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardInfo:
+    """The part of a partitioned variable one initializer call builds (TensorFlow's
+    ``tf.distribute.experimental.partitioners.ShardInfo``): a table larger than the chief's
+    memory is built one shard at a time.
+
+    Example:
+      >>> def init(shard_info):                                          # doctest: +SKIP
+      ...     rows = np.arange(shard_info.offset[0], shard_info.offset[0] + shard_info.shape[0])
+      ...     return np.repeat(rows[:, None], shard_info.shape[1], axis=1).astype("float32")
+      >>> strategy.create_variable(init, shape=(10**8, 16), name="table")  # doctest: +SKIP
+    """
+
+    shape: tuple[int, ...]
+    offset: tuple[int, ...]
+
+
+def takes_shard_info(initializer: Any) -> bool:
+    """True when ``initializer`` is a callable with a ``shard_info`` parameter (TensorFlow's
+    mark of a partition-aware initializer)."""
+    try:
+        return "shard_info" in inspect.signature(initializer).parameters
+    except (TypeError, ValueError):
+        return False

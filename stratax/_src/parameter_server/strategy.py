@@ -32,7 +32,12 @@ from stratax._src.parameter_server import (
 )
 from stratax._src.parameter_server import coordinator as coord
 from stratax._src.parameter_server.optimizers import DEFAULT_SPARSE_UPDATES
-from stratax._src.parameter_server.partitioners import shard_offsets, shard_sizes
+from stratax._src.parameter_server.partitioners import (
+    ShardInfo,
+    shard_offsets,
+    shard_sizes,
+    takes_shard_info,
+)
 from stratax._src.parameter_server.ps_client import PSClients
 from stratax._src.parameter_server.rpc import RpcClient
 from stratax._src.parameter_server.server import SERVED_JOBS, Server
@@ -280,51 +285,84 @@ class ParameterServerStrategy:
 
     # ----- variables ------------------------------------------------------------------------
     def create_variable(self, initial_value: Any, name: str | None = None, trainable: bool = True,
-                        dtype: Any = None) -> PSVariable:
+                        dtype: Any = None, shape: Sequence[int] | None = None) -> PSVariable:
         """Creates a variable on the parameter servers (partitioned if the partitioner says so).
 
-        Unpartitioned variables go to the least-loaded ps (round-robin by size).
+        Unpartitioned variables go to the least-loaded ps (round-robin by size). An
+        ``initial_value`` callable with a ``shard_info`` parameter (``sx.partitioners.ShardInfo``)
+        is called once per shard, with ``shape`` (required) and ``dtype`` (default float32), so
+        no task ever holds the whole variable, as in TensorFlow.
         """
-        if callable(initial_value):
-            initial_value = initial_value()
-        value = np.asarray(initial_value, dtype=dtype)  # no copy: tables may be large
-        if value.dtype == np.float64 and dtype is None:
-            value = value.astype(np.float32)
+        per_shard = callable(initial_value) and takes_shard_info(initial_value)
+        if per_shard:
+            if shape is None:
+                raise ValueError(
+                    f"create_variable({name!r}): an initializer taking shard_info builds one "
+                    "shard at a time, so it needs the whole variable's shape=(rows, ...).")
+            value = None
+            full_shape, full_dtype = tuple(int(d) for d in shape), np.dtype(dtype or "float32")
+        else:
+            if callable(initial_value):
+                initial_value = initial_value()
+            value = np.asarray(initial_value, dtype=dtype)  # no copy: tables may be large
+            if value.dtype == np.float64 and dtype is None:
+                value = value.astype(np.float32)
+            if shape is not None and tuple(shape) != value.shape:
+                raise ValueError(f"create_variable({name!r}): shape={tuple(shape)} but the "
+                                 f"initial value has shape {value.shape}.")
+            full_shape, full_dtype = value.shape, value.dtype
         name = self._unique_name(name or "Variable")
-        shards = [value.shape[0]] if value.ndim else [1]
-        if self._partitioner is not None and value.ndim >= 1 and value.shape[0] > 1:
-            shards = shard_sizes(value.shape[0], self._partition_count(name, value))
+        shards = [full_shape[0]] if full_shape else [1]
+        if self._partitioner is not None and len(full_shape) >= 1 and full_shape[0] > 1:
+            shards = shard_sizes(full_shape[0],
+                                 self._partition_count(name, full_shape, full_dtype))
+        row_bytes = full_dtype.itemsize * int(np.prod(full_shape[1:], dtype=np.int64))
         placements = []
         for i, (start, rows) in enumerate(zip(shard_offsets(shards), shards, strict=False)):
             ps = min(range(len(self._load)), key=lambda p: (self._load[p], p))
-            part = value[start:start + rows] if value.ndim else value
-            self._load[ps] += part.nbytes
+            self._load[ps] += rows * row_bytes
             placements.append(Placement(ps, f"{name}/part_{i}" if len(shards) > 1 else name,
                                         start, rows))
         kind = ShardedVariable if len(placements) > 1 else PSVariable
-        var = kind(name, value.shape, value.dtype, trainable, placements, self._pull, self._assign)
-        self._write("create", placements, value)
+        var = kind(name, full_shape, full_dtype, trainable, placements, self._pull, self._assign)
+        if value is not None:
+            self._write("create", placements, value)
+        for p in placements if per_shard else ():
+            self._write("create", [p], self._shard_value(initial_value, name, p, full_shape,
+                                                         full_dtype))
         self._variables.append(var)
         return var
 
-    def _partition_count(self, name: str, value: np.ndarray) -> int:
-        """Shards along axis 0 that the partitioner asks for ``value``, checked as TensorFlow
-        checks it; more shards than rows are capped at the rows (as TensorFlow does).
+    @staticmethod
+    def _shard_value(initializer: Callable[..., Any], name: str, placement: Placement,
+                     shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        """One shard built by a partition-aware initializer, checked against its shape."""
+        info = ShardInfo(shape=(placement.rows, *shape[1:]),
+                         offset=(placement.start, *(0,) * (len(shape) - 1)))
+        part = np.asarray(initializer(shard_info=info), dtype=dtype)
+        if part.shape != info.shape:
+            raise ValueError(f"The initializer of {name!r} returned shape {part.shape} for "
+                             f"{info}; it must return an array of shard_info.shape.")
+        return part
+
+    def _partition_count(self, name: str, shape: tuple[int, ...], dtype: np.dtype) -> int:
+        """Shards along axis 0 that the partitioner asks for a variable of ``shape``, checked as
+        TensorFlow checks it; more shards than rows are capped at the rows (as TensorFlow does).
 
         Raises:
             ValueError: the result is not one positive int per dimension with 1 past axis 0.
         """
-        result = self._partitioner(value.shape, value.dtype)
+        result = self._partitioner(shape, dtype)
         parts = list(result) if isinstance(result, (list, tuple, np.ndarray)) else None
-        if (parts is None or len(parts) != value.ndim
+        if (parts is None or len(parts) != len(shape)
                 or not all(isinstance(p, (int, np.integer)) and not isinstance(p, bool)
                            for p in parts)
                 or parts[0] < 1 or any(p != 1 for p in parts[1:])):
             raise ValueError(
-                f"variable_partitioner must return a list of {value.ndim} ints, the number of "
+                f"variable_partitioner must return a list of {len(shape)} ints, the number of "
                 f"shards along axis 0 (>= 1) and 1 for every other axis; for {name!r} of shape "
-                f"{value.shape} it returned {result!r}. Partition along the first axis only.")
-        return min(int(parts[0]), value.shape[0])
+                f"{shape} it returned {result!r}. Partition along the first axis only.")
+        return min(int(parts[0]), shape[0])
 
     def describe_variables(self) -> str:
         """A table: each variable's shards, the ps holding them (with address) and bytes."""
