@@ -246,9 +246,19 @@ def shard_init(strategy, coordinator):
         missing_shape = ""
     except ValueError as err:
         missing_shape = str(err)
-    return {"calls": calls, "table": table.numpy()[:, 0].tolist(),
+    created = table.numpy()[:, 0].tolist()
+    # TensorFlow's variable API on the chief, outside steps: each row-wise op touches the
+    # shards that hold its rows (rows 3 and 9 sit on shards 0 and 2, row 9 twice).
+    delta = type("IndexedSlices", (), {"indices": np.array([3, 9, 9]),
+                                       "values": np.full((3, 3), 10.0, np.float32)})()
+    table.scatter_add(delta)
+    table.assign_sub(np.ones((11, 3), np.float32))
+    return {"calls": calls, "table": created,
             "shards": [v.shape[0] for v in table.variables], "dtype": str(table.dtype),
-            "missing_shape": missing_shape}
+            "missing_shape": missing_shape,
+            "after": np.asarray(table)[:, 0].tolist(), "slice": table[2:4, 1].tolist(),
+            "sparse_read": table.sparse_read([[9, 0]])[..., 2].tolist(),
+            "plus_one": (table + 1)[10, 0].item(), "device": table.variables[2].device}
 
 
 def main():

@@ -40,6 +40,12 @@ def test_custom_loop_sparse_exact_and_errors(cluster):  # noqa: F811 - fixture
     assert shard_init["table"] == list(range(11)) and shard_init["shards"] == [4, 4, 3]
     assert shard_init["dtype"] == "float32"
     assert "needs the whole variable's shape" in shard_init["missing_shape"]
+    expected = [r - 1 + (10 if r == 3 else 20 if r == 9 else 0) for r in range(11)]
+    assert shard_init["after"] == expected
+    assert shard_init["slice"] == expected[2:4]
+    assert shard_init["sparse_read"] == [[expected[9], expected[0]]]
+    assert shard_init["plus_one"] == expected[10] + 1
+    assert shard_init["device"].startswith("/job:ps/replica:0/task:")
 
     scalar = result["scalar"]  # 3 steps of gradient 0.5: SGD 2 - 3 * 0.05; Adam ~ 2 - 3 * 0.1
     assert scalar["shape"] == [] and scalar["iterations"] == [3]

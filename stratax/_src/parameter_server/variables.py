@@ -28,6 +28,13 @@ class PSVariable:
     """A variable stored on a parameter server (unpartitioned, or one shard of a
     ``ShardedVariable``).
 
+    On the chief, outside scheduled steps, it reads like TensorFlow's variables: ``np.asarray(v)``,
+    ``v[1:3]``, ``v + 1`` and other arithmetic pull the value (``==`` stays identity, so variables
+    remain usable as keys); ``assign_add``/``assign_sub`` and
+    the ``scatter_*`` family update it (row-wise ones touch only the shards holding the rows).
+    These updates are read-modify-write from the chief: make them between ``join()`` calls, not
+    while scheduled steps push gradients to the same variable.
+
     Example:
       >>> v = strategy.create_variable(np.zeros((4, 2), "float32"), name="w")  # doctest: +SKIP
       >>> v.numpy().shape                                                       # doctest: +SKIP
@@ -67,6 +74,95 @@ class PSVariable:
         self._assign(self, value)
         return self
 
+    def assign_add(self, delta: Any) -> PSVariable:
+        """Adds ``delta`` to the value; returns the variable (TensorFlow's ``assign_add``)."""
+        return self.assign(self.numpy() + np.asarray(delta, dtype=self.dtype))
+
+    def assign_sub(self, delta: Any) -> PSVariable:
+        """Subtracts ``delta`` from the value; returns the variable."""
+        return self.assign(self.numpy() - np.asarray(delta, dtype=self.dtype))
+
+    def sparse_read(self, indices: Any) -> np.ndarray:
+        """The rows at ``indices`` (TensorFlow's ``sparse_read``), pulled from their shards."""
+        ids = np.asarray(indices).reshape(-1)
+        rows = np.empty((ids.size, *self.shape[1:]), self.dtype)
+        for shard, where, local in self._rows_by_shard(ids):
+            rows[where] = shard.numpy()[local]
+        return rows.reshape((*np.shape(indices), *self.shape[1:]))
+
+    def scatter_update(self, sparse_delta: Any) -> PSVariable:
+        """Sets rows: ``sparse_delta`` has ``indices`` and ``values`` (``tf.IndexedSlices``)."""
+        return self._scatter(sparse_delta, lambda old, new: new)
+
+    def scatter_add(self, sparse_delta: Any) -> PSVariable:
+        """Adds ``sparse_delta.values`` to the rows at ``sparse_delta.indices``."""
+        return self._scatter(sparse_delta, lambda old, new: old + new)
+
+    def scatter_sub(self, sparse_delta: Any) -> PSVariable:
+        """Subtracts ``sparse_delta.values`` from the rows at ``sparse_delta.indices``."""
+        return self._scatter(sparse_delta, lambda old, new: old - new)
+
+    def scatter_max(self, sparse_delta: Any) -> PSVariable:
+        """Rows become the element-wise maximum of themselves and ``sparse_delta.values``."""
+        return self._scatter(sparse_delta, np.maximum)
+
+    def scatter_min(self, sparse_delta: Any) -> PSVariable:
+        """Rows become the element-wise minimum of themselves and ``sparse_delta.values``."""
+        return self._scatter(sparse_delta, np.minimum)
+
+    def batch_scatter_update(self, sparse_delta: Any) -> PSVariable:
+        """TensorFlow's ``batch_scatter_update`` on a variable: ``scatter_update`` along axis 0."""
+        return self.scatter_update(sparse_delta)
+
+    def _scatter(self, sparse_delta: Any,
+                 combine: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> PSVariable:
+        if not (hasattr(sparse_delta, "indices") and hasattr(sparse_delta, "values")):
+            raise TypeError(f"scatter_* on {self.name!r} takes an object with .indices and "
+                            f".values (e.g. tf.IndexedSlices), got {type(sparse_delta).__name__}.")
+        ids = np.asarray(sparse_delta.indices).reshape(-1)
+        values = np.asarray(sparse_delta.values, dtype=self.dtype).reshape(
+            (ids.size, *self.shape[1:]))
+        for shard, where, local in self._rows_by_shard(ids):
+            value = shard.numpy()
+            for position, row in zip(where, local, strict=True):  # in order: repeats compound
+                value[row] = combine(value[row], values[position])
+            shard.assign(value)
+        return self
+
+    def _rows_by_shard(self, ids: np.ndarray) -> Iterator[tuple[PSVariable, np.ndarray,
+                                                                 np.ndarray]]:
+        """For each shard holding some of ``ids``: the shard, the positions in ``ids`` and the
+        rows inside the shard."""
+        if not self.shape:
+            raise ValueError(f"{self.name!r} is a scalar: it has no rows to read or scatter.")
+        if ids.size and (ids.min() < 0 or ids.max() >= self.shape[0]):
+            raise IndexError(f"Row indices of {self.name!r} must be in [0, {self.shape[0]}), "
+                             f"got {ids.min()}..{ids.max()}.")
+        for shard in self._shards():
+            start, rows = shard.placements[0].start, shard.placements[0].rows
+            where = np.flatnonzero((ids >= start) & (ids < start + rows))
+            if where.size:
+                yield shard, where, ids[where] - start
+
+    def _shards(self) -> list[PSVariable]:
+        return [self]
+
+    @property
+    def device(self) -> str:
+        """The device of the (first) parameter server holding the variable, TensorFlow-style."""
+        return f"/job:ps/replica:0/task:{self.placements[0].ps}/device:CPU:0"
+
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
+        value = self.numpy()
+        return value if dtype is None else value.astype(dtype)
+
+    def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
+        pulled = [x.numpy() if isinstance(x, PSVariable) else x for x in inputs]
+        return getattr(ufunc, method)(*pulled, **kwargs)
+
+    def __getitem__(self, key: Any) -> np.ndarray:
+        return self.numpy()[key]
+
     def describe(self) -> dict[str, Any]:
         """JSON-ready description (sent to workers inside programs)."""
         return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype.name,
@@ -105,8 +201,29 @@ class ShardedVariable(PSVariable):
     def __iter__(self) -> Iterator[PSVariable]:
         return iter(self.variables)
 
+    def _shards(self) -> list[PSVariable]:
+        return self.variables
+
     def __len__(self) -> int:
         return len(self.variables)
+
+
+def _pulling(operator: Callable[..., Any], reflected: bool = False) -> Callable[..., Any]:
+    def method(self: PSVariable, *other: Any) -> Any:
+        operands = (*other, self.numpy()) if reflected else (self.numpy(), *other)
+        return operator(*operands)
+    return method
+
+
+for _name, _operator in [("add", np.add), ("sub", np.subtract), ("mul", np.multiply),
+                         ("truediv", np.true_divide), ("floordiv", np.floor_divide),
+                         ("mod", np.mod), ("pow", np.power), ("matmul", np.matmul)]:
+    setattr(PSVariable, f"__{_name}__", _pulling(_operator))
+    setattr(PSVariable, f"__r{_name}__", _pulling(_operator, reflected=True))
+for _name, _operator in [("neg", np.negative), ("pos", np.positive), ("abs", np.abs),
+                         ("lt", np.less), ("le", np.less_equal), ("gt", np.greater),
+                         ("ge", np.greater_equal)]:
+    setattr(PSVariable, f"__{_name}__", _pulling(_operator))
 
 
 def describe_table(variables: Sequence[PSVariable], addresses: Sequence[str]) -> str:

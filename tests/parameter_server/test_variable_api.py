@@ -1,0 +1,71 @@
+"""TensorFlow's variable API on the chief (outside steps), on shards held in a dict here; the
+cluster test (`test_ps_cluster.py`) runs the same operations against real parameter servers."""
+
+import types
+
+import numpy as np
+import pytest
+
+from stratax._src.parameter_server.variables import Placement, PSVariable, ShardedVariable
+
+
+@pytest.fixture
+def table():
+    store, pulls = {}, []
+
+    def pull(var):
+        pulls.append(var.name)
+        return np.concatenate([store[p.key] for p in var.placements]).copy()
+
+    def assign(var, value):
+        base = var.placements[0].start
+        for p in var.placements:
+            store[p.key] = np.array(value[p.start - base:p.start - base + p.rows])
+
+    placements = [Placement(0, "t/part_0", 0, 4), Placement(1, "t/part_1", 4, 3),
+                  Placement(0, "t/part_2", 7, 3)]
+    full = np.arange(20, dtype=np.float32).reshape(10, 2)
+    for p in placements:
+        store[p.key] = full[p.start:p.start + p.rows].copy()
+    var = ShardedVariable("t", (10, 2), np.float32, True, placements, pull, assign)
+    var.pulls = pulls
+    return var
+
+
+def slices(indices, values):
+    return types.SimpleNamespace(indices=np.asarray(indices), values=np.asarray(values))
+
+
+def test_scatter_ops_touch_only_the_shards_holding_the_rows(table):
+    table.scatter_update(slices([8], [[-1.0, -2.0]]))
+    assert table.pulls == ["t/part_2"]
+    table.scatter_add(slices([0, 0], np.ones((2, 2))))  # repeats compound, as in TensorFlow
+    table.scatter_max(slices([5], [[100.0, 0.0]]))
+    table.scatter_sub(slices([9], [[1.0, 1.0]]))
+    table.scatter_min(slices([1], [[0.0, 0.0]]))
+    value = np.asarray(table)
+    assert value[8].tolist() == [-1.0, -2.0] and value[0].tolist() == [2.0, 3.0]
+    assert value[5].tolist() == [100.0, 11.0] and value[9].tolist() == [17.0, 18.0]
+    assert value[1].tolist() == [0.0, 0.0] and value[2].tolist() == [4.0, 5.0]
+
+
+def test_reads_and_operators_pull_the_value(table):
+    assert table.sparse_read([[9, 0], [4, 4]]).shape == (2, 2, 2)
+    assert table.sparse_read([9, 0])[:, 0].tolist() == [18.0, 0.0]
+    assert (table + 1)[0].tolist() == [1.0, 2.0] and (1 - table)[1].tolist() == [-1.0, -2.0]
+    assert (table * 2)[1, 1] == 6.0 and (-table)[0, 1] == -1.0 and int((table > 9).sum()) == 10
+    assert table[2:4].tolist() == [[4.0, 5.0], [6.0, 7.0]]
+    assert table.assign_add(np.ones((10, 2))) is table and table[0, 0] == 1.0
+    assert table.variables[1].device == "/job:ps/replica:0/task:1/device:CPU:0"
+    assert table == table and table != table.variables[0] and len({table}) == 1
+
+
+def test_bad_row_updates_are_errors_naming_the_variable(table):
+    with pytest.raises(IndexError, match=r"'t' must be in \[0, 10\), got 3..10"):
+        table.scatter_add(slices([3, 10], np.ones((2, 2))))
+    with pytest.raises(TypeError, match=r"\.indices and \.values"):
+        table.scatter_update(np.ones((2, 2)))
+    scalar = PSVariable("s", (), np.float32, True, [Placement(0, "s", 0, 1)],
+                        lambda v: np.float32(2.0), lambda v, x: None)
+    with pytest.raises(ValueError, match="'s' is a scalar"):
+        scalar.sparse_read([0])
