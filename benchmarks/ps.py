@@ -11,8 +11,9 @@ optimizer) comes from the workers' and the ps' own timers.
 TensorFlow's ``ParameterServerStrategy`` (``ps_tf_program.py``: tf-keras, the TF guide's
 custom loop, ``tf.distribute.Server`` on workers and ps) runs the same workloads on the same
 cluster shape in the same invocation, repetitions interleaved with stratax's, from the
-TensorFlow virtual environment (``benchmarks/.venvs/tf-cpu``, see ``envs.py``; ``--systems
-stratax`` skips it). The ratio column is stratax's median over TF's median.
+TensorFlow virtual environment (``benchmarks/.venvs/tf-cpu``, see ``envs.py``; created on the
+first run, which takes minutes; ``--systems stratax`` skips it). The ratio column is
+stratax's median over TF's median.
 """
 
 from __future__ import annotations
@@ -92,9 +93,10 @@ def _interpreters(systems: list[str]) -> dict[str, str | None]:
     if "tf" in systems:
         from benchmarks.envs import tf_interpreter
 
-        found = tf_interpreter("cpu", install=False)
+        found = tf_interpreter("cpu", say=lambda line: print(line, flush=True))
         if found.python is None:
-            print(f"TensorFlow skipped: {found.reason}", flush=True)
+            print(f"TensorFlow skipped: {found.reason}. Run again, or `--systems stratax` to "
+                  "measure stratax alone.", flush=True)
         pythons["tf"] = found.python
     return pythons
 
