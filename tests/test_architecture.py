@@ -33,11 +33,8 @@ LAYERS = _layers_from_architecture_md()
 PUBLIC_LAYER = 9
 # Modules whose layer is not their package's: observe's pure writers import only the standard
 # library and core (see stratax/_src/observe/__init__.py), so any layer may report through them
-# (the parameter-server coordinator writes its workers' records with them). WorkerMetrics is a
-# Keras callback over those writers (keras and below only): fit adds it when a run has a run
-# directory.
-MODULE_LAYERS = {"stratax._src.observe.run_dir": 0, "stratax._src.observe.record": 0,
-                 "stratax._src.observe.worker_metrics": 6}
+# (the parameter-server coordinator writes its workers' records with them).
+MODULE_LAYERS = {"stratax._src.observe.run_dir": 0, "stratax._src.observe.record": 0}
 
 
 def _module_name(path: Path) -> str:

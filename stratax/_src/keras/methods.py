@@ -16,10 +16,9 @@ from collections.abc import Callable
 from typing import Any
 
 from stratax._src import seam
-from stratax._src.keras import binding, recovery, session
+from stratax._src.keras import binding, recovery, session, worker_metrics
 from stratax._src.keras.feed import GlobalFeed
 from stratax._src.keras.runner import runner_for, steps_per_execution
-from stratax._src.observe import worker_metrics
 
 _BATCHED_METHODS = ("fit", "evaluate", "predict")
 # The step a method compiles: Keras' train_step, test_step or predict_step.

@@ -8,6 +8,7 @@ Layout of a run directory (every writer appends, every reader tails; nothing is 
 Modules and their layer: ``run_dir``, ``record``, ``events``, ``reader``, ``server`` and
 ``arguments`` are pure Python (standard library, ``stratax._src.core`` only), so any layer, the
 launcher and the parameter-server processes included, can report or serve without importing JAX
-or Keras. ``worker_metrics`` and ``tensorboard`` are Keras callbacks (the ``keras`` layer).
+or Keras. The Keras callbacks that feed them (``WorkerMetrics``, ``TensorBoard``) live in
+``stratax._src.keras``.
 This ``__init__`` imports nothing, so importing a pure module stays light.
 """
