@@ -11,6 +11,11 @@ strategy, e.g. ``MirroredStrategy``), matched by name (a Keras variable's ``path
 Keras ``SGD``/``Adam``'s slots and iterations when given the optimizer (the ps applies Keras'
 formulas, so the state means the same on both sides).
 
+Names: an entry is named by the variable's path inside its model: Keras' automatic name of the
+top-level model (``sequential/``, ``functional_2/``) is dropped, because a model built in code
+has it and the same model from ``keras.models.load_model`` does not. Reading matches a name
+exactly, else with that leading model name stripped from either side, when one entry fits.
+
 Iterations: each shard counts its own updates (row-sparse pushes touch only some shards), so
 the file keeps one count per saved shard, by rows; a new shard takes the count of the saved
 shard holding its first row. The ledger of step ids is not saved: a restore starts a new run.
@@ -20,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
@@ -279,13 +285,32 @@ def _call(method: str, meta: dict[str, Any], tensors: Sequence[np.ndarray] = ())
 
 
 # ----- the file -----------------------------------------------------------------------------
+# Keras' automatic names of a top-level model (``Sequential``, functional ``Model``); a path
+# starting with one belongs to a model built in code (see the module docstring).
+_AUTO_MODEL = re.compile(r"(sequential|functional|model)(_\d+)?/")
+
+
+def entry_name(name: str) -> str:
+    """The checkpoint name of a variable path: ``sequential_3/dense/kernel`` -> ``dense/kernel``
+    (the same for the model from ``load_model``); other paths are kept."""
+    return name[_AUTO_MODEL.match(name).end():] if _AUTO_MODEL.match(name) else name
+
+
+def _named(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``entries`` with names by ``entry_name``, except where two would then collide (variables
+    of two models in one file keep their full paths)."""
+    short = [entry_name(e["name"]) for e in entries]
+    return [{**e, "name": s if short.count(s) == 1 else e["name"]}
+            for e, s in zip(entries, short, strict=True)]
+
+
 def _write(path: str | os.PathLike, entries: list[dict[str, Any]],
            arrays: dict[str, np.ndarray]) -> None:
     path = Path(path)
     if path.suffix != ".npz":
         raise ValueError(f"Checkpoint path {str(path)!r} must end with '.npz'.")
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_npz(path, {"format": FORMAT, "version": VERSION, "variables": entries}, arrays)
+    write_npz(path, {"format": FORMAT, "version": VERSION, "variables": _named(entries)}, arrays)
 
 
 def _read(path: str | os.PathLike) -> tuple[list[dict[str, Any]], dict[str, np.ndarray]]:
@@ -301,14 +326,20 @@ def _read(path: str | os.PathLike) -> tuple[list[dict[str, Any]], dict[str, np.n
 
 def _find(entries: list[dict[str, Any]], name: str, shape: tuple[int, ...],
           path: Any) -> tuple[int, dict[str, Any]]:
-    for index, entry in enumerate(entries):
-        if entry["name"] == name:
-            if tuple(entry["shape"]) != shape:
-                raise ValueError(f"Checkpoint {str(path)!r} has {name!r} with shape "
-                                 f"{tuple(entry['shape'])}, the variable has {shape}.")
-            return index, entry
-    raise ValueError(f"Checkpoint {str(path)!r} has no variable {name!r}; it has "
-                     f"{[e['name'] for e in entries]}.")
+    """The entry named ``name``, else the one entry whose name equals it once Keras' automatic
+    top-level model name is stripped from both (see ``entry_name``)."""
+    found = [i for i, e in enumerate(entries) if e["name"] == name]
+    if not found:
+        found = [i for i, e in enumerate(entries)
+                 if entry_name(e["name"]) == entry_name(name)]
+    if len(found) == 1:
+        entry = entries[found[0]]
+        if tuple(entry["shape"]) != shape:
+            raise ValueError(f"Checkpoint {str(path)!r} has {entry['name']!r} with shape "
+                             f"{tuple(entry['shape'])}, the variable {name!r} has {shape}.")
+        return found[0], entry
+    raise ValueError(f"Checkpoint {str(path)!r} has {'several entries for' if found else 'no'} "
+                     f"variable {name!r}; it has {[e['name'] for e in entries]}.")
 
 
 def _join(parts: list[np.ndarray], shape: tuple[int, ...]) -> np.ndarray:
