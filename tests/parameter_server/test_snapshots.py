@@ -78,6 +78,7 @@ def test_snapshot_settings_are_checked(tmp_path, monkeypatch):
 
 def test_checkpoint_files_check_names_shapes_and_format(tmp_path):
     from stratax._src.parameter_server.checkpoint import load_variables, save_variables
+    from stratax._src.parameter_server.snapshots import write_npz
 
     class Var:
         def __init__(self, path, value):
@@ -104,6 +105,8 @@ def test_checkpoint_files_check_names_shapes_and_format(tmp_path):
                                         Var("net/dense/kernel", [3.0])])
     with np.load(tmp_path / "m.npz") as data:
         names = [e["name"] for e in json.loads(data["header"].tobytes())["variables"]]
+        assert data["value/net/dense/kernel"].tolist() == [3.0]   # arrays named too
+        assert sorted(data.files) == ["header", "value/dense/kernel", "value/net/dense/kernel"]
     assert names == ["dense/kernel", "net/dense/kernel"]
     loaded = [Var("dense/kernel", np.zeros(2)), Var("sequential/net/dense/kernel", np.zeros(1))]
     assert load_variables(tmp_path / "m.npz", loaded) == ["dense/kernel",
@@ -113,6 +116,12 @@ def test_checkpoint_files_check_names_shapes_and_format(tmp_path):
                                           Var("sequential_1/dense/kernel", [2.0])])
     with pytest.raises(ValueError, match="several entries for variable 'dense/kernel'"):
         load_variables(tmp_path / "two.npz", [Var("dense/kernel", [0.0])])
+    # A file of version 1 (arrays numbered by entry) still loads.
+    write_npz(tmp_path / "v1.npz", {"format": "stratax-variables", "version": 1, "variables": [
+        {"name": "k", "shape": [2], "dtype": "float32", "optimizer": None, "slots": [],
+         "iterations": [[0, 2, 0]]}]}, {"value/0": np.array([7.0, 8.0], np.float32)})
+    old = Var("k", np.zeros(2))
+    assert load_variables(tmp_path / "v1.npz", [old]) == ["k"] and old.value.tolist() == [7, 8]
     with pytest.raises(ValueError, match=r"must end with '\.npz'"):
         save_variables(tmp_path / "a.h5", [target])
     np.savez(tmp_path / "other.npz", header=np.frombuffer(json.dumps({"x": 1}).encode(), np.uint8))

@@ -2,8 +2,8 @@
 
 ``strategy.save_checkpoint(path)`` gathers every variable from the parameter servers (shards
 concatenated along axis 0) with its optimizer slots (Adam's ``m``/``v``, momentum's ``m``,
-gathered the same way) and iteration counts, and writes one ``.npz`` file (raw arrays plus a
-JSON header; no pickle), atomically. Because nothing in it depends on the placement,
+gathered the same way) and iteration counts, and writes one ``.npz`` file (raw arrays named
+``value/<name>`` and ``slot/<slot>/<name>``, plus a JSON header; no pickle), atomically. Because nothing in it depends on the placement,
 ``strategy.restore_checkpoint(path)`` restores it with any number of parameter servers and any
 partitioner: each new shard takes its rows of the values and slots (resharding on load).
 ``save_variables``/``load_variables`` write and read the same file from Keras variables (any
@@ -38,7 +38,9 @@ from stratax._src.parameter_server.optimizers import DEFAULT_SPARSE_UPDATES, Sha
 from stratax._src.parameter_server.program import optimizer_spec
 from stratax._src.parameter_server.snapshots import HEADER, write_npz
 
-FORMAT, VERSION = "stratax-variables", 1
+# Version 2 names each array by its variable (``value/<name>``, ``slot/<slot>/<name>``);
+# version 1 (still read) numbered them by entry (``value/<i>``, ``slot/<i>/<slot>``).
+FORMAT, VERSION = "stratax-variables", 2
 
 
 # ----- on the parameter server ------------------------------------------------------------
@@ -310,18 +312,40 @@ def _write(path: str | os.PathLike, entries: list[dict[str, Any]],
     if path.suffix != ".npz":
         raise ValueError(f"Checkpoint path {str(path)!r} must end with '.npz'.")
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_npz(path, {"format": FORMAT, "version": VERSION, "variables": _named(entries)}, arrays)
+    entries = _named(entries)
+    write_npz(path, {"format": FORMAT, "version": VERSION, "variables": entries},
+              {_array_key(key, entries): value for key, value in arrays.items()})
+
+
+def _array_key(key: str, entries: list[dict[str, Any]], named: bool = True) -> str:
+    """An array's key in the file (``value/<name>``, ``slot/<slot>/<name>``) from its key by
+    entry number (``value/<i>``, ``slot/<i>/<slot>``), or back with ``named=False``."""
+    kind, rest = key.split("/", 1)
+    if named:
+        index, _, slot = rest.partition("/")
+        name = entries[int(index)]["name"]
+        return f"value/{name}" if kind == "value" else f"slot/{slot}/{name}"
+    for index, entry in enumerate(entries):
+        if kind == "value" and rest == entry["name"]:
+            return f"value/{index}"
+        for slot in entry["slots"]:
+            if kind == "slot" and rest == f"{slot}/{entry['name']}":
+                return f"slot/{index}/{slot}"
+    raise ValueError(f"Checkpoint array {key!r} belongs to no variable of its header.")
 
 
 def _read(path: str | os.PathLike) -> tuple[list[dict[str, Any]], dict[str, np.ndarray]]:
     with np.load(path, allow_pickle=False) as npz:
         data = {k: np.array(npz[k]) for k in npz.files}
     header = json.loads(data.pop(HEADER).tobytes())
-    if header.get("format") != FORMAT or header.get("version") != VERSION:
-        raise ValueError(f"{str(path)!r} is not a stratax variables checkpoint (version "
-                         f"{VERSION}); its header says {header.get('format')!r} "
+    if header.get("format") != FORMAT or header.get("version") not in (1, VERSION):
+        raise ValueError(f"{str(path)!r} is not a stratax variables checkpoint (version 1 "
+                         f"or {VERSION}); its header says {header.get('format')!r} "
                          f"{header.get('version')!r}.")
-    return header["variables"], data
+    entries = header["variables"]
+    if header["version"] == 1:
+        return entries, data
+    return entries, {_array_key(key, entries, named=False): value for key, value in data.items()}
 
 
 def _find(entries: list[dict[str, Any]], name: str, shape: tuple[int, ...],
