@@ -3,9 +3,10 @@
 ``strategy.save_checkpoint(path)`` gathers every variable from the parameter servers (shards
 concatenated along axis 0) with its optimizer slots (Adam's ``m``/``v``, momentum's ``m``,
 gathered the same way) and iteration counts, and writes one ``.npz`` file (raw arrays named
-``value/<name>`` and ``slot/<slot>/<name>``, plus a JSON header; no pickle), atomically. Because nothing in it depends on the placement,
-``strategy.restore_checkpoint(path)`` restores it with any number of parameter servers and any
-partitioner: each new shard takes its rows of the values and slots (resharding on load).
+``value/<name>`` and ``slot/<slot>/<name>``, plus a JSON header; no pickle), atomically.
+Because nothing in it depends on the placement, ``strategy.restore_checkpoint(path)`` restores
+it with any number of parameter servers and any partitioner: each new shard takes its rows of
+the values and slots (resharding on load).
 ``save_variables``/``load_variables`` write and read the same file from Keras variables (any
 strategy, e.g. ``MirroredStrategy``), matched by name (a Keras variable's ``path``), with a
 Keras ``SGD``/``Adam``'s slots and iterations when given the optimizer (the ps applies Keras'
