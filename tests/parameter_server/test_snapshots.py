@@ -9,7 +9,7 @@ from kill_mid_write import kill_while_writing
 
 from stratax._src.parameter_server import wire
 from stratax._src.parameter_server.ps_server import ParameterServer
-from stratax._src.parameter_server.snapshots import Snapshots
+from stratax._src.parameter_server.snapshots import Snapshots, write_npz
 
 
 def _call(server, method, meta, tensors=()):
@@ -45,6 +45,22 @@ def test_snapshot_every_n_pushes_restores_values_slots_and_ledger(tmp_path):
         np.testing.assert_array_equal(shard.optimizer.slots[slot], old.optimizer.slots[slot])
 
 
+def test_snapshot_arrays_are_named_by_shard_and_version_1_still_restores(tmp_path):
+    _trained_server(tmp_path, every=2)
+    with np.load(tmp_path / "ps0.npz") as data:
+        assert sorted(data.files) == ["header", "slot/m/w", "slot/v/w", "value/w"]
+        header = json.loads(data["header"].tobytes())
+        arrays = {k: data[k] for k in data.files if k != "header"}
+    # The same snapshot as version 1 wrote it: arrays numbered by shard.
+    write_npz(tmp_path / "ps0.npz", {**header, "version": 1},
+              {"value/0": arrays["value/w"], "slot/0/m": arrays["slot/m/w"],
+               "slot/0/v": arrays["slot/v/w"]})
+    shard = ParameterServer(Snapshots(tmp_path, task_index=0, every=2))._shards["w"]
+    np.testing.assert_array_equal(shard.value, arrays["value/w"])
+    np.testing.assert_array_equal(shard.optimizer.slots["v"], arrays["slot/v/w"])
+    assert shard.optimizer.iterations == 4
+
+
 def test_interrupted_snapshot_keeps_the_previous_one(tmp_path, monkeypatch):
     snapshots = Snapshots(tmp_path, task_index=0, every=2)
     _trained_server(tmp_path, every=2, snapshots=snapshots)
@@ -78,7 +94,6 @@ def test_snapshot_settings_are_checked(tmp_path, monkeypatch):
 
 def test_checkpoint_files_check_names_shapes_and_format(tmp_path):
     from stratax._src.parameter_server.checkpoint import load_variables, save_variables
-    from stratax._src.parameter_server.snapshots import write_npz
 
     class Var:
         def __init__(self, path, value):
@@ -134,7 +149,7 @@ import sys
 import numpy as np
 from stratax._src.parameter_server import wire
 from stratax._src.parameter_server.ps_server import ParameterServer
-from stratax._src.parameter_server.snapshots import Snapshots
+from stratax._src.parameter_server.snapshots import Snapshots, write_npz
 
 snapshots = Snapshots(sys.argv[1], task_index=0, every=1000)
 server = ParameterServer(snapshots)
