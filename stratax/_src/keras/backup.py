@@ -23,6 +23,7 @@ Entries are named by variable path (``model/sequential/dense/kernel``, ``optimiz
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 from collections.abc import Callable
@@ -193,7 +194,7 @@ class BackupAndRestore(keras.callbacks.Callback):
             checkpoint_io.save(self.backup_dir, arrays, meta)
             return
         with _pending_lock:
-            _pending[self.backup_dir] = _Write(self.backup_dir, arrays, meta)
+            _pending[os.path.abspath(self.backup_dir)] = _Write(self.backup_dir, arrays, meta)
 
     def _restore(self, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> None:
         if meta.get("format") not in (1, _FORMAT):
@@ -242,7 +243,7 @@ class BackupAndRestore(keras.callbacks.Callback):
 def wait_for_writes(backup_dir: str) -> None:
     """Waits for the background write to ``backup_dir`` in flight, if any; raises its error."""
     with _pending_lock:
-        pending = _pending.pop(backup_dir, None)
+        pending = _pending.pop(os.path.abspath(backup_dir), None)
     if pending is not None:
         pending.result()
 
