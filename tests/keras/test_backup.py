@@ -2,6 +2,7 @@
 
 import errno
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -13,6 +14,7 @@ from kill_mid_write import kill_while_writing
 
 import stratax as sx
 from stratax._src.keras import checkpoint_io
+from stratax._src.keras.backup import _match, wait_for_writes
 
 
 def _data():
@@ -20,11 +22,16 @@ def _data():
     return rng.normal(size=(120, 8)).astype(np.float32), rng.integers(0, 3, 120)
 
 
-def _model(strategy):
+def _model(strategy, named=False):
+    """The test model; ``named`` gives it fixed names (the same variable paths when rebuilt)."""
     keras.utils.set_random_seed(5)
+    names = ({"name": "net"}, {"name": "hidden"}, {"name": "drop"}, {"name": "out"}) \
+        if named else ({},) * 4
     with strategy.scope():
-        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"),
-                                  keras.layers.Dropout(0.3), keras.layers.Dense(3)])
+        model = keras.Sequential([keras.Input((8,)),
+                                  keras.layers.Dense(16, activation="relu", **names[1]),
+                                  keras.layers.Dropout(0.3, **names[2]),
+                                  keras.layers.Dense(3, **names[3])], **names[0])
         model.compile(optimizer="adam", metrics=["accuracy"],
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     return model
@@ -59,6 +66,7 @@ def test_resume_mid_epoch_equals_uninterrupted(tmp_path, crash_step):
         crashed.fit(x, y, batch_size=16, epochs=3, verbose=0,
                     callbacks=[sx.BackupAndRestore(backup, save_freq=3),
                                _FailAt(crash_step, _raise)])
+    wait_for_writes(backup)  # the write in flight when fit raised completes by itself
     assert checkpoint_io.latest_version(backup) is not None
     resumed = _model(strategy)
     resumed.fit(x, y, batch_size=16, epochs=3, verbose=0,
@@ -92,18 +100,74 @@ def test_sigterm_saves_and_exits_with_preemption_code(tmp_path):
         np.testing.assert_array_equal(got, want)
 
 
+def _crash_and_rewrite(tmp_path, strategy, rewrite, named=False):
+    """Trains 2 epochs with a crash at step 10 (backups every 4), lets ``rewrite(arrays, meta)``
+    change the backup, resumes, and checks the result equals an uninterrupted run."""
+    x, y = _data()
+    reference = _model(strategy, named)
+    reference.fit(x, y, batch_size=16, epochs=2, verbose=0,
+                  callbacks=[sx.BackupAndRestore(str(tmp_path / "ref"), save_freq=4)])
+    backup = tmp_path / "backup"
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        _model(strategy, named).fit(x, y, batch_size=16, epochs=2, verbose=0, callbacks=[
+            sx.BackupAndRestore(str(backup), save_freq=4), _FailAt(10, _raise)])
+    wait_for_writes(str(backup))
+    arrays, meta = checkpoint_io.load(backup)
+    checkpoint_io.save(backup, *rewrite(arrays, meta))
+    resumed = _model(strategy, named)
+    resumed.fit(x, y, batch_size=16, epochs=2, verbose=0,
+                callbacks=[sx.BackupAndRestore(str(backup), save_freq=4)])
+    for got, want in zip(resumed.get_weights(), reference.get_weights(), strict=True):
+        np.testing.assert_array_equal(got, want)
+    return arrays
+
+
+def test_backup_entries_are_named_by_variable_path(tmp_path):
+    """Entries are ``model/<path>``, ``optimizer/<path>``, ``metrics/<path>`` in a plain npz
+    that numpy reads by name."""
+    arrays = _crash_and_rewrite(tmp_path, sx.OneDeviceStrategy("cpu:0"), named=True,
+                                rewrite=lambda a, m: (a, m))
+    assert list(arrays)[:2] == ["model/net/hidden/kernel", "model/net/hidden/bias"]
+    assert any(re.fullmatch(r"optimizer/adam(_\d+)?/net_out_bias_velocity", name)
+               for name in arrays), list(arrays)
+    assert any(name.startswith("metrics/") for name in arrays), list(arrays)
+    assert arrays["model/net/out/kernel"].shape == (16, 3)
+
+
+def test_entries_pair_by_name_else_by_position_and_mismatches_name_the_missing():
+    a, b = np.zeros((2,)), np.ones((3,))
+    saved = {"model/net/b": b, "model/net/a": a}
+    now = {"model/net/a": keras.Variable(np.zeros(2)), "model/net/b": keras.Variable(np.zeros(3))}
+    assert [(v.path, value.shape) for v, value in _match(saved, now, "dir")] == \
+        [(now["model/net/b"].path, (3,)), (now["model/net/a"].path, (2,))]
+    renamed = {"model/net_1/a": now["model/net/a"], "model/net_1/b": now["model/net/b"]}
+    assert [value.shape for _, value in _match({"arr_0": a, "arr_1": b}, renamed, "d")] == \
+        [(2,), (3,)]
+    with pytest.raises(ValueError, match=r"not in the backup: \['model/net_1/a'"):
+        _match(saved, renamed, "d")
+
+
+def test_a_backup_of_the_positional_format_still_resumes_exactly(tmp_path):
+    """Backups written before entries had names (``arr_0``, ``arr_1``, ..., format 1)."""
+    def positional(arrays, meta):
+        return ({f"arr_{i}": a for i, a in enumerate(arrays.values())},
+                {**meta, "format": 1, "shapes": [list(a.shape) for a in arrays.values()]})
+
+    _crash_and_rewrite(tmp_path, sx.OneDeviceStrategy("cpu:0"), positional)
+
+
 def test_failed_save_leaves_previous_checkpoint_intact(tmp_path, monkeypatch):
-    checkpoint_io.save(tmp_path, [np.arange(3.0)], {"step": 1})
+    checkpoint_io.save(tmp_path, {"w": np.arange(3.0)}, {"step": 1})
 
     def broken_savez(*args, **kwargs):
         raise OSError("disk full")
 
     monkeypatch.setattr(np, "savez", broken_savez)
     with pytest.raises(OSError, match="disk full"):
-        checkpoint_io.save(tmp_path, [np.arange(5.0)], {"step": 2})
+        checkpoint_io.save(tmp_path, {"w": np.arange(5.0)}, {"step": 2})
     arrays, meta = checkpoint_io.load(tmp_path)
     assert meta == {"step": 1}
-    np.testing.assert_array_equal(arrays[0], np.arange(3.0))
+    np.testing.assert_array_equal(arrays["w"], np.arange(3.0))
     assert not list(tmp_path.glob(".staging-*"))
 
 
@@ -128,8 +192,8 @@ def test_save_weights_is_atomic(tmp_path, monkeypatch):
 def test_mismatched_backup_and_bad_arguments(tmp_path):
     strategy = sx.OneDeviceStrategy("cpu:0")
     x, y = _data()
-    checkpoint_io.save(tmp_path, [np.zeros(2)], {"format": 1, "epoch": 0, "steps_in_epoch": 0,
-                                                  "global_step": 0})
+    checkpoint_io.save(tmp_path, {"arr_0": np.zeros(2)},
+                       {"format": 1, "epoch": 0, "steps_in_epoch": 0, "global_step": 0})
     with pytest.raises(ValueError, match="does not match this model"):
         _model(strategy).fit(x, y, batch_size=16, verbose=0,
                              callbacks=[sx.BackupAndRestore(str(tmp_path))])
@@ -209,12 +273,14 @@ _SAVER = """
 import sys
 import numpy as np
 from stratax._src.keras import checkpoint_io
+from stratax._src.keras.backup import _match, wait_for_writes
 
-checkpoint_io.save(sys.argv[1], [np.zeros(4 << 20, np.float32)], {"step": 0})
+checkpoint_io.save(sys.argv[1], {"w": np.zeros(4 << 20, np.float32)}, {"step": 0})
 print("first", flush=True)
 step = 1
 while True:
-    checkpoint_io.save(sys.argv[1], [np.full(4 << 20, step, np.float32)], {"step": step})
+    checkpoint_io.save(sys.argv[1], {"w": np.full(4 << 20, step, np.float32)},
+                       {"step": step})
     step += 1
 """
 
@@ -226,7 +292,46 @@ def test_a_chief_killed_mid_backup_leaves_nothing_after_the_next_save(tmp_path):
     leftovers = kill_while_writing(_SAVER, tmp_path, ".staging-")
     assert leftovers, "no kill landed during a backup in 20 tries"
     arrays, meta = checkpoint_io.load(tmp_path)
-    assert float(arrays[0][0]) == meta["step"]          # the last complete backup
-    checkpoint_io.save(tmp_path, [np.arange(3.0)], {"step": -1})
+    assert float(arrays["w"][0]) == meta["step"]          # the last complete backup
+    checkpoint_io.save(tmp_path, {"w": np.arange(3.0)}, {"step": -1})
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
     assert checkpoint_io.load(tmp_path)[1] == {"step": -1}
+
+
+@pytest.mark.parametrize("background", [True, False])
+def test_a_slow_write_does_not_stall_training_in_the_background(tmp_path, monkeypatch,
+                                                                  background):
+    """A write that takes 0.5 s: in the background the steps go on (the next save and the end
+    of fit wait for it); with ``save_in_background=False`` the step that saves waits."""
+    import time
+
+    real_save = checkpoint_io.save
+
+    def slow_save(*args):
+        time.sleep(0.5)
+        return real_save(*args)
+
+    monkeypatch.setattr(checkpoint_io, "save", slow_save)
+    ends = []
+    clock = keras.callbacks.LambdaCallback(
+        on_train_batch_end=lambda batch, logs: ends.append(time.perf_counter()))
+    x, y = _data()
+    backup = sx.BackupAndRestore(str(tmp_path), save_freq=5, delete_checkpoint=False,
+                                 save_in_background=background)
+    _model(sx.OneDeviceStrategy("cpu:0")).fit(x[:96], y[:96], batch_size=16, verbose=0,
+                                              callbacks=[backup, clock])
+    saving_step = ends[4] - ends[3]  # step 5 saves
+    assert (saving_step < 0.3) if background else (saving_step >= 0.5), ends
+    assert checkpoint_io.load(tmp_path)[1]["global_step"] == 5  # written before fit returned
+
+
+def test_a_failed_background_write_raises_from_fit(tmp_path, monkeypatch):
+    def broken_save(*args):
+        raise OSError("disk gone")
+
+    monkeypatch.setattr(checkpoint_io, "save", broken_save)
+    x, y = _data()
+    with pytest.raises(OSError, match="disk gone"):
+        _model(sx.OneDeviceStrategy("cpu:0")).fit(x[:48], y[:48], batch_size=16, verbose=0,
+                                                  callbacks=[sx.BackupAndRestore(
+                                                      str(tmp_path), save_freq=2)])

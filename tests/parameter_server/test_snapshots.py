@@ -9,7 +9,7 @@ from kill_mid_write import kill_while_writing
 
 from stratax._src.parameter_server import wire
 from stratax._src.parameter_server.ps_server import ParameterServer
-from stratax._src.parameter_server.snapshots import Snapshots
+from stratax._src.parameter_server.snapshots import Snapshots, write_npz
 
 
 def _call(server, method, meta, tensors=()):
@@ -43,6 +43,22 @@ def test_snapshot_every_n_pushes_restores_values_slots_and_ledger(tmp_path):
     np.testing.assert_array_equal(shard.value, old.value)
     for slot in ("m", "v"):
         np.testing.assert_array_equal(shard.optimizer.slots[slot], old.optimizer.slots[slot])
+
+
+def test_snapshot_arrays_are_named_by_shard_and_version_1_still_restores(tmp_path):
+    _trained_server(tmp_path, every=2)
+    with np.load(tmp_path / "ps0.npz") as data:
+        assert sorted(data.files) == ["header", "slot/m/w", "slot/v/w", "value/w"]
+        header = json.loads(data["header"].tobytes())
+        arrays = {k: data[k] for k in data.files if k != "header"}
+    # The same snapshot as version 1 wrote it: arrays numbered by shard.
+    write_npz(tmp_path / "ps0.npz", {**header, "version": 1},
+              {"value/0": arrays["value/w"], "slot/0/m": arrays["slot/m/w"],
+               "slot/0/v": arrays["slot/v/w"]})
+    shard = ParameterServer(Snapshots(tmp_path, task_index=0, every=2))._shards["w"]
+    np.testing.assert_array_equal(shard.value, arrays["value/w"])
+    np.testing.assert_array_equal(shard.optimizer.slots["v"], arrays["slot/v/w"])
+    assert shard.optimizer.iterations == 4
 
 
 def test_interrupted_snapshot_keeps_the_previous_one(tmp_path, monkeypatch):
@@ -94,10 +110,33 @@ def test_checkpoint_files_check_names_shapes_and_format(tmp_path):
     target = Var("k", np.zeros((2, 2)))
     assert load_variables(tmp_path / "a.npz", [target]) == ["k"]
     np.testing.assert_array_equal(target.value, [[1, 2], [3, 4]])
-    with pytest.raises(ValueError, match=r"'k' with shape \(2, 2\), the variable has \(3,\)"):
+    with pytest.raises(ValueError, match=r"'k' with shape \(2, 2\), the variable 'k' has \(3,\)"):
         load_variables(tmp_path / "a.npz", [Var("k", np.zeros(3))])
     with pytest.raises(ValueError, match="no variable 'x'; it has \\['k', 'b'\\]"):
         load_variables(tmp_path / "a.npz", [Var("x", np.zeros(3))])
+    # Keras' automatic top-level model name is not part of an entry's name, and either side
+    # may have it (a model built in code has it, the same from load_model not).
+    save_variables(tmp_path / "m.npz", [Var("sequential_2/dense/kernel", [1.0, 2.0]),
+                                        Var("net/dense/kernel", [3.0])])
+    with np.load(tmp_path / "m.npz") as data:
+        names = [e["name"] for e in json.loads(data["header"].tobytes())["variables"]]
+        assert data["value/net/dense/kernel"].tolist() == [3.0]   # arrays named too
+        assert sorted(data.files) == ["header", "value/dense/kernel", "value/net/dense/kernel"]
+    assert names == ["dense/kernel", "net/dense/kernel"]
+    loaded = [Var("dense/kernel", np.zeros(2)), Var("sequential/net/dense/kernel", np.zeros(1))]
+    assert load_variables(tmp_path / "m.npz", loaded) == ["dense/kernel",
+                                                          "sequential/net/dense/kernel"]
+    assert loaded[0].value.tolist() == [1.0, 2.0] and loaded[1].value.tolist() == [3.0]
+    save_variables(tmp_path / "two.npz", [Var("sequential/dense/kernel", [1.0]),
+                                          Var("sequential_1/dense/kernel", [2.0])])
+    with pytest.raises(ValueError, match="several entries for variable 'dense/kernel'"):
+        load_variables(tmp_path / "two.npz", [Var("dense/kernel", [0.0])])
+    # A file of version 1 (arrays numbered by entry) still loads.
+    write_npz(tmp_path / "v1.npz", {"format": "stratax-variables", "version": 1, "variables": [
+        {"name": "k", "shape": [2], "dtype": "float32", "optimizer": None, "slots": [],
+         "iterations": [[0, 2, 0]]}]}, {"value/0": np.array([7.0, 8.0], np.float32)})
+    old = Var("k", np.zeros(2))
+    assert load_variables(tmp_path / "v1.npz", [old]) == ["k"] and old.value.tolist() == [7, 8]
     with pytest.raises(ValueError, match=r"must end with '\.npz'"):
         save_variables(tmp_path / "a.h5", [target])
     np.savez(tmp_path / "other.npz", header=np.frombuffer(json.dumps({"x": 1}).encode(), np.uint8))
@@ -110,7 +149,7 @@ import sys
 import numpy as np
 from stratax._src.parameter_server import wire
 from stratax._src.parameter_server.ps_server import ParameterServer
-from stratax._src.parameter_server.snapshots import Snapshots
+from stratax._src.parameter_server.snapshots import Snapshots, write_npz
 
 snapshots = Snapshots(sys.argv[1], task_index=0, every=1000)
 server = ParameterServer(snapshots)

@@ -12,11 +12,18 @@ point in multi-process runs, a signal flag in one process), save there, and exit
 ``PREEMPTION_EXIT_CODE``; ``stratax launch --max-restarts K`` then restarts the group, which
 resumes from that backup. Only the chief writes, atomically (see ``checkpoint_io``); every
 worker reads the same directory, so it must be shared between hosts (as in TensorFlow).
+
+Saves do not stall training: the step copies the state to host memory (a memcpy) and a
+background thread writes it, one save at a time; the next save, the end of ``fit``, a
+preemption and a restore from the same directory wait for it, and a failed write raises there.
+Entries are named by variable path (``model/sequential/dense/kernel``, ``optimizer/adam/...``,
+``metrics/...``); ``docs/design/checkpoints.md`` says why this is not Orbax.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 from collections.abc import Callable
@@ -33,7 +40,32 @@ from stratax._src.runtime import worker_exit
 logger = logging.getLogger(__name__)
 
 PREEMPTION_EXIT_CODE = 42
-_FORMAT = 1
+_FORMAT = 2  # 1: arrays by position (arr_0, ...); 2: by name (model/..., optimizer/...)
+_pending: dict[str, _Write] = {}  # backup_dir -> its write in flight (any callback's)
+_pending_lock = threading.Lock()
+
+
+class _Write:
+    """One backup written by its own (non-daemon: it finishes before Python exits) thread."""
+
+    def __init__(self, backup_dir: str, arrays: dict[str, np.ndarray],
+                 meta: dict[str, Any]) -> None:
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, args=(backup_dir, arrays, meta),
+                                       name="stratax-backup-write")
+        self.thread.start()
+
+    def _run(self, backup_dir: str, arrays: dict[str, np.ndarray],
+             meta: dict[str, Any]) -> None:
+        try:
+            checkpoint_io.save(backup_dir, arrays, meta)
+        except BaseException as err:  # raised by wait_for_writes, in the training thread
+            self.error = err
+
+    def result(self) -> None:
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
 
 
 class BackupAndRestore(keras.callbacks.Callback):
@@ -43,6 +75,8 @@ class BackupAndRestore(keras.callbacks.Callback):
         backup_dir: where backups live (shared by all workers; only the chief writes).
         save_freq: ``"epoch"`` or a number of steps.
         delete_checkpoint: remove the backup when training completes.
+        save_in_background: write each backup in a background thread (training goes on
+            once the state is copied); ``False`` writes it before the step returns.
 
     Example:
         >>> backup = sx.BackupAndRestore("/tmp/backup", save_freq=100)
@@ -50,7 +84,7 @@ class BackupAndRestore(keras.callbacks.Callback):
     """
 
     def __init__(self, backup_dir: str, save_freq: int | str = "epoch",
-                 delete_checkpoint: bool = True) -> None:
+                 delete_checkpoint: bool = True, save_in_background: bool = True) -> None:
         super().__init__()
         if save_freq != "epoch" and (isinstance(save_freq, bool) or not isinstance(save_freq, int)
                                      or save_freq < 1):
@@ -62,6 +96,7 @@ class BackupAndRestore(keras.callbacks.Callback):
         self.backup_dir = str(backup_dir)
         self.save_freq = save_freq
         self.delete_checkpoint = delete_checkpoint
+        self.save_in_background = save_in_background
         self._strategy: Any = None
         self._epoch = 0
         self._steps_in_epoch = 0
@@ -82,6 +117,7 @@ class BackupAndRestore(keras.callbacks.Callback):
                 "`with sx.OneDeviceStrategy('cpu:0').scope(): model = ...`."
             )
         self._completed = False
+        wait_for_writes(self.backup_dir)
         restored = checkpoint_io.load(self.backup_dir)
         if restored is not None:
             self._restore(*restored)
@@ -98,6 +134,7 @@ class BackupAndRestore(keras.callbacks.Callback):
         self._steps_in_epoch = steps
         if self._preemption_reached():
             self._save(self._epoch, self._steps_in_epoch)
+            wait_for_writes(self.backup_dir)
             logger.warning("Preempted: saved a backup at step %d, exiting with code %d.",
                            self._global_step, PREEMPTION_EXIT_CODE)
             raise SystemExit(PREEMPTION_EXIT_CODE)
@@ -112,6 +149,7 @@ class BackupAndRestore(keras.callbacks.Callback):
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
         self._completed = True
         self._restore_sigterm_handler()
+        wait_for_writes(self.backup_dir)
         if self.delete_checkpoint and self._strategy.is_chief:
             checkpoint_io.remove(self.backup_dir)
 
@@ -123,35 +161,48 @@ class BackupAndRestore(keras.callbacks.Callback):
             return epoch + 1, 0
         return epoch, steps_in_epoch
 
-    def _state_variables(self) -> list[Any]:
+    def _state_variables(self) -> dict[str, Any]:
+        """Every variable of the run by its entry name: ``model/<path>``, ``optimizer/<path>``,
+        ``metrics/<path>`` (a repeated path gets ``#1``, ``#2``, ...)."""
         model = self.model
         optimizer_vars = list(model.optimizer.variables) if model.optimizer is not None else []
-        return list(model.variables) + optimizer_vars + list(model.metrics_variables)
+        named: dict[str, Any] = {}
+        for group, variables in (("model", model.variables), ("optimizer", optimizer_vars),
+                                 ("metrics", model.metrics_variables)):
+            for variable in variables:
+                name, n = f"{group}/{variable.path}", 0
+                while name in named:
+                    n += 1
+                    name = f"{group}/{variable.path}#{n}"
+                named[name] = variable
+        return named
 
     def _save(self, epoch: int, steps_in_epoch: int) -> None:
         if not self._strategy.is_chief:
             return
         epoch, steps_in_epoch = self._normalize(epoch, steps_in_epoch)
         self.model.jax_state_sync()
-        arrays = [np.asarray(v.value) for v in self._state_variables()]
+        # A copy: the next step may donate (reuse) the buffers of the variables' values.
+        arrays = {name: np.array(v.value, copy=True)
+                  for name, v in self._state_variables().items()}
         feed = _running_feed()
         meta = {"format": _FORMAT, "epoch": epoch, "steps_in_epoch": steps_in_epoch,
                 "global_step": self._global_step,
-                "data_seed": None if feed is None else feed.seed,
-                "shapes": [list(a.shape) for a in arrays]}
-        checkpoint_io.save(self.backup_dir, arrays, meta)
+                "data_seed": None if feed is None else feed.seed}
+        wait_for_writes(self.backup_dir)
+        if not self.save_in_background:
+            checkpoint_io.save(self.backup_dir, arrays, meta)
+            return
+        with _pending_lock:
+            _pending[os.path.abspath(self.backup_dir)] = _Write(self.backup_dir, arrays, meta)
 
-    def _restore(self, arrays: list[np.ndarray], meta: dict[str, Any]) -> None:
-        variables = self._state_variables()
-        if meta.get("format") != _FORMAT or len(arrays) != len(variables) or any(
-            tuple(a.shape) != tuple(v.shape) for a, v in zip(arrays, variables, strict=True)
-        ):
+    def _restore(self, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> None:
+        if meta.get("format") not in (1, _FORMAT):
             raise ValueError(
-                f"The backup in {self.backup_dir!r} does not match this model and optimizer "
-                f"({len(arrays)} saved arrays, {len(variables)} variables now). Use another "
-                "backup_dir, or delete this one to start over."
-            )
-        for variable, value in zip(variables, arrays, strict=True):
+                f"The backup in {self.backup_dir!r} has format {meta.get('format')!r}; this "
+                f"stratax reads formats 1 and {_FORMAT}. Use another backup_dir, or delete this "
+                "one to start over.")
+        for variable, value in _match(arrays, self._state_variables(), self.backup_dir):
             variable.assign(value)
         epoch, self._skip = self._normalize(int(meta["epoch"]), int(meta["steps_in_epoch"]))
         seam.set_initial_epoch(self.model, epoch)
@@ -187,6 +238,37 @@ class BackupAndRestore(keras.callbacks.Callback):
         if self._previous_handler is not None:
             signal.signal(signal.SIGTERM, self._previous_handler)
             self._previous_handler = None
+
+
+def wait_for_writes(backup_dir: str) -> None:
+    """Waits for the background write to ``backup_dir`` in flight, if any; raises its error."""
+    with _pending_lock:
+        pending = _pending.pop(os.path.abspath(backup_dir), None)
+    if pending is not None:
+        pending.result()
+
+
+def _match(arrays: dict[str, np.ndarray], variables: dict[str, Any], backup_dir: str
+           ) -> list[tuple[Any, np.ndarray]]:
+    """Pairs saved arrays with variables: by name when the names agree, else by position when
+    count and shapes agree (a model built again in one process has new automatic names, e.g.
+    ``sequential_1/dense_2``; a format-1 backup has no names).
+
+    Raises:
+        ValueError: neither way pairs every variable with an array of its shape.
+    """
+    if arrays.keys() == variables.keys():
+        pairs = [(variables[name], value) for name, value in arrays.items()]
+    else:
+        pairs = list(zip(variables.values(), arrays.values(), strict=False))
+    if len(arrays) == len(variables) and all(
+            tuple(value.shape) == tuple(v.shape) for v, value in pairs):
+        return pairs
+    missing = sorted(variables.keys() - arrays.keys())[:5]
+    raise ValueError(
+        f"The backup in {backup_dir!r} does not match this model and optimizer "
+        f"({len(arrays)} saved arrays, {len(variables)} variables now; not in the backup: "
+        f"{missing}). Use another backup_dir, or delete this one to start over.")
 
 
 def _running_feed() -> Any:

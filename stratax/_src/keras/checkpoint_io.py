@@ -5,8 +5,9 @@ visible) and a ``latest`` file naming the newest. A version is written in a ``.s
 directory locked (``flock``) by its writer; one whose writer died mid-save (SIGKILL) is removed
 by the next save. A save writes the new version under a temporary
 name, renames it into place, then replaces ``latest`` with ``os.replace`` (atomic on POSIX), and
-only then removes older versions. Arrays go into ``state.npz`` (numpy, no pickle); metadata into
-``meta.json``.
+only then removes older versions. Arrays go into ``state.npz`` (numpy, no pickle), each under
+its name (``np.load(".../state.npz")["model/sequential/dense/kernel"]``); metadata into
+``meta.json``. Versions written before names existed hold ``arr_0``, ``arr_1``, ... in order.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -32,8 +33,10 @@ from stratax._src.core.files import (
 _LATEST = "latest"
 
 
-def save(directory: str | os.PathLike[str], arrays: list[np.ndarray], meta: dict[str, Any]) -> Path:
-    """Writes a new checkpoint version and makes it the latest; returns its directory."""
+def save(directory: str | os.PathLike[str], arrays: Mapping[str, np.ndarray],
+         meta: dict[str, Any]) -> Path:
+    """Writes a new checkpoint version (``arrays`` by name) and makes it the latest; returns its
+    directory."""
     root = Path(directory)
     root.mkdir(parents=True, exist_ok=True)
     current = latest_version(root)
@@ -45,7 +48,7 @@ def save(directory: str | os.PathLike[str], arrays: list[np.ndarray], meta: dict
     try:
         staging = Path(tempfile.mkdtemp(dir=root, prefix=".staging-"))
         held = hold_directory(staging)
-        np.savez(staging / "state.npz", *arrays)
+        np.savez(staging / "state.npz", **arrays)
         (staging / "meta.json").write_text(json.dumps(meta, sort_keys=True))
         os.replace(staging, final)
         write_atomically(root / _LATEST, final.name)
@@ -82,14 +85,16 @@ def latest_version(directory: str | os.PathLike[str]) -> Path | None:
     return version if (version / "meta.json").exists() else None
 
 
-def load(directory: str | os.PathLike[str]) -> tuple[list[np.ndarray], dict[str, Any]] | None:
-    """The arrays and metadata of the latest checkpoint, or ``None`` if there is none."""
+def load(directory: str | os.PathLike[str]
+         ) -> tuple[dict[str, np.ndarray], dict[str, Any]] | None:
+    """The arrays (by name, in the order written) and metadata of the latest checkpoint, or
+    ``None`` if there is none."""
     version = latest_version(directory)
     if version is None:
         return None
     meta = json.loads((version / "meta.json").read_text())
     with np.load(version / "state.npz", allow_pickle=False) as data:
-        arrays = [data[f"arr_{i}"] for i in range(len(data.files))]
+        arrays = {name: data[name] for name in data.files}
     return arrays, meta
 
 

@@ -126,14 +126,17 @@ class ParameterServerRunner(KerasRunner):
             )
         if kind != "predict":
             check_additive_metrics(model)
-        fresh = [v for v in model.trainable_variables if not self.strategy.is_placed(v)]
         self.strategy.place_variables([*model.trainable_variables,
                                        *model.non_trainable_variables])
         optimizer = getattr(model, "optimizer", None)
-        if kind == "train" and fresh and optimizer is not None and optimizer.built \
+        if kind == "train" and optimizer is not None and optimizer.built \
                 and int(optimizer.iterations.numpy()) > 0:
-            # A model whose optimizer state was loaded (load_model, a backup) trains on from it.
-            self.strategy.push_optimizer_state(optimizer, fresh)
+            # A model whose optimizer state was loaded (load_model, a backup) trains on from
+            # it: the variables the servers have never updated (placed by this step, or by an
+            # evaluate or predict before it) get the Keras optimizer's slots and iterations.
+            self.strategy.push_optimizer_state(optimizer, [
+                v for v in model.trainable_variables
+                if not any(self.strategy.optimizer_iterations(self.strategy.place_variables(v)))])
         pipeline = GroupPipeline(model, kind, self.strategy.cluster_coordinator(),
                                  depth=self._num_workers(),
                                  planned_steps=lambda: self._planned_steps(kind))
@@ -269,11 +272,37 @@ class ParameterServerRunner(KerasRunner):
 
 
 def _set_iterations(strategy: Any, model: Any) -> None:
-    """``model.optimizer.iterations`` = updates the parameter servers applied (the most of any
-    shard of the model's first trained variable)."""
+    """``model.optimizer.iterations`` = the most updates any shard of the model's trained
+    variables applied (the steps trained); shards that applied fewer are named in a warning
+    with their counts (see ``shards_behind``)."""
     optimizer = getattr(model, "optimizer", None)
     variables = list(getattr(model, "trainable_variables", ()))
     if optimizer is None or not variables:
         return
-    placed = strategy.place_variables(variables[0])  # placed already: by the train step
-    optimizer.iterations.assign(max(strategy.optimizer_iterations(placed)))
+    counts = {}
+    for variable in strategy.place_variables(variables):  # placed already: by the train step
+        for placement, count in zip(variable.placements,
+                                    strategy.optimizer_iterations(variable), strict=True):
+            counts[f"{placement.key!r} (ps {placement.ps})"] = count
+    optimizer.iterations.assign(max(counts.values()))
+    behind = shards_behind(counts)
+    if behind:
+        logger.warning(behind)
+
+
+def shards_behind(counts: dict[str, int]) -> str | None:
+    """Names the shards that applied fewer updates than the most any shard applied, with
+    their counts, or ``None`` when all agree: a count in ``optimizer.iterations`` alone would
+    hide them."""
+    most = max(counts.values())
+    fewer = {shard: count for shard, count in counts.items() if count < most}
+    if not fewer:
+        return None
+    listed = ", ".join(f"{shard}: {count}" for shard, count in sorted(
+        fewer.items(), key=lambda item: item[1])[:8])
+    more = f" and {len(fewer) - 8} more" if len(fewer) > 8 else ""
+    return (f"optimizer.iterations = {most}, the most updates a shard applied; {len(fewer)} "
+            f"shard(s) applied fewer: {listed}{more}. A ps restored from its snapshot lost the "
+            "updates after it, a restored checkpoint set its shards' counts, and row-sparse "
+            "updates skip the shards whose rows a step did not read; "
+            "strategy.optimizer_iterations(variable) gives each shard's count.")

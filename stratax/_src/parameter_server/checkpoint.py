@@ -2,14 +2,20 @@
 
 ``strategy.save_checkpoint(path)`` gathers every variable from the parameter servers (shards
 concatenated along axis 0) with its optimizer slots (Adam's ``m``/``v``, momentum's ``m``,
-gathered the same way) and iteration counts, and writes one ``.npz`` file (raw arrays plus a
-JSON header; no pickle), atomically. Because nothing in it depends on the placement,
-``strategy.restore_checkpoint(path)`` restores it with any number of parameter servers and any
-partitioner: each new shard takes its rows of the values and slots (resharding on load).
+gathered the same way) and iteration counts, and writes one ``.npz`` file (raw arrays named
+``value/<name>`` and ``slot/<slot>/<name>``, plus a JSON header; no pickle), atomically.
+Because nothing in it depends on the placement, ``strategy.restore_checkpoint(path)`` restores
+it with any number of parameter servers and any partitioner: each new shard takes its rows of
+the values and slots (resharding on load).
 ``save_variables``/``load_variables`` write and read the same file from Keras variables (any
 strategy, e.g. ``MirroredStrategy``), matched by name (a Keras variable's ``path``), with a
 Keras ``SGD``/``Adam``'s slots and iterations when given the optimizer (the ps applies Keras'
 formulas, so the state means the same on both sides).
+
+Names: an entry is named by the variable's path inside its model: Keras' automatic name of the
+top-level model (``sequential/``, ``functional_2/``) is dropped, because a model built in code
+has it and the same model from ``keras.models.load_model`` does not. Reading matches a name
+exactly, else with that leading model name stripped from either side, when one entry fits.
 
 Iterations: each shard counts its own updates (row-sparse pushes touch only some shards), so
 the file keeps one count per saved shard, by rows; a new shard takes the count of the saved
@@ -20,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
@@ -32,7 +39,9 @@ from stratax._src.parameter_server.optimizers import DEFAULT_SPARSE_UPDATES, Sha
 from stratax._src.parameter_server.program import optimizer_spec
 from stratax._src.parameter_server.snapshots import HEADER, write_npz
 
-FORMAT, VERSION = "stratax-variables", 1
+# Version 2 names each array by its variable (``value/<name>``, ``slot/<slot>/<name>``);
+# version 1 (still read) numbered them by entry (``value/<i>``, ``slot/<i>/<slot>``).
+FORMAT, VERSION = "stratax-variables", 2
 
 
 # ----- on the parameter server ------------------------------------------------------------
@@ -279,36 +288,83 @@ def _call(method: str, meta: dict[str, Any], tensors: Sequence[np.ndarray] = ())
 
 
 # ----- the file -----------------------------------------------------------------------------
+# Keras' automatic names of a top-level model (``Sequential``, functional ``Model``); a path
+# starting with one belongs to a model built in code (see the module docstring).
+_AUTO_MODEL = re.compile(r"(sequential|functional|model)(_\d+)?/")
+
+
+def entry_name(name: str) -> str:
+    """The checkpoint name of a variable path: ``sequential_3/dense/kernel`` -> ``dense/kernel``
+    (the same for the model from ``load_model``); other paths are kept."""
+    return name[_AUTO_MODEL.match(name).end():] if _AUTO_MODEL.match(name) else name
+
+
+def _named(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``entries`` with names by ``entry_name``, except where two would then collide (variables
+    of two models in one file keep their full paths)."""
+    short = [entry_name(e["name"]) for e in entries]
+    return [{**e, "name": s if short.count(s) == 1 else e["name"]}
+            for e, s in zip(entries, short, strict=True)]
+
+
 def _write(path: str | os.PathLike, entries: list[dict[str, Any]],
            arrays: dict[str, np.ndarray]) -> None:
     path = Path(path)
     if path.suffix != ".npz":
         raise ValueError(f"Checkpoint path {str(path)!r} must end with '.npz'.")
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_npz(path, {"format": FORMAT, "version": VERSION, "variables": entries}, arrays)
+    entries = _named(entries)
+    write_npz(path, {"format": FORMAT, "version": VERSION, "variables": entries},
+              {_array_key(key, entries): value for key, value in arrays.items()})
+
+
+def _array_key(key: str, entries: list[dict[str, Any]], named: bool = True) -> str:
+    """An array's key in the file (``value/<name>``, ``slot/<slot>/<name>``) from its key by
+    entry number (``value/<i>``, ``slot/<i>/<slot>``), or back with ``named=False``."""
+    kind, rest = key.split("/", 1)
+    if named:
+        index, _, slot = rest.partition("/")
+        name = entries[int(index)]["name"]
+        return f"value/{name}" if kind == "value" else f"slot/{slot}/{name}"
+    for index, entry in enumerate(entries):
+        if kind == "value" and rest == entry["name"]:
+            return f"value/{index}"
+        for slot in entry["slots"]:
+            if kind == "slot" and rest == f"{slot}/{entry['name']}":
+                return f"slot/{index}/{slot}"
+    raise ValueError(f"Checkpoint array {key!r} belongs to no variable of its header.")
 
 
 def _read(path: str | os.PathLike) -> tuple[list[dict[str, Any]], dict[str, np.ndarray]]:
     with np.load(path, allow_pickle=False) as npz:
         data = {k: np.array(npz[k]) for k in npz.files}
     header = json.loads(data.pop(HEADER).tobytes())
-    if header.get("format") != FORMAT or header.get("version") != VERSION:
-        raise ValueError(f"{str(path)!r} is not a stratax variables checkpoint (version "
-                         f"{VERSION}); its header says {header.get('format')!r} "
+    if header.get("format") != FORMAT or header.get("version") not in (1, VERSION):
+        raise ValueError(f"{str(path)!r} is not a stratax variables checkpoint (version 1 "
+                         f"or {VERSION}); its header says {header.get('format')!r} "
                          f"{header.get('version')!r}.")
-    return header["variables"], data
+    entries = header["variables"]
+    if header["version"] == 1:
+        return entries, data
+    return entries, {_array_key(key, entries, named=False): value for key, value in data.items()}
 
 
 def _find(entries: list[dict[str, Any]], name: str, shape: tuple[int, ...],
           path: Any) -> tuple[int, dict[str, Any]]:
-    for index, entry in enumerate(entries):
-        if entry["name"] == name:
-            if tuple(entry["shape"]) != shape:
-                raise ValueError(f"Checkpoint {str(path)!r} has {name!r} with shape "
-                                 f"{tuple(entry['shape'])}, the variable has {shape}.")
-            return index, entry
-    raise ValueError(f"Checkpoint {str(path)!r} has no variable {name!r}; it has "
-                     f"{[e['name'] for e in entries]}.")
+    """The entry named ``name``, else the one entry whose name equals it once Keras' automatic
+    top-level model name is stripped from both (see ``entry_name``)."""
+    found = [i for i, e in enumerate(entries) if e["name"] == name]
+    if not found:
+        found = [i for i, e in enumerate(entries)
+                 if entry_name(e["name"]) == entry_name(name)]
+    if len(found) == 1:
+        entry = entries[found[0]]
+        if tuple(entry["shape"]) != shape:
+            raise ValueError(f"Checkpoint {str(path)!r} has {entry['name']!r} with shape "
+                             f"{tuple(entry['shape'])}, the variable {name!r} has {shape}.")
+        return found[0], entry
+    raise ValueError(f"Checkpoint {str(path)!r} has {'several entries for' if found else 'no'} "
+                     f"variable {name!r}; it has {[e['name'] for e in entries]}.")
 
 
 def _join(parts: list[np.ndarray], shape: tuple[int, ...]) -> np.ndarray:

@@ -1,7 +1,8 @@
 """Parameter-server snapshots: a ps writes its shards every N pushes and reloads them on restart.
 
 A snapshot holds, per shard, the value, the optimizer (its spec, slots and iterations) and the
-ledger of applied step ids, in one ``.npz`` file (raw arrays plus a JSON header; no pickle).
+ledger of applied step ids, in one ``.npz`` file (raw arrays named ``value/<shard>`` and
+``slot/<slot>/<shard>``, plus a JSON header; no pickle).
 It is written atomically (``core.files.write_atomically``: a temp file, flushed to disk, then
 renamed over ``ps<i>.npz``), so a ps killed while writing leaves the previous snapshot intact;
 its temp file (``.ps<i>.npz.tmp-*``, locked while written) is removed when the ps starts again.
@@ -33,7 +34,9 @@ from stratax._src.parameter_server import wire
 from stratax._src.parameter_server.optimizers import ShardOptimizer
 
 logger = logging.getLogger(__name__)
-VERSION = 1
+# Version 2 names each array by its shard (``value/<shard>``, ``slot/<slot>/<shard>``, e.g.
+# ``value/embedding/part_1``); version 1 (still read) numbered them (``value/<i>``).
+VERSION = 2
 
 
 HEADER = "header"  # the npz member holding the JSON header, as uint8 bytes
@@ -136,16 +139,16 @@ class Snapshots:
         start = time.perf_counter()
         arrays: dict[str, np.ndarray] = {}
         shards = []
-        for i, (name, shard) in enumerate(sorted(self._server._shards.items())):
+        for name, shard in sorted(self._server._shards.items()):
             with shard.lock:
-                arrays[f"value/{i}"] = shard.value.copy()
+                arrays[f"value/{name}"] = shard.value.copy()
                 opt = shard.optimizer
                 entry = {"name": name, "optimizer": shard.optimizer_key or None,
                          "iterations": opt.iterations if opt else 0,
                          "slots": sorted(opt.slots) if opt else [],
                          "ledger": sorted(shard.ledger), "duplicates": shard.duplicates}
                 for slot in entry["slots"]:
-                    arrays[f"slot/{i}/{slot}"] = opt.slots[slot].copy()
+                    arrays[f"slot/{slot}/{name}"] = opt.slots[slot].copy()
             shards.append(entry)
         write_npz(self.path, {"version": VERSION, "shards": shards}, arrays)
         self.written += 1
@@ -155,18 +158,22 @@ class Snapshots:
     def _restore(self) -> None:
         with np.load(self.path, allow_pickle=False) as data:
             header = json.loads(data[HEADER].tobytes())
-            if header.get("version") != VERSION:
+            if header.get("version") not in (1, VERSION):
                 raise ValueError(f"Snapshot {self.path} has version {header.get('version')!r}, "
-                                 f"this stratax reads {VERSION}; delete it to start afresh.")
+                                 f"this stratax reads 1 and {VERSION}; delete it to start "
+                                 "afresh.")
             for i, entry in enumerate(header["shards"]):
-                shard = self._server.shard_type(np.array(data[f"value/{i}"]))
+                key = entry["name"] if header["version"] == VERSION else i
+                shard = self._server.shard_type(np.array(data[f"value/{key}"]))
                 if entry["optimizer"]:
                     key = json.loads(entry["optimizer"])
                     shard.optimizer = ShardOptimizer(key["spec"], shard.value, key["sparse"])
                     shard.optimizer_key = entry["optimizer"]
                     shard.optimizer.iterations = int(entry["iterations"])
                     for slot in entry["slots"]:
-                        shard.optimizer.slots[slot][...] = data[f"slot/{i}/{slot}"]
+                        shard.optimizer.slots[slot][...] = data[
+                            f"slot/{slot}/{entry['name']}" if header["version"] == VERSION
+                            else f"slot/{i}/{slot}"]
                 shard.ledger = set(entry["ledger"])
                 shard.duplicates = int(entry["duplicates"])
                 self._server._shards[entry["name"]] = shard
