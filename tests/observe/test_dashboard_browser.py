@@ -197,22 +197,22 @@ def _outcome_run(run_dir: Path, *, restarted: bool, exit_code: int, failed: bool
     from stratax._src.observe import record as record_mod
     from stratax._src.observe.events import EventLog
 
+    def report(steps: range, first_loss: float) -> None:
+        for step in steps:
+            record_mod.record(step=step, run_dir=run_dir, task="worker_0", step_s=0.01,
+                              samples_per_s=250_000.0, loss=first_loss - step / 100)
+        record_mod.close_all()
+
     log = EventLog(run_dir)
     log.append("start", restart=0, tasks=["worker_0"], pids=[11])
-    for step in range(10, 70, 10):
-        record_mod.record(step=step, run_dir=run_dir, task="worker_0", step_s=0.01,
-                          samples_per_s=250_000.0, loss=2.0 - step / 100)
-    record_mod.close_all()
+    report(range(10, 70, 10), 2.0)
     if restarted:
         log.failure(restart=0, task="worker_0", pid=11, returncode=42,
                     message="worker 0 (local rank 0, pid 11) was preempted", tail=["epoch 2"])
         log.append("restart", restart=1, message="restart 1 of 3")
         time.sleep(0.05)
         log.append("start", restart=1, tasks=["worker_0"], pids=[12])
-        for step in range(40, 100, 10):
-            record_mod.record(step=step, run_dir=run_dir, task="worker_0", step_s=0.01,
-                              samples_per_s=250_000.0, loss=1.8 - step / 100)
-        record_mod.close_all()
+        report(range(40, 100, 10), 1.8)
     if failed:
         log.failure(restart=int(restarted), task="worker_0", pid=12, returncode=1,
                     message="worker 0 (local rank 0, pid 12) exited with code 1",
