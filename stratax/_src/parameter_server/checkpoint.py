@@ -28,7 +28,7 @@ import json
 import os
 import re
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -144,20 +144,12 @@ def push_keras_optimizer(strategy: Any, optimizer: Any,
     optimizer was loaded (``keras.models.load_model``, a backup) trains on from that state."""
     key, slots_of = _keras_optimizer(optimizer, [keras_var for keras_var, _ in pairs])
     iterations = int(np.asarray(optimizer.iterations.numpy()))
-    calls: dict[int, tuple[list[str], list[dict[str, Any]], list[np.ndarray]]] = defaultdict(
-        lambda: ([], [], []))
+    imports = _ShardImports()
     for keras_var, ps_var in pairs:
-        value = np.asarray(keras_var.numpy())
         slots = {name: np.asarray(slot.numpy())
                  for name, slot in sorted(slots_of(keras_var).items())}
-        for p in ps_var.placements:
-            rows = slice(p.start, p.start + p.rows) if ps_var.shape else slice(None)
-            names, states, tensors = calls[p.ps]
-            names.append(p.key)
-            states.append({"optimizer": key, "slots": list(slots), "iterations": iterations})
-            tensors += [value[rows], *(slot[rows] for slot in slots.values())]
-    strategy._ps.each({ps: _call("import", {"names": names, "shards": states}, tensors)
-                       for ps, (names, states, tensors) in calls.items()})
+        imports.add(ps_var, key, np.asarray(keras_var.numpy()), slots, lambda p: iterations)
+    imports.send(strategy)
 
 
 def save(strategy: Any, path: str | os.PathLike, variables: Sequence[Any]) -> None:
@@ -187,22 +179,39 @@ def restore(strategy: Any, path: str | os.PathLike, variables: Sequence[Any]) ->
     state (``save_variables``) keeps the optimizer state its shards have. Raises on a missing
     name or a shape mismatch, naming both."""
     entries, data = _read(path)
-    calls: dict[int, tuple[list[str], list[dict[str, Any]], list[np.ndarray]]] = defaultdict(
-        lambda: ([], [], []))
+    imports = _ShardImports()
     for var in variables:
         index, entry = _find(entries, var.name, tuple(var.shape), path)
-        value = data[f"value/{index}"]
         slots = {s: data[f"slot/{index}/{s}"] for s in entry["slots"]}
+        imports.add(var, entry["optimizer"], data[f"value/{index}"], slots,
+                    lambda p, blocks=entry["iterations"]: _iterations_at(blocks, p.start))
+    imports.send(strategy)
+    return [var.name for var in variables]
+
+
+class _ShardImports:
+    """The ``import`` calls that give each ps its shards' rows of values and slots, one call
+    per ps."""
+
+    def __init__(self) -> None:
+        self._calls: dict[int, tuple[list[str], list[dict[str, Any]], list[np.ndarray]]] = (
+            defaultdict(lambda: ([], [], [])))
+
+    def add(self, var: Any, optimizer: str, value: np.ndarray, slots: dict[str, np.ndarray],
+            iterations: Callable[[Any], int]) -> None:
+        """Queues ``var``'s shards: their rows of ``value`` and ``slots``, and the update count
+        ``iterations(placement)``."""
         for p in var.placements:
             rows = slice(p.start, p.start + p.rows) if var.shape else slice(None)
-            names, states, tensors = calls[p.ps]
+            names, states, tensors = self._calls[p.ps]
             names.append(p.key)
-            states.append({"optimizer": entry["optimizer"], "slots": list(slots),
-                           "iterations": _iterations_at(entry["iterations"], p.start)})
+            states.append({"optimizer": optimizer, "slots": list(slots),
+                           "iterations": iterations(p)})
             tensors += [value[rows], *(slot[rows] for slot in slots.values())]
-    strategy._ps.each({ps: _call("import", {"names": names, "shards": states}, tensors)
-                       for ps, (names, states, tensors) in calls.items()})
-    return [var.name for var in variables]
+
+    def send(self, strategy: Any) -> None:
+        strategy._ps.each({ps: _call("import", {"names": names, "shards": states}, tensors)
+                           for ps, (names, states, tensors) in self._calls.items()})
 
 
 # Keras' names of the optimizer slots the ps keeps as "m" and "v" (Keras creates them with
