@@ -240,6 +240,7 @@ class _Worker:
         self.stats = collections.Counter()
         self.consumed = collections.Counter()  # iterator name -> batches of finished closures
         self.died_at: float | None = None
+        self.restarted = False  # the heartbeat saw a new process: state rebuilt before use
 
 
 class ClusterCoordinator:
@@ -404,6 +405,13 @@ class ClusterCoordinator:
             thread.join(timeout=5)
         self.progress.stop()
 
+    def worker_restarted(self, client: rpc.RpcClient) -> None:
+        """Called when the heartbeat finds ``client``'s worker answering as a new process: it
+        lost its programs and iterators, which are rebuilt before its next closure."""
+        for worker in self._workers:
+            if worker.client is client and worker.alive:
+                worker.restarted = True
+
     # ----- internals ------------------------------------------------------------------------
     def _make_iterator(self, fn_ref: dict[str, Any]) -> PerWorkerIterator:
         name = f"it{next(self._ids)}"
@@ -513,6 +521,7 @@ class ClusterCoordinator:
             except StrataxError:
                 continue
             worker.programs = set()
+            worker.restarted = False
             worker.iterators = set(self._iterator_refs)
             worker.stats["rejoined"] += 1
             worker.alive = True
@@ -528,6 +537,9 @@ class ClusterCoordinator:
             self._error = error
 
     def _run(self, worker: _Worker, closure: _Closure) -> None:
+        if worker.restarted:
+            raise WorkerUnavailableError(f"worker {worker.index} at {worker.client.address} "
+                                         "was restarted (a new process)")
         for program in closure.programs:
             if program.key not in worker.programs:
                 tensors = [np.frombuffer(program.step, np.uint8)]

@@ -25,6 +25,7 @@ from stratax._src.cluster.resolver import ClusterResolver
 from stratax._src.core.context import replica_context_scope, strategy_scope
 from stratax._src.parameter_server import (
     checkpoint,
+    chief_session,
     cluster_check,
     compute_threads,
     functions,
@@ -113,6 +114,10 @@ class ParameterServerStrategy:
                 client.wait_ready(timeout_seconds)
             cluster_check.agree([*self._ps.clients, *self._worker_clients], ClusterSpec(spec),
                                 timeout_seconds)
+            # Claims every task for this chief (reset after a previous chief) and heartbeats.
+            self._session = chief_session.ChiefSession(
+                [*self._ps.clients, *self._worker_clients], timeout_seconds, self._restarted)
+            self._session.claim()
         except BaseException:
             for client in self._worker_clients:
                 client.close()
@@ -127,7 +132,14 @@ class ParameterServerStrategy:
         self._optimizers_set: set[tuple[str, str]] = set()
         self._coordinator: coord.ClusterCoordinator | None = None
         self._closed = False
+        self._session.start()
         atexit.register(self.shutdown)
+
+    def _restarted(self, client: RpcClient) -> None:
+        """The heartbeat saw ``client``'s task answer as a new process: the coordinator
+        rebuilds a restarted worker's state before its next closure."""
+        if self._coordinator is not None:
+            self._coordinator.worker_restarted(client)
 
     def _serve_and_exit(self, spec: Any, task_type: str, task_id: int | None) -> None:
         if task_type == "worker" and task_id is not None:  # a process that only serves
@@ -135,6 +147,8 @@ class ParameterServerStrategy:
         server = Server(spec, job_name=task_type, task_index=task_id,
                         timeout_seconds=self._timeout)
         server.join()
+        if server.chief_lost:
+            sys.exit(1)
         logger.info("%s %s: the coordinator is done; exiting", task_type, task_id)
         sys.exit(0)
 
@@ -418,6 +432,7 @@ class ParameterServerStrategy:
         self._closed = True
         if self._coordinator is not None:
             self._coordinator.shutdown()
+        self._session.stop()
         for client in [*self._worker_clients, *self._ps.clients]:
             try:
                 client.call("shutdown", timeout=5)

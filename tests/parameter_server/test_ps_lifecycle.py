@@ -1,0 +1,87 @@
+"""The cluster's lifecycle with real processes: a chief killed, restarted or doubled, a worker
+stopped or lost, a ps lost; every wait is bounded by a timeout the user sets."""
+
+import socket
+import time
+
+import pytest
+from ps_cluster_helpers import cluster  # noqa: F401 - `cluster` is a fixture
+
+pytestmark = pytest.mark.timeout(180)
+CHIEF_TIMEOUT = 3.0
+
+
+def _started(cluster, name="chief0", timeout=120.0):  # noqa: F811 - fixture
+    deadline = time.monotonic() + timeout
+    while "STARTED" not in cluster.output(name):
+        assert time.monotonic() < deadline and cluster.procs[name].poll() is None, \
+            cluster.output(name)[-3000:]
+        time.sleep(0.05)
+
+
+def _exits(cluster, names, timeout):  # noqa: F811 - fixture
+    """Waits for the tasks ``names``; returns their exit codes and the seconds it took."""
+    start = time.monotonic()
+    codes = {name: cluster.procs[name].wait(timeout=timeout) for name in names}
+    return codes, time.monotonic() - start
+
+
+def _port_free(address: str) -> bool:
+    host, port = address.rsplit(":", 1)
+    with socket.socket() as s:
+        try:
+            s.bind((host, int(port)))
+        except OSError:
+            return False
+    return True
+
+
+SERVED = ("worker0", "worker1", "ps0")
+
+
+def test_served_tasks_exit_when_the_chief_is_killed(cluster):  # noqa: F811 - fixture
+    spec = cluster.start("ps_lifecycle.py", {"chief": 1, "worker": 2, "ps": 1}, args=("60", "10"),
+                         generic=SERVED,
+                         env={"STRATAX_PS_CHIEF_TIMEOUT_SECONDS": str(CHIEF_TIMEOUT)})
+    _started(cluster)
+    cluster.kill("chief0")
+    codes, seconds = _exits(cluster, SERVED, timeout=60)
+    assert codes == {name: 1 for name in SERVED}, codes
+    assert seconds < CHIEF_TIMEOUT + 3, seconds
+    assert "no chief heard" in cluster.output("ps0")
+    assert all(_port_free(a) for a in [*spec["worker"], *spec["ps"]])
+
+
+def test_served_tasks_exit_when_no_chief_ever_comes(cluster):  # noqa: F811 - fixture
+    # A chief that failed at start-up (a port in use, a bad script) never calls the tasks.
+    cluster.start("ps_lifecycle.py", {"chief": 1, "worker": 1, "ps": 1}, skip=("chief0",),
+                  generic=("worker0", "ps0"),
+                  env={"STRATAX_PS_CHIEF_TIMEOUT_SECONDS": str(CHIEF_TIMEOUT)})
+    codes, seconds = _exits(cluster, ("worker0", "ps0"), timeout=60)
+    assert codes == {"worker0": 1, "ps0": 1}, codes
+    assert seconds < CHIEF_TIMEOUT + 10, seconds  # with the servers' start-up
+
+
+def test_second_chief_is_refused_and_a_restarted_chief_starts_afresh(cluster):  # noqa: F811
+    cluster.start("ps_lifecycle.py", {"chief": 1, "worker": 2, "ps": 1}, args=("60", "10"),
+                  generic=SERVED, env={"STRATAX_PS_CHIEF_TIMEOUT_SECONDS": "60"})
+    _started(cluster)
+    # Two chiefs at once: the second waits its timeout_seconds (2 s), then fails naming why.
+    cluster.restart("chief0", args=("1", "2"), as_name="chief0b")
+    code = cluster.procs["chief0b"].wait(timeout=60)
+    assert code != 0 and "owned by another chief" in cluster.output("chief0b"), \
+        cluster.output("chief0b")[-3000:]
+    assert cluster.procs["chief0"].poll() is None  # the first one trains on
+
+    # The first chief killed mid-training, a new one with the same TF_CONFIG: it takes the
+    # tasks over, they drop the old session's state, and it trains exactly its own steps.
+    cluster.kill("chief0")
+    cluster.restart("chief0", args=("1", "10"))
+    code, out = cluster.wait("chief0", timeout=120)
+    assert code == 0, out[-3000:]
+    result = cluster.result()
+    assert result["iterations"] == result["applied"] == result["ledger"] == result["scheduled"]
+    assert result["duplicates"] == 0, result
+    assert "takes over" in cluster.output("ps0")
+    codes, _ = _exits(cluster, SERVED, timeout=30)
+    assert codes == {name: 0 for name in SERVED}, codes
