@@ -1,6 +1,8 @@
 """The cluster's lifecycle with real processes: a chief killed, restarted or doubled, a worker
 stopped or lost, a ps lost; every wait is bounded by a timeout the user sets."""
 
+import os
+import signal
 import socket
 import time
 
@@ -85,3 +87,22 @@ def test_second_chief_is_refused_and_a_restarted_chief_starts_afresh(cluster):  
     assert "takes over" in cluster.output("ps0")
     codes, _ = _exits(cluster, SERVED, timeout=30)
     assert codes == {name: 0 for name in SERVED}, codes
+
+
+def test_a_stopped_worker_holds_asynchronous_training_for_timeout_seconds_only(cluster):  # noqa: F811
+    # timeout_seconds=2: worker 1 SIGSTOPped for 8 s; its closure moves to worker 0 after ~2 s.
+    cluster.start("ps_lifecycle.py", {"chief": 1, "worker": 2, "ps": 1}, args=("10", "2"),
+                  generic=SERVED, env={"STRATAX_PS_CHIEF_TIMEOUT_SECONDS": "60"})
+    _started(cluster)
+    time.sleep(0.5)
+    os.killpg(cluster.procs["worker1"].pid, signal.SIGSTOP)
+    try:
+        time.sleep(8)
+    finally:
+        os.killpg(cluster.procs["worker1"].pid, signal.SIGCONT)
+    code, out = cluster.wait("chief0", timeout=120)
+    assert code == 0, out[-3000:]
+    result = cluster.result()
+    assert result["longest_round_s"] < 5, result       # not the 8 s the worker was stopped
+    assert result["iterations"] == result["ledger"] == result["scheduled"], result
+    assert result["stats"]["worker 1"]["rejoined"] == 1, result

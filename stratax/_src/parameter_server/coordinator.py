@@ -11,8 +11,9 @@ its ``RemoteValue`` receives the returned structure as numpy arrays.
 
 Failures: an error in a step (raised by ``dataset_fn``, bad ids, ...) fails its ``RemoteValue``
 and is raised by the next ``join()``, naming the worker and its address. A worker that stops
-answering (deadline ``timeout_seconds``) is marked dead and its in-flight closure re-queued on
-the others (the parameter servers apply each step id at most once per shard, so a re-run
+answering (deadline ``timeout_seconds``; asynchronous mode: also a worker that misses the
+chief's heartbeat that long while running a closure, e.g. SIGSTOPped) is marked dead and its
+in-flight closure re-queued on the others (the parameter servers apply each step id at most once per shard, so a re-run
 closure does not apply twice what the dead worker already pushed); a task restarted at its
 address is taken back.
 """
@@ -21,11 +22,14 @@ from __future__ import annotations
 
 import collections
 import enum
+import functools
 import itertools
 import logging
+import queue
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent import futures
 from typing import Any
 
 import jax
@@ -241,6 +245,34 @@ class _Worker:
         self.consumed = collections.Counter()  # iterator name -> batches of finished closures
         self.died_at: float | None = None
         self.restarted = False  # the heartbeat saw a new process: state rebuilt before use
+        self.caller = _Caller(index)
+
+
+class _Caller:
+    """A daemon thread that makes one worker's ``run`` calls, so the dispatch thread can stop
+    waiting for a hung worker (a thread pool's threads would hold the chief's exit)."""
+
+    def __init__(self, index: int) -> None:
+        self._calls: queue.SimpleQueue[tuple[Callable[[], Any], futures.Future] | None] = (
+            queue.SimpleQueue())
+        threading.Thread(target=self._loop, daemon=True, name=f"stratax-run-{index}").start()
+
+    def submit(self, call: Callable[[], Any]) -> futures.Future:
+        future: futures.Future = futures.Future()
+        self._calls.put((call, future))
+        return future
+
+    def stop(self) -> None:
+        """Ends the thread once its current call (if any) returns."""
+        self._calls.put(None)
+
+    def _loop(self) -> None:
+        while (item := self._calls.get()) is not None:
+            call, future = item
+            try:
+                future.set_result(call())
+            except BaseException as err:  # handed to the waiting dispatch thread
+                future.set_exception(err)
 
 
 class ClusterCoordinator:
@@ -403,6 +435,8 @@ class ClusterCoordinator:
             self._cond.notify_all()
         for thread in self._threads:
             thread.join(timeout=5)
+        for worker in self._workers:
+            worker.caller.stop()
         self.progress.stop()
 
     def worker_restarted(self, client: rpc.RpcClient) -> None:
@@ -440,8 +474,8 @@ class ClusterCoordinator:
             if closure.remote.status is RemoteValueStatus.PENDING:
                 closure.remote._set(error=error)
         self._queue.clear()
-        for queue in self._pinned.values():
-            queue.clear()
+        for pinned in self._pinned.values():
+            pinned.clear()
 
     def _live_workers(self) -> list[_Worker]:
         live = [w for w in self._workers if w.alive]
@@ -557,11 +591,11 @@ class ClusterCoordinator:
             worker.iterators.add(data.name)
         start = time.perf_counter()
         sync = len(self._workers) if closure.pinned else 1
-        reply = worker.client.call("run", {
+        reply = self._call_run(worker, closure, {
             "closure": f"c{closure.ident}", "iterator": iterator.name if iterator else None,
             "batches": closure.batches, "runs": closure.runs, "sync": sync, "after": closure.after,
             "data": data.name if data is not None else None,
-        }, closure.rows, timeout=self.strategy._step_timeout)
+        })
         outputs, position = [], 0
         for count in reply.meta["counts"]:
             outputs.append(reply.tensors[position:position + count])
@@ -576,6 +610,33 @@ class ClusterCoordinator:
         with self._cond:
             closure.parts[worker.index] = outputs
             closure.resolve(sync)
+
+
+    def _call_run(self, worker: _Worker, closure: _Closure, meta: dict[str, Any]) -> Any:
+        """The worker's ``run`` call (deadline ``step_timeout_seconds``). Asynchronous mode:
+        if the worker stops answering the chief's heartbeat for ``timeout_seconds`` meanwhile
+        (hung, SIGSTOPped, its host unreachable), raises ``WorkerUnavailableError`` so the
+        closure moves to another worker; the abandoned call's pushes, should it finish, are
+        skipped by the parameter servers (same step ids)."""
+        call = functools.partial(worker.client.call, "run", meta, closure.rows,
+                                 timeout=self.strategy._step_timeout)
+        session = getattr(self.strategy, "_session", None)
+        if self._sync or session is None:
+            return call()  # a synchronous step needs this worker anyway
+        future = worker.caller.submit(call)
+        limit = float(self.strategy._timeout)
+        while True:
+            try:
+                return future.result(timeout=0.25)
+            except futures.TimeoutError:
+                quiet = session.quiet_seconds(worker.client)
+                if quiet > limit:
+                    worker.caller.stop()  # it ends when the abandoned call returns
+                    worker.caller = _Caller(worker.index)
+                    raise WorkerUnavailableError(
+                        f"worker {worker.index} at {worker.client.address} has not answered "
+                        f"for {quiet:.1f} s (timeout_seconds={limit:g}) while running closure "
+                        f"{closure.ident}: hung or stopped") from None
 
 
 def _holds_remote_value(tree: Any) -> bool:

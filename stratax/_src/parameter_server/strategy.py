@@ -61,8 +61,12 @@ class ParameterServerStrategy:
         ``"sync"`` (every scheduled step runs on every worker, each on its own batch, and the
         parameter servers apply the sum of their gradients as one update: scale the loss by
         the global batch, e.g. ``sx.compute_average_loss(..., global_batch_size=...)``).
-      timeout_seconds: How long to wait for a task to answer (start-up, each call) before an
-        error naming it.
+      timeout_seconds: The one bound on waiting for a task: start-up, each call, a worker that
+        stops answering the heartbeat while running an asynchronous closure (the closure moves
+        to another worker), the workers' calls and retries to the parameter servers, a dead
+        worker's restart (synchronous mode) and the return of any worker when all are lost.
+      step_timeout_seconds: Deadline of one scheduled call on a worker that keeps answering
+        (a long step); default 600.
 
     Example:
       >>> strategy = sx.ParameterServerStrategy(sx.cluster_resolver.TFConfigClusterResolver())
