@@ -2,6 +2,7 @@
 stopped or lost, a ps lost; every wait is bounded by a timeout the user sets."""
 
 import os
+import re
 import signal
 import socket
 import time
@@ -104,5 +105,40 @@ def test_a_stopped_worker_holds_asynchronous_training_for_timeout_seconds_only(c
     assert code == 0, out[-3000:]
     result = cluster.result()
     assert result["longest_round_s"] < 5, result       # not the 8 s the worker was stopped
+    assert result["iterations"] == result["ledger"] == result["scheduled"], result
+    assert result["stats"]["worker 1"]["rejoined"] == 1, result
+
+
+def test_a_lost_ps_fails_join_within_the_chiefs_timeout(cluster):  # noqa: F811 - fixture
+    # The workers are `stratax server` tasks (their own default: 60 s); the chief's
+    # timeout_seconds=3 bounds their calls to the ps too.
+    cluster.start("ps_lifecycle.py", {"chief": 1, "worker": 2, "ps": 1}, args=("30", "3"),
+                  generic=SERVED, env={"STRATAX_PS_CHIEF_TIMEOUT_SECONDS": "60"})
+    _started(cluster)
+    killed_at = time.time()
+    cluster.kill("ps0")
+    code, out = cluster.wait("chief0", timeout=120)
+    assert code == 0, out[-3000:]
+    result = cluster.result()
+    assert "ps 0 at 127.0.0.1:" in result["error"], result
+    assert result["error_at"] - killed_at < 3 + 5, result   # not the workers' 60 s
+
+
+def test_a_restarted_worker_is_noticed_by_the_heartbeat(cluster):  # noqa: F811 - fixture
+    # Killed and restarted while the chief sleeps (no call to it): the heartbeat notices.
+    cluster.start("ps_lifecycle.py", {"chief": 1, "worker": 2, "ps": 1}, args=("3", "10", "8"),
+                  generic=SERVED, env={"STRATAX_PS_CHIEF_TIMEOUT_SECONDS": "60"})
+    _started(cluster)
+    cluster.kill("worker1")
+    cluster.restart("worker1")
+    deadline = time.monotonic() + 8
+    noticed = r"worker 1 at 127\.0\.0\.1:\d+ was restarted \(new process\)"
+    while not re.search(noticed, cluster.output("chief0")):
+        assert time.monotonic() < deadline, cluster.output("chief0")[-3000:]
+        time.sleep(0.1)
+    assert "re-queueing" not in cluster.output("chief0")   # before any closure tried it
+    code, out = cluster.wait("chief0", timeout=120)
+    assert code == 0, out[-3000:]
+    result = cluster.result()
     assert result["iterations"] == result["ledger"] == result["scheduled"], result
     assert result["stats"]["worker 1"]["rejoined"] == 1, result

@@ -228,6 +228,17 @@ class ChiefSession:
                                client.address)
                 self._on_restart(client)
 
+    def refresh(self, client: rpc.RpcClient, timeout: float) -> None:
+        """Claims ``client``'s task now and records its incarnation (the coordinator taking a
+        worker back has rebuilt its state: the heartbeat must not report that restart again).
+
+        Raises:
+          StrataxError: the task does not answer or refuses.
+        """
+        reply = client.call("session", self._meta(), timeout=timeout)
+        self.incarnations[client.name] = reply.meta["incarnation"]
+        self.answered[client.name] = time.monotonic()
+
     def quiet_seconds(self, client: rpc.RpcClient) -> float:
         """Seconds since ``client``'s task last answered a heartbeat."""
         return time.monotonic() - self.answered.get(client.name, time.monotonic())

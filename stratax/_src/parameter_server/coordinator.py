@@ -13,9 +13,9 @@ Failures: an error in a step (raised by ``dataset_fn``, bad ids, ...) fails its 
 and is raised by the next ``join()``, naming the worker and its address. A worker that stops
 answering (deadline ``timeout_seconds``; asynchronous mode: also a worker that misses the
 chief's heartbeat that long while running a closure, e.g. SIGSTOPped) is marked dead and its
-in-flight closure re-queued on the others (the parameter servers apply each step id at most once per shard, so a re-run
-closure does not apply twice what the dead worker already pushed); a task restarted at its
-address is taken back.
+in-flight closure re-queued on the others (the parameter servers apply each step id at most
+once per shard, so a re-run closure does not apply twice what the dead worker already pushed);
+a task restarted at its address is taken back.
 """
 
 from __future__ import annotations
@@ -545,7 +545,11 @@ class ClusterCoordinator:
             if self._sync:
                 recovery.expire_sync_shares(self, worker)
             try:
-                worker.client.call("ping", timeout=2.0)
+                session = getattr(self.strategy, "_session", None)
+                if session is not None:  # also records its incarnation (see worker_restarted)
+                    session.refresh(worker.client, timeout=2.0)
+                else:
+                    worker.client.call("ping", timeout=2.0)
                 for name, fn_ref in list(self._iterator_refs.items()):
                     # Synchronous mode: skip the batches of the steps already done, so the
                     # re-run steps read the batches the dead task would have read.
