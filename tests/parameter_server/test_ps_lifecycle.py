@@ -142,3 +142,38 @@ def test_a_restarted_worker_is_noticed_by_the_heartbeat(cluster):  # noqa: F811 
     result = cluster.result()
     assert result["iterations"] == result["ledger"] == result["scheduled"], result
     assert result["stats"]["worker 1"]["rejoined"] == 1, result
+
+
+def test_losing_both_workers_waits_for_their_return(cluster):  # noqa: F811 - fixture
+    # TensorFlow's coordinator waits for lost workers; so does ours, up to timeout_seconds.
+    cluster.start("ps_lifecycle.py", {"chief": 1, "worker": 2, "ps": 1}, args=("3", "30"),
+                  generic=SERVED, env={"STRATAX_PS_CHIEF_TIMEOUT_SECONDS": "60"})
+    _started(cluster)
+    cluster.kill("worker0")
+    cluster.kill("worker1")
+    time.sleep(1)
+    cluster.restart("worker0")
+    cluster.restart("worker1")
+    code, out = cluster.wait("chief0", timeout=120)
+    assert code == 0, out[-3000:]
+    result = cluster.result()
+    assert "error" not in result, result
+    assert result["iterations"] == result["ledger"] == result["scheduled"], result
+    # Both are taken back (a worker idle at the kill is noticed by the heartbeat; it counts as
+    # rejoined once a closure reaches it).
+    assert sum(s.get("rejoined", 0) for s in result["stats"].values()) >= 1, result
+
+
+def test_losing_both_workers_for_good_fails_after_timeout_seconds(cluster):  # noqa: F811
+    cluster.start("ps_lifecycle.py", {"chief": 1, "worker": 2, "ps": 1}, args=("30", "3"),
+                  generic=SERVED, env={"STRATAX_PS_CHIEF_TIMEOUT_SECONDS": "60"})
+    _started(cluster)
+    killed_at = time.time()
+    cluster.kill("worker0")
+    cluster.kill("worker1")
+    code, out = cluster.wait("chief0", timeout=120)
+    assert code == 0, out[-3000:]
+    result = cluster.result()
+    assert re.search(r"No worker is left: none came back within 3 s .*worker 0 at 127\.0\.0\.1:"
+                     r"\d+, worker 1 at", result["error"]), result
+    assert 3 <= result["error_at"] - killed_at < 3 + 4, result

@@ -47,8 +47,8 @@ class RemoteValueStatus(enum.Enum):
     """State of a scheduled closure's result.
 
     Transitions: ``PENDING`` -> ``SUCCEEDED`` (the worker returned outputs) or ``FAILED``
-    (the step raised, or no worker is left); ``PENDING`` stays ``PENDING`` when a dead worker's
-    closure is re-queued.
+    (the step raised, or no worker came back within ``timeout_seconds`` after all were lost);
+    ``PENDING`` stays ``PENDING`` when a dead worker's closure is re-queued.
     """
 
     PENDING = "pending"
@@ -343,7 +343,7 @@ class ClusterCoordinator:
                 "values, per-worker iterators or variables. Pass remote_value.fetch() instead.")
         with self._cond:
             self._raise_error_once()
-        self._live_workers()  # raises WorkerUnavailableError, naming them, when none is left
+        recovery.raise_if_no_worker_came_back(self)
         closure = _Closure(next(self._ids))
         _recording.closure = closure
         try:
@@ -508,13 +508,8 @@ class ClusterCoordinator:
                         # data: it waits for the task to be restarted (see _revive).
                         if closure.remote.status is RemoteValueStatus.PENDING:
                             pinned.appendleft(closure)
-                    elif any(w.alive for w in self._workers):
+                    else:  # to another worker, or (none left) to the first one back
                         self._queue.appendleft(closure)
-                    else:
-                        error = WorkerUnavailableError(
-                            f"No worker is left; the last failure: {err}")
-                        self._fail(closure, error)
-                        self._cancel_queued(error)
                     self._cond.notify_all()
                 if not self._revive(worker):
                     return
@@ -544,6 +539,7 @@ class ClusterCoordinator:
         while not self._stop.wait(1.0):
             if self._sync:
                 recovery.expire_sync_shares(self, worker)
+            recovery.expire_when_no_worker_came_back(self)
             try:
                 session = getattr(self.strategy, "_session", None)
                 if session is not None:  # also records its incarnation (see worker_restarted)
