@@ -12,41 +12,19 @@ import json
 import sys
 import time
 
-import numpy as np
+import ps_linear
 
 import stratax as sx
 
-BATCH, DIM, STEPS, ROUND = 8, 4, 2, 10
-
-
-def dataset_fn(ctx):
-    rng = np.random.default_rng(ctx.input_pipeline_id)
-    while True:
-        x = rng.normal(size=(BATCH, DIM)).astype(np.float32)
-        yield x, x.sum(axis=1, keepdims=True)
+STEPS, ROUND = 2, 10
 
 
 def main():
     seconds, timeout = float(sys.argv[1]), float(sys.argv[2])
     strategy = sx.ParameterServerStrategy(timeout_seconds=timeout)
-    import jax
-    import jax.numpy as jnp
-
     coordinator = sx.coordinator.ClusterCoordinator(strategy, progress_seconds=0)
-    w = strategy.create_variable(np.zeros((DIM, 1), np.float32), name="w")
-
-    def replica_fn(x, y):
-        loss, g = jax.value_and_grad(lambda v: jnp.mean((x @ v - y) ** 2))(strategy.read(w))
-        strategy.apply_gradients([(g, w)], {"class_name": "SGD", "config": {"learning_rate": 0.01}})
-        return loss
-
-    def step_fn(iterator):
-        return [strategy.run(replica_fn, args=next(iterator)) for _ in range(STEPS)]
-
-    iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
-    coordinator.schedule(step_fn, args=(iterator,))
-    coordinator.join()
-    print("STARTED", flush=True)
+    w, step_fn, iterator = ps_linear.start(strategy, coordinator, {
+        "class_name": "SGD", "config": {"learning_rate": 0.01}}, STEPS)
     time.sleep(float(sys.argv[3]) if len(sys.argv) > 3 else 0.0)
     calls, longest = 1, 0.0
     end = time.monotonic() + seconds
