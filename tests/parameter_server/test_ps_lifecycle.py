@@ -128,6 +128,7 @@ def test_a_lost_ps_fails_join_within_the_chiefs_timeout(cluster):  # noqa: F811 
     assert result["error_at"] - killed_at < 3 + 5, result   # not the workers' 60 s
 
 
+@pytest.mark.slow  # ~25 s: the chief waits for a worker's restart
 def test_a_restarted_worker_is_noticed_by_the_heartbeat(cluster):  # noqa: F811 - fixture
     # Killed and restarted while the chief sleeps (no call to it): the heartbeat notices.
     _start(cluster, "3", "10", "8")
