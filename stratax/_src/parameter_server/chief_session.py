@@ -167,7 +167,7 @@ class ChiefSession:
         self._on_restart = on_restart
         self.incarnations: dict[str, str] = {}
         self.answered: dict[str, float] = {}  # client name -> monotonic time of its last answer
-        self.replaced: str | None = None  # set when a task says another chief took over
+        self._refused_logged = False
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         for client in self._clients:
@@ -213,9 +213,9 @@ class ChiefSession:
         while not self._stop.wait(HEARTBEAT_SECONDS):
             try:
                 reply = client.call("session", self._meta(), timeout=2 * HEARTBEAT_SECONDS)
-            except rpc.RemoteError as err:
-                if self.replaced is None:
-                    self.replaced = str(err)
+            except rpc.RemoteError as err:  # another chief took the task over: say so once
+                if not self._refused_logged:
+                    self._refused_logged = True
                     logger.error("heartbeat refused: %s", err)
                 continue
             except StrataxError:
