@@ -111,8 +111,9 @@ def _run_server(args: argparse.Namespace) -> int:
     index = args.index if args.index is not None else resolver.task_id
     if job == "worker" and index is not None:  # this process only serves
         compute_threads.limit_worker_threads(resolver.cluster_spec(), index)
-    Server(resolver, job_name=job, task_index=index).join()
-    return 0
+    server = Server(resolver, job_name=job, task_index=index)
+    server.join()
+    return 1 if server.chief_lost else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

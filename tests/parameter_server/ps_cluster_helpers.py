@@ -69,9 +69,14 @@ class Cluster:
         os.killpg(self.procs[name].pid, signal.SIGKILL)
         self.procs[name].wait(timeout=10)
 
-    def restart(self, name: str) -> None:
-        """Starts task ``name`` again with the same command and TF_CONFIG."""
-        self._launch(name)
+    def restart(self, name: str, args=None, as_name=None) -> None:
+        """Starts task ``name`` again with the same command and TF_CONFIG (with ``args`` for
+        the program's arguments, if given; as another process named ``as_name``, if given)."""
+        command, env = self._commands[name]
+        if args is not None:
+            command = [*command[:2], *args]
+        self._commands[as_name or name] = (command, env)
+        self._launch(as_name or name)
 
     def wait(self, name: str, timeout: float) -> tuple[int, str]:
         """Waits for task ``name`` (e.g. ``"chief0"``); returns its exit code and output."""

@@ -9,40 +9,18 @@ import json
 import time
 
 import numpy as np
+import ps_linear
 
 import stratax as sx
 
-BATCH, DIM, STEPS, CALLS, TIMEOUT = 16, 8, 2, 1000, 10
-
-
-def dataset_fn(ctx):
-    rng = np.random.default_rng(ctx.input_pipeline_id)
-    while True:
-        x = rng.normal(size=(BATCH, DIM)).astype(np.float32)
-        yield x, x.sum(axis=1, keepdims=True)
+STEPS, CALLS, TIMEOUT = 2, 1000, 10
 
 
 def main():
     strategy = sx.ParameterServerStrategy(timeout_seconds=TIMEOUT)
-    import jax
-    import jax.numpy as jnp
-
     coordinator = sx.coordinator.ClusterCoordinator(strategy)
-    w = strategy.create_variable(np.zeros((DIM, 1), np.float32), name="w")
-
-    def replica_fn(x, y):
-        loss, g = jax.value_and_grad(lambda w: jnp.mean((x @ w - y) ** 2))(strategy.read(w))
-        strategy.apply_gradients([(g, w)], {"class_name": "Adam",
-                                            "config": {"learning_rate": 0.01}})
-        return loss
-
-    def step_fn(iterator):
-        return [strategy.run(replica_fn, args=next(iterator)) for _ in range(STEPS)]
-
-    iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
-    coordinator.schedule(step_fn, args=(iterator,))
-    coordinator.join()
-    print("STARTED", flush=True)
+    w, step_fn, iterator = ps_linear.start(strategy, coordinator, {
+        "class_name": "Adam", "config": {"learning_rate": 0.01}}, STEPS)
     remotes = [coordinator.schedule(step_fn, args=(iterator,)) for _ in range(CALLS - 1)]
     done = [time.monotonic()]
     for remote in remotes:            # completion times in order: the largest gap is the stall

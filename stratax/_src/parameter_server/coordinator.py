@@ -11,21 +11,25 @@ its ``RemoteValue`` receives the returned structure as numpy arrays.
 
 Failures: an error in a step (raised by ``dataset_fn``, bad ids, ...) fails its ``RemoteValue``
 and is raised by the next ``join()``, naming the worker and its address. A worker that stops
-answering (deadline ``timeout_seconds``) is marked dead and its in-flight closure re-queued on
-the others (the parameter servers apply each step id at most once per shard, so a re-run
-closure does not apply twice what the dead worker already pushed); a task restarted at its
-address is taken back.
+answering (deadline ``timeout_seconds``; asynchronous mode: also a worker that misses the
+chief's heartbeat that long while running a closure, e.g. SIGSTOPped) is marked dead and its
+in-flight closure re-queued on the others (the parameter servers apply each step id at most
+once per shard, so a re-run closure does not apply twice what the dead worker already pushed);
+a task restarted at its address is taken back.
 """
 
 from __future__ import annotations
 
 import collections
 import enum
+import functools
 import itertools
 import logging
+import queue
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent import futures
 from typing import Any
 
 import jax
@@ -43,8 +47,8 @@ class RemoteValueStatus(enum.Enum):
     """State of a scheduled closure's result.
 
     Transitions: ``PENDING`` -> ``SUCCEEDED`` (the worker returned outputs) or ``FAILED``
-    (the step raised, or no worker is left); ``PENDING`` stays ``PENDING`` when a dead worker's
-    closure is re-queued.
+    (the step raised, or no worker came back within ``timeout_seconds`` after all were lost);
+    ``PENDING`` stays ``PENDING`` when a dead worker's closure is re-queued.
     """
 
     PENDING = "pending"
@@ -240,6 +244,35 @@ class _Worker:
         self.stats = collections.Counter()
         self.consumed = collections.Counter()  # iterator name -> batches of finished closures
         self.died_at: float | None = None
+        self.restarted = False  # the heartbeat saw a new process: state rebuilt before use
+        self.caller = _Caller(index)
+
+
+class _Caller:
+    """A daemon thread that makes one worker's ``run`` calls, so the dispatch thread can stop
+    waiting for a hung worker (a thread pool's threads would hold the chief's exit)."""
+
+    def __init__(self, index: int) -> None:
+        self._calls: queue.SimpleQueue[tuple[Callable[[], Any], futures.Future] | None] = (
+            queue.SimpleQueue())
+        threading.Thread(target=self._loop, daemon=True, name=f"stratax-run-{index}").start()
+
+    def submit(self, call: Callable[[], Any]) -> futures.Future:
+        future: futures.Future = futures.Future()
+        self._calls.put((call, future))
+        return future
+
+    def stop(self) -> None:
+        """Ends the thread once its current call (if any) returns."""
+        self._calls.put(None)
+
+    def _loop(self) -> None:
+        while (item := self._calls.get()) is not None:
+            call, future = item
+            try:
+                future.set_result(call())
+            except BaseException as err:  # handed to the waiting dispatch thread
+                future.set_exception(err)
 
 
 class ClusterCoordinator:
@@ -310,7 +343,7 @@ class ClusterCoordinator:
                 "values, per-worker iterators or variables. Pass remote_value.fetch() instead.")
         with self._cond:
             self._raise_error_once()
-        self._live_workers()  # raises WorkerUnavailableError, naming them, when none is left
+        recovery.raise_if_no_worker_came_back(self)
         closure = _Closure(next(self._ids))
         _recording.closure = closure
         try:
@@ -402,7 +435,16 @@ class ClusterCoordinator:
             self._cond.notify_all()
         for thread in self._threads:
             thread.join(timeout=5)
+        for worker in self._workers:
+            worker.caller.stop()
         self.progress.stop()
+
+    def worker_restarted(self, client: rpc.RpcClient) -> None:
+        """Called when the heartbeat finds ``client``'s worker answering as a new process: it
+        lost its programs and iterators, which are rebuilt before its next closure."""
+        for worker in self._workers:
+            if worker.client is client and worker.alive:
+                worker.restarted = True
 
     # ----- internals ------------------------------------------------------------------------
     def _make_iterator(self, fn_ref: dict[str, Any]) -> PerWorkerIterator:
@@ -432,8 +474,8 @@ class ClusterCoordinator:
             if closure.remote.status is RemoteValueStatus.PENDING:
                 closure.remote._set(error=error)
         self._queue.clear()
-        for queue in self._pinned.values():
-            queue.clear()
+        for pinned in self._pinned.values():
+            pinned.clear()
 
     def _live_workers(self) -> list[_Worker]:
         live = [w for w in self._workers if w.alive]
@@ -466,13 +508,8 @@ class ClusterCoordinator:
                         # data: it waits for the task to be restarted (see _revive).
                         if closure.remote.status is RemoteValueStatus.PENDING:
                             pinned.appendleft(closure)
-                    elif any(w.alive for w in self._workers):
+                    else:  # to another worker, or (none left) to the first one back
                         self._queue.appendleft(closure)
-                    else:
-                        error = WorkerUnavailableError(
-                            f"No worker is left; the last failure: {err}")
-                        self._fail(closure, error)
-                        self._cancel_queued(error)
                     self._cond.notify_all()
                 if not self._revive(worker):
                     return
@@ -502,8 +539,13 @@ class ClusterCoordinator:
         while not self._stop.wait(1.0):
             if self._sync:
                 recovery.expire_sync_shares(self, worker)
+            recovery.expire_when_no_worker_came_back(self)
             try:
-                worker.client.call("ping", timeout=2.0)
+                session = getattr(self.strategy, "_session", None)
+                if session is not None:  # also records its incarnation (see worker_restarted)
+                    session.refresh(worker.client, timeout=2.0)
+                else:
+                    worker.client.call("ping", timeout=2.0)
                 for name, fn_ref in list(self._iterator_refs.items()):
                     # Synchronous mode: skip the batches of the steps already done, so the
                     # re-run steps read the batches the dead task would have read.
@@ -513,6 +555,7 @@ class ClusterCoordinator:
             except StrataxError:
                 continue
             worker.programs = set()
+            worker.restarted = False
             worker.iterators = set(self._iterator_refs)
             worker.stats["rejoined"] += 1
             worker.alive = True
@@ -528,6 +571,9 @@ class ClusterCoordinator:
             self._error = error
 
     def _run(self, worker: _Worker, closure: _Closure) -> None:
+        if worker.restarted:
+            raise WorkerUnavailableError(f"worker {worker.index} at {worker.client.address} "
+                                         "was restarted (a new process)")
         for program in closure.programs:
             if program.key not in worker.programs:
                 tensors = [np.frombuffer(program.step, np.uint8)]
@@ -545,11 +591,11 @@ class ClusterCoordinator:
             worker.iterators.add(data.name)
         start = time.perf_counter()
         sync = len(self._workers) if closure.pinned else 1
-        reply = worker.client.call("run", {
+        reply = self._call_run(worker, closure, {
             "closure": f"c{closure.ident}", "iterator": iterator.name if iterator else None,
             "batches": closure.batches, "runs": closure.runs, "sync": sync, "after": closure.after,
             "data": data.name if data is not None else None,
-        }, closure.rows, timeout=self.strategy._step_timeout)
+        })
         outputs, position = [], 0
         for count in reply.meta["counts"]:
             outputs.append(reply.tensors[position:position + count])
@@ -564,6 +610,33 @@ class ClusterCoordinator:
         with self._cond:
             closure.parts[worker.index] = outputs
             closure.resolve(sync)
+
+
+    def _call_run(self, worker: _Worker, closure: _Closure, meta: dict[str, Any]) -> Any:
+        """The worker's ``run`` call (deadline ``step_timeout_seconds``). Asynchronous mode:
+        if the worker stops answering the chief's heartbeat for ``timeout_seconds`` meanwhile
+        (hung, SIGSTOPped, its host unreachable), raises ``WorkerUnavailableError`` so the
+        closure moves to another worker; the abandoned call's pushes, should it finish, are
+        skipped by the parameter servers (same step ids)."""
+        call = functools.partial(worker.client.call, "run", meta, closure.rows,
+                                 timeout=self.strategy._step_timeout)
+        session = getattr(self.strategy, "_session", None)
+        if self._sync or session is None:
+            return call()  # a synchronous step needs this worker anyway
+        future = worker.caller.submit(call)
+        limit = float(self.strategy._timeout)
+        while True:
+            try:
+                return future.result(timeout=0.25)
+            except futures.TimeoutError:
+                quiet = session.quiet_seconds(worker.client)
+                if quiet > limit:
+                    worker.caller.stop()  # it ends when the abandoned call returns
+                    worker.caller = _Caller(worker.index)
+                    raise WorkerUnavailableError(
+                        f"worker {worker.index} at {worker.client.address} has not answered "
+                        f"for {quiet:.1f} s (timeout_seconds={limit:g}) while running closure "
+                        f"{closure.ident}: hung or stopped") from None
 
 
 def _holds_remote_value(tree: Any) -> bool:

@@ -32,6 +32,12 @@ class PSClients:
         self._pool = futures.ThreadPoolExecutor(max_workers=max(len(addresses), 1),
                                                 thread_name_prefix="stratax-ps")
 
+    def set_timeout(self, timeout: float) -> None:
+        """The deadline of each call and how long a ps that does not answer is retried."""
+        self.timeout = timeout
+        for client in self.clients:
+            client.timeout = timeout
+
     def close(self) -> None:
         self._pool.shutdown(wait=True)
         for client in self.clients:
@@ -52,14 +58,15 @@ class PSClients:
         return lambda: recovery.with_retries(lambda: call(client), client.name, self.timeout)
 
     def pull(self, variables: Sequence[VarDesc], rows: Sequence[np.ndarray | None] | None = None,
-             after: str | None = None) -> list[np.ndarray]:
+             after: str | None = None, session: str | None = None) -> list[np.ndarray]:
         """Values of ``variables``, one call per ps: whole (shards concatenated along axis 0)
         where ``rows[i]`` is None, else ``var[rows[i]]`` for sorted distinct global rows. With
-        ``after``, once synchronous step ``after`` is applied to each shard."""
+        ``after``, once synchronous step ``after`` is applied to each shard. ``session``: the
+        chief session whose closure makes the call (see ``chief_session``)."""
         plan = _PullPlan(variables, rows)
 
         def pull_from(ps: int) -> Callable[[rpc.RpcClient], list[np.ndarray]]:
-            meta = {**plan.meta(ps), "after": after,
+            meta = {**plan.meta(ps), "after": after, **_session(session),
                     "wait_s": 0.8 * self.timeout}  # the ps gives up before the call deadline
             big = plan.nbytes[ps] > rpc.CHUNK_BYTES
             return lambda c: c.call("pull", meta, plan.local[ps], stream=big).tensors
@@ -67,8 +74,8 @@ class PSClients:
         return plan.assemble(self.each({ps: pull_from(ps) for ps in plan.targets()}))
 
     def push(self, step: str, pushes: Sequence[Push], sync: int = 1, worker: int = 0,
-             pull: tuple[Sequence[VarDesc], Sequence[np.ndarray | None]] | None = None
-             ) -> list[np.ndarray] | None:
+             pull: tuple[Sequence[VarDesc], Sequence[np.ndarray | None]] | None = None,
+             session: str | None = None) -> list[np.ndarray] | None:
         """Sends gradients; each ps applies step ``step`` to each of its shards at most once.
 
         With ``sync`` > 1 the ps sums the gradients of ``sync`` distinct workers for the step
@@ -105,7 +112,7 @@ class PSClients:
 
         def push_to(ps: int) -> Callable[[rpc.RpcClient], Any]:
             meta = {"step": step, "dense": dense[ps], "sparse": sparse[ps], "sync": sync,
-                    "worker": worker}
+                    "worker": worker, **_session(session)}
             tensors = dense_t[ps] + sparse_t[ps]
             if plan is None:
                 return lambda c: c.call("push", meta, tensors)
@@ -116,7 +123,8 @@ class PSClients:
         got = self.each({ps: push_to(ps) for ps in targets})
         return plan.assemble(got) if plan is not None else None
 
-    def assign(self, variables: Sequence[VarDesc], values: Sequence[np.ndarray]) -> None:
+    def assign(self, variables: Sequence[VarDesc], values: Sequence[np.ndarray],
+               session: str | None = None) -> None:
         """Writes new values (each shard its block of rows), one call per ps."""
         names: dict[int, list[str]] = defaultdict(list)
         parts: dict[int, list[np.ndarray]] = defaultdict(list)
@@ -126,7 +134,8 @@ class PSClients:
                 parts[ps].append(value[start:start + count] if len(var["shards"]) > 1 else value)
 
         def assign_on(ps: int) -> Callable[[rpc.RpcClient], Any]:
-            return lambda c: c.call("assign", {"names": names[ps]}, parts[ps])
+            return lambda c: c.call("assign", {"names": names[ps], **_session(session)},
+                                    parts[ps])
 
         self.each({ps: assign_on(ps) for ps in names})
 
@@ -183,6 +192,11 @@ class _PullPlan:
                     out[mask] = part
                 values.append(out)
         return values
+
+
+def _session(session: str | None) -> dict[str, str]:
+    """The ``session`` field of a call made for a chief's closure (none: no field)."""
+    return {"session": session} if session else {}
 
 
 def _row_bytes(var: VarDesc) -> int:

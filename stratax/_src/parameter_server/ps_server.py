@@ -66,6 +66,11 @@ class ParameterServer(rpc.Dispatcher):
         if snapshots is not None:  # a ``snapshots.Snapshots``: restore, then snapshot pushes
             snapshots.attach(self)
 
+    def reset(self) -> None:
+        """Drops every variable shard (a new chief session took over from a quiet one)."""
+        with self._lock:
+            self._shards.clear()
+
     def _shard(self, name: str) -> _Shard:
         shard = self._shards.get(name)
         if shard is None:

@@ -10,7 +10,9 @@ step is taken once), so the re-run adds exactly the missing gradients and the re
 the run without the failure. Survivors whose pull gave up waiting for the dead worker's
 gradient re-run their share (the worker re-reads the same batches, see ``worker_server``).
 If the task does not come back within ``timeout_seconds``, its pending steps fail with an
-error naming it, so ``join()`` never waits forever.
+error naming it, so ``join()`` never waits forever. In asynchronous mode a dead worker's
+closure moves to the others; when all are lost, closures wait (as in TensorFlow) for the
+first one back, for at most ``timeout_seconds``.
 """
 
 from __future__ import annotations
@@ -32,7 +34,9 @@ _SYNC_WAIT = "still waiting for gradients"  # the ps' error when a synchronous p
 
 
 def _rejoin_limit(coordinator: Any) -> float:
-    return float(coordinator.strategy._timeout)
+    """How long a dead worker is waited for: the strategy's ``timeout_seconds`` (0 for a
+    strategy without one: fail at once)."""
+    return float(getattr(coordinator.strategy, "_timeout", 0.0))
 
 
 def retry_sync_share(coordinator: Any, worker: Any, closure: Any, error: BaseException) -> bool:
@@ -74,6 +78,46 @@ def expire_sync_shares(coordinator: Any, worker: Any) -> None:
         coordinator._cancel_queued(error)
         coordinator._cond.notify_all()
     worker.died_at = time.monotonic()
+
+
+def _no_worker_error(coordinator: Any) -> WorkerUnavailableError | None:
+    """The error to fail with when every worker has been dead longer than the rejoin limit
+    (``timeout_seconds``); None while one is alive or the limit has not passed."""
+    workers = coordinator._workers
+    if any(w.alive for w in workers):
+        return None
+    limit = _rejoin_limit(coordinator)
+    since = max(w.died_at or 0.0 for w in workers)
+    if time.monotonic() - since < limit:
+        return None
+    return WorkerUnavailableError(
+        f"No worker is left: none came back within {limit:g} s (timeout_seconds) of losing "
+        "all of them: "
+        + ", ".join(f"worker {w.index} at {w.client.address}" for w in workers)
+        + ". Restart them at the same addresses (the coordinator takes them back) or give "
+        "ParameterServerStrategy a larger timeout_seconds.")
+
+
+def expire_when_no_worker_came_back(coordinator: Any) -> None:
+    """Asynchronous mode, as TensorFlow's coordinator: when every worker is lost, closures
+    wait for one to come back; after the rejoin limit they fail (``join()`` raises, naming
+    the workers). Called while waiting for a dead worker."""
+    error = _no_worker_error(coordinator)
+    if error is None or coordinator._sync:
+        return
+    with coordinator._cond:
+        if coordinator._queue:
+            coordinator._fail(coordinator._queue[0], error)
+            coordinator._cancel_queued(error)
+            coordinator._cond.notify_all()
+
+
+def raise_if_no_worker_came_back(coordinator: Any) -> None:
+    """``schedule()``'s check: raises once every worker has been lost longer than the limit
+    (before that the closure is queued for the first worker back)."""
+    error = _no_worker_error(coordinator)
+    if error is not None:
+        raise error
 
 
 def run_detecting_restart(run: Callable[[Any, Any], None], worker: Any, closure: Any) -> None:

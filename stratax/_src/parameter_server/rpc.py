@@ -315,6 +315,7 @@ class RpcClient:
         self.name = name
         self.address = address
         self.timeout = timeout
+        self.session: str | None = None  # the chief's session id, sent with every call
         self._token = token if token is not None else read_token()
         mode = local_socket.transport_mode(transport)
         self._auto = mode != "grpc" and local_socket.SUPPORTED
@@ -349,7 +350,8 @@ class RpcClient:
           WorkerUnavailableError: The server did not answer within the deadline or is down.
           RemoteError: The server answered with an error.
         """
-        parts = wire.encode_parts({"method": method, **(meta or {})}, tensors)
+        session = {"session": self.session} if self.session else {}
+        parts = wire.encode_parts({"method": method, **session, **(meta or {})}, tensors)
         deadline = self.timeout if timeout is None else timeout
         try:
             for attempt in (1, 2):

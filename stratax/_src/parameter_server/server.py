@@ -6,18 +6,20 @@ Workers and parameter servers need no user code::
 
 or ``stratax server`` (reads TF_CONFIG). The server listens on the address the cluster spec
 gives its task (127.0.0.1 stays loopback; any other address needs ``STRATAX_PS_TOKEN``) and
-returns from ``join()`` when the coordinator has finished and asked it to stop.
+returns from ``join()`` when the coordinator has finished and asked it to stop, or when no
+chief has been heard for ``chief_timeout_seconds`` (see ``chief_session``).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any
 
 from stratax._src.cluster.cluster_spec import ClusterSpec, parse_address
 from stratax._src.cluster.resolver import ClusterResolver
-from stratax._src.parameter_server import cluster_check, rpc, wire
+from stratax._src.parameter_server import chief_session, cluster_check, rpc, wire
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +42,9 @@ class Server:
         pushes and reloads it when restarted (default: ``STRATAX_PS_SNAPSHOT_DIR``; unset = no
         snapshots).
       snapshot_every: Pushes between snapshots (default: ``STRATAX_PS_SNAPSHOT_EVERY``, 100).
+      chief_timeout_seconds: With no chief heard for this long (from the start, or since the
+        chief's last heartbeat), ``join()`` returns False and the task stops serving (default:
+        ``STRATAX_PS_CHIEF_TIMEOUT_SECONDS``, 120; at least 3).
 
     Example:
       >>> server = sx.Server({"ps": ["127.0.0.1:2222"], "worker": ["127.0.0.1:2223"]},
@@ -50,7 +55,8 @@ class Server:
     def __init__(self, server_or_cluster_def: Any, job_name: str | None = None,
                  task_index: int | None = None, protocol: str | None = None,
                  config: Any = None, start: bool = True, timeout_seconds: float = 60.0,
-                 snapshot_dir: str | None = None, snapshot_every: int | None = None) -> None:
+                 snapshot_dir: str | None = None, snapshot_every: int | None = None,
+                 chief_timeout_seconds: float | None = None) -> None:
         del config  # TensorFlow's session config has no meaning here
         if isinstance(server_or_cluster_def, ClusterResolver):
             job_name = job_name or server_or_cluster_def.task_type
@@ -69,6 +75,8 @@ class Server:
         self.task_index = int(task_index)
         self.address = spec.task_address(job_name, self.task_index)
         self._timeout = timeout_seconds
+        self._chief_timeout = chief_session.resolve_chief_timeout(chief_timeout_seconds)
+        self._watch: chief_session.ChiefWatch | None = None
         self._snapshot = (snapshot_dir, snapshot_every)
         self._thread: threading.Thread | None = None
         self._service: Any = None
@@ -99,28 +107,44 @@ class Server:
 
             self._service = WorkerService(self.task_index, self.cluster_spec.num_tasks("worker"),
                                           self.cluster_spec.job_tasks("ps"), self._timeout)
+        self._watch = chief_session.ChiefWatch(name, self._chief_timeout, self._service.reset,
+                                               getattr(self._service, "adopt", lambda m: None))
         self._rpc = rpc.RpcServer(name, host, port, self._handle)
         self._rpc.start()
+        self._watch.start()
         logger.info("%s serving at %s", name, self.address)
 
     def _handle(self, frame: wire.Frame) -> bytes:
         if frame.meta.get("method") == "hello":  # the chief checks that we agree on the cluster
             return cluster_check.answer_hello(frame, self.cluster_spec, self.job_name,
                                               self.task_index)
+        if frame.meta.get("method") == "session":  # a chief's claim or heartbeat
+            return self._watch.claim(frame)
+        self._watch.check(frame.meta)
         return self._service.handle(frame)
 
     def join(self, timeout: float | None = None) -> bool:
-        """Blocks until the coordinator asks this task to stop (or ``timeout`` seconds pass);
-        returns True if it stopped."""
-        if self._rpc is None:
+        """Blocks until the coordinator asks this task to stop, or no chief has been heard
+        for ``chief_timeout_seconds`` (then ``chief_lost`` is True: exit with an error status),
+        or ``timeout`` seconds pass; returns True if it stopped serving."""
+        if self._rpc is None or self._watch is None:
             raise RuntimeError("Server.join() before start(); call start() first.")
-        stopped = self._service.shutdown_requested.wait(timeout)
-        if stopped:
-            self.stop()
-        return stopped
+        end = None if timeout is None else time.monotonic() + timeout
+        while not (self._service.shutdown_requested.wait(0.2) or self._watch.lost.is_set()):
+            if end is not None and time.monotonic() > end:
+                return False
+        self.stop()
+        return True
+
+    @property
+    def chief_lost(self) -> bool:
+        """True when the server stopped because no chief was heard for its chief timeout."""
+        return self._watch is not None and self._watch.lost.is_set()
 
     def stop(self) -> None:
         """Stops serving and releases the port."""
+        if self._watch is not None:
+            self._watch.stop()
         if self._rpc is not None:
             self._rpc.stop(1.0)
             if hasattr(self._service, "close"):

@@ -25,6 +25,7 @@ from stratax._src.cluster.resolver import ClusterResolver
 from stratax._src.core.context import replica_context_scope, strategy_scope
 from stratax._src.parameter_server import (
     checkpoint,
+    chief_session,
     cluster_check,
     compute_threads,
     functions,
@@ -65,8 +66,12 @@ class ParameterServerStrategy:
         ``"sync"`` (every scheduled step runs on every worker, each on its own batch, and the
         parameter servers apply the sum of their gradients as one update: scale the loss by
         the global batch, e.g. ``sx.compute_average_loss(..., global_batch_size=...)``).
-      timeout_seconds: How long to wait for a task to answer (start-up, each call) before an
-        error naming it.
+      timeout_seconds: The one bound on waiting for a task: start-up, each call, a worker that
+        stops answering the heartbeat while running an asynchronous closure (the closure moves
+        to another worker), the workers' calls and retries to the parameter servers, a dead
+        worker's restart (synchronous mode) and the return of any worker when all are lost.
+      step_timeout_seconds: Deadline of one scheduled call on a worker that keeps answering
+        (a long step); default 600.
 
     Example:
       >>> strategy = sx.ParameterServerStrategy(sx.cluster_resolver.TFConfigClusterResolver())
@@ -118,6 +123,10 @@ class ParameterServerStrategy:
                 client.wait_ready(timeout_seconds)
             cluster_check.agree([*self._ps.clients, *self._worker_clients], ClusterSpec(spec),
                                 timeout_seconds)
+            # Claims every task for this chief (reset after a previous chief) and heartbeats.
+            self._session = chief_session.ChiefSession(
+                [*self._ps.clients, *self._worker_clients], timeout_seconds, self._restarted)
+            self._session.claim()
         except BaseException:
             for client in self._worker_clients:
                 client.close()
@@ -132,7 +141,14 @@ class ParameterServerStrategy:
         self._optimizers_set: set[tuple[str, str]] = set()
         self._coordinator: coord.ClusterCoordinator | None = None
         self._closed = False
+        self._session.start()
         atexit.register(self.shutdown)
+
+    def _restarted(self, client: RpcClient) -> None:
+        """The heartbeat saw ``client``'s task answer as a new process: the coordinator
+        rebuilds a restarted worker's state before its next closure."""
+        if self._coordinator is not None:
+            self._coordinator.worker_restarted(client)
 
     def _serve_and_exit(self, spec: Any, task_type: str, task_id: int | None) -> None:
         if task_type == "worker" and task_id is not None:  # a process that only serves
@@ -140,6 +156,8 @@ class ParameterServerStrategy:
         server = Server(spec, job_name=task_type, task_index=task_id,
                         timeout_seconds=self._timeout)
         server.join()
+        if server.chief_lost:
+            sys.exit(1)
         logger.info("%s %s: the coordinator is done; exiting", task_type, task_id)
         sys.exit(0)
 
@@ -456,6 +474,7 @@ class ParameterServerStrategy:
         self._closed = True
         if self._coordinator is not None:
             self._coordinator.shutdown()
+        self._session.stop()
         for client in [*self._worker_clients, *self._ps.clients]:
             try:
                 client.call("shutdown", timeout=5)

@@ -82,6 +82,19 @@ class WorkerService(rpc.Dispatcher):
     def close(self) -> None:
         self._ps.close()
 
+    def reset(self) -> None:
+        """Forgets programs, iterators and arrays (a new chief session took over)."""
+        self._programs.clear()
+        self._iterators.clear()
+        self._arrays = ArrayStore()
+
+    def adopt(self, meta: dict[str, Any]) -> None:
+        """Takes the chief's ``timeout_seconds`` for this worker's calls to the parameter
+        servers (deadline and retries of a ps that does not answer)."""
+        timeout = meta.get("timeout_s")
+        if isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and timeout > 0:
+            self._ps.set_timeout(float(timeout))
+
     def _ping(self, frame: wire.Frame) -> bytes:
         return rpc.response({"task": self.task_index})
 
@@ -131,6 +144,9 @@ class WorkerService(rpc.Dispatcher):
 
     def _run(self, frame: wire.Frame) -> bytes:
         closure = wire.require(frame.meta, "closure", str)
+        session = frame.meta.get("session")
+        if session is not None and not isinstance(session, str):
+            raise wire.WireError(f"Field 'session' must be a string, got {session!r}.")
         runs = wire.require(frame.meta, "runs", list)
         timing = {"pull": 0.0, "compute": 0.0, "push": 0.0, "data": 0.0}
         batches: list[list[np.ndarray]] = []
@@ -173,7 +189,7 @@ class WorkerService(rpc.Dispatcher):
                 # Synchronous mode: read what the previous step of this closure wrote, once
                 # every worker's gradient for it is applied.
                 after = (f"{closure}:{index - 1}" if index else previous) if sync > 1 else None
-                values = self._ps.pull(reads.variables, reads.rows, after)
+                values = self._ps.pull(reads.variables, reads.rows, after, session)
             t1 = time.perf_counter()
             grads, result = self._compute(program, reads, values, leaves)
             t2 = time.perf_counter()
@@ -188,16 +204,17 @@ class WorkerService(rpc.Dispatcher):
                 try:
                     reads = self._reads(*steps[index + 1])
                 except Exception:
-                    self._ps.push(step_id, pushes, sync, self.task_index)  # as if unfused
+                    self._ps.push(step_id, pushes, sync, self.task_index,
+                                  session=session)  # as if unfused
                     raise
                 values = self._ps.push(step_id, pushes, sync, self.task_index,
-                                       pull=(reads.variables, reads.rows))
+                                       pull=(reads.variables, reads.rows), session=session)
             else:
-                self._ps.push(step_id, pushes, sync, self.task_index)
+                self._ps.push(step_id, pushes, sync, self.task_index, session=session)
                 values = None
             if assigned:
                 self._ps.assign([program.variables[n] for n in program.meta.get("assigns", [])],
-                                assigned)
+                                assigned, session)
             t3 = time.perf_counter()
             timing["pull"] += t1 - t0
             timing["compute"] += t2 - t1
