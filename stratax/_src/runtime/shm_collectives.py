@@ -209,8 +209,9 @@ def setup(process_id: int, num_processes: int, timeout_seconds: float,
     client = seam.distributed_client()
     timeout_ms = max(int(timeout_seconds * 1000), 1)
     client.key_value_set(f"{_KEY}/host/{process_id}", _host_identity())
-    hosts = host_groups.group([_get(client, f"{_KEY}/host/{p}", timeout_ms, task_name(p))
-                               for p in range(num_processes)])
+    identities = [_get(client, f"{_KEY}/host/{p}", timeout_ms, task_name(p))
+                  for p in range(num_processes)]
+    hosts = host_groups.group(identities)
     layout = host_groups.hierarchy_problem(hosts) if len(hosts.members) > 1 else ""
     verdict = _local_problem()
     build_error = ""
@@ -225,10 +226,12 @@ def setup(process_id: int, num_processes: int, timeout_seconds: float,
     client.key_value_set(f"{_KEY}/cpus/{process_id}", ",".join(map(str, sorted(_cpus()))))
     verdicts = {p: _get(client, f"{_KEY}/verdict/{p}", timeout_ms, task_name(p))
                 for p in range(num_processes)}
-    host = hosts.host_of(process_id)
+    # The processes of this machine (its boot id), whichever host (namespace) they are in:
+    # they share its cores, so a long spin would take a core from another host's process.
+    machine = identities[process_id].split("/")[1]
     affinities = [{int(c) for c in _get(client, f"{_KEY}/cpus/{p}", timeout_ms,
                                          task_name(p)).split(",")}
-                  for p in hosts.members[host]]
+                  for p in range(num_processes) if identities[p].split("/")[1] == machine]
     # Process 0 hosts the coordination service: it acts on the verdicts (and may raise and
     # exit) only once every other process has read them. The others need the service no more
     # on an error, so they act at once. (A barrier here lost a race: process 0 could leave it
