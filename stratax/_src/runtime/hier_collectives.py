@@ -8,9 +8,10 @@ around a ring that crosses the hosts. Here, inside one compiled program (traced 
    (of ``L``) of the host's sum (``shm_collectives.reduce_scatter``, summed in local-rank order).
 2. **Exchange between hosts over gloo**: each process swaps its part with the processes of the
    same local rank on the other hosts (``jax.lax.ppermute``, XLA's collective-permute, which
-   gloo carries), so each process sends ``(H - 1) / L`` of the bytes across hosts, and the
-   ``L`` processes of a host use the links in parallel. Each process then adds the ``H`` parts
-   in host order, so all of them hold the same bits.
+   gloo carries; the parts of one dtype in one buffer, one gloo call), so each process sends
+   ``(H - 1) / L`` of the bytes across hosts, and the ``L`` processes of a host use the links
+   in parallel. Each process then adds the ``H`` parts in host order, so all of them hold the
+   same bits.
 3. **All-gather over shared memory** inside each host: every process gets every part.
 
 Every element is summed in the same order on every process (local ranks, then hosts), so the
@@ -47,7 +48,7 @@ def all_reduce_sum(arrays: Sequence[jax.Array], devices: Sequence[Any], axis: st
     local = state.world
     parts = shm_collectives.reduce_scatter([_padded(a, local) for a in arrays],
                                            ordered=not only_call)
-    summed = _sum_over_hosts(parts, devices, axis)
+    summed = _unpacked(_sum_over_hosts(_packed(parts), devices, axis), parts)
     gathered = shm_collectives.all_gather(summed, ends_all_reduce=True, ordered=not only_call)
     return [g[:a.size].reshape(a.shape) for g, a in zip(gathered, arrays, strict=True)]
 
@@ -56,6 +57,25 @@ def _padded(array: jax.Array, parts: int) -> jax.Array:
     flat = array.reshape(-1)
     extra = -flat.size % parts
     return jnp.pad(flat, (0, extra)) if extra else flat
+
+
+def _packed(parts: list[jax.Array]) -> list[jax.Array]:
+    """One buffer per dtype: XLA's CPU runtime calls gloo once per operand of a
+    collective-permute, and each call is a round trip."""
+    dtypes = sorted({p.dtype for p in parts}, key=str)
+    return [jnp.concatenate([p for p in parts if p.dtype == d]) for d in dtypes]
+
+
+def _unpacked(buffers: list[jax.Array], parts: list[jax.Array]) -> list[jax.Array]:
+    """``parts``' shapes cut back out of :func:`_packed`'s buffers."""
+    dtypes = sorted({p.dtype for p in parts}, key=str)
+    offsets = dict.fromkeys(dtypes, 0)
+    out = []
+    for p in parts:
+        start = offsets[p.dtype]
+        out.append(buffers[dtypes.index(p.dtype)][start:start + p.size])
+        offsets[p.dtype] = start + p.size
+    return out
 
 
 def _sum_over_hosts(parts: list[jax.Array], devices: Sequence[Any], axis: str
