@@ -117,13 +117,15 @@ def table(runs: dict[str, list[dict]]) -> str:
              "(both directions), median | MLP gradients' all-reduce in a loop (us), median "
              "[min-max] |", "| --- | --- | ---: | ---: | --- |"]
     gloo = statistics.median(r["samples_per_s"] for r in runs["gloo"])
+    def spread(rows: list[dict], key: str) -> str:
+        values = [r[key] for r in rows]
+        return f"{statistics.median(values):,.0f} [{min(values):,.0f}-{max(values):,.0f}]"
+
     for mode, rows in runs.items():
-        rates = [r["samples_per_s"] for r in rows]
-        times = [r["mlp_grads_allreduce_us"] for r in rows]
-        lines.append(f"| {mode} | {statistics.median(rates):,.0f} [{min(rates):,.0f}-"
-                     f"{max(rates):,.0f}] | {statistics.median(rates) / gloo:.2f}x | "
-                     f"{statistics.median(r['veth_bytes_per_step'] for r in rows):,.0f} | "
-                     f"{statistics.median(times):,.0f} [{min(times):,.0f}-{max(times):,.0f}] |")
+        ratio = statistics.median(r["samples_per_s"] for r in rows) / gloo
+        crossed = statistics.median(r["veth_bytes_per_step"] for r in rows)
+        lines.append(f"| {mode} | {spread(rows, 'samples_per_s')} | {ratio:.2f}x | "
+                     f"{crossed:,.0f} | {spread(rows, 'mlp_grads_allreduce_us')} |")
     return "\n".join(lines) + "\n"
 
 
