@@ -495,8 +495,8 @@ def distributed_client() -> Any:
 
 
 
-def ffi_calls_without_side_effect(jaxpr: Any, target_name: str) -> Any | None:
-    """``jaxpr`` (a ``Jaxpr``) with its ``ffi_call``s of ``target_name`` not side-effecting.
+def ffi_calls_without_side_effect(jaxpr: Any, *target_names: str) -> Any | None:
+    """``jaxpr`` (a ``Jaxpr``) with its ``ffi_call``s of ``target_names`` not side-effecting.
 
     Returns ``None`` when another side-effecting FFI call shares JAX's FFI effect with them
     (the effect must then stay). Only the jaxprs that evaluating ``jaxpr`` runs are rewritten
@@ -508,7 +508,7 @@ def ffi_calls_without_side_effect(jaxpr: Any, target_name: str) -> Any | None:
         return eqn.primitive.name == "ffi_call" and eqn.params.get("has_side_effect", False)
 
     def others(j: Any) -> bool:
-        return any((effectful(e) and e.params.get("target_name") != target_name)
+        return any((effectful(e) and e.params.get("target_name") not in target_names)
                    or any(others(sub) for sub in jaxprs_in_params(e.params.values()))
                    for e in j.eqns)
 

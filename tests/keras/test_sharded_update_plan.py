@@ -83,7 +83,7 @@ def test_the_switch_and_what_the_strategy_allows(monkeypatch):
     assert sharded_update.why_not(model, strategy, 1) == "steps_per_execution is 1"
     # One process: there is no shared-memory transport to shard over.
     assert sharded_update.why_not(model, strategy, 32) == (
-        "the all-reduce is not over shared memory")
+        "the all-reduce is not over shared memory on one host")
     monkeypatch.setenv("STRATAX_SHARDED_UPDATE", "off")
     assert sharded_update.why_not(model, strategy, 32) == "STRATAX_SHARDED_UPDATE=off"
     monkeypatch.setenv("STRATAX_SHARDED_UPDATE", "yes")

@@ -7,6 +7,7 @@ the reason where namespaces cannot be made. Namespaces and links are removed in 
 
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 
@@ -39,19 +40,17 @@ def two_hosts():
     assert not any(name in listed for name in bed.names), listed
 
 
-def test_launch_across_two_namespaces_equals_one_process(two_hosts, tmp_path):
-    coordinator = f"{two_hosts.addresses[0]}:{free_port()}"
-    # The namespaces share this machine's host name and boot id, so auto would pick shared
-    # memory for fit's all-reduce; gloo is what must cross the veth pair here.
-    env = worker_env(PYTHONPATH=os.pathsep.join([str(HERE), str(_ROOT)]),
-                     STRATAX_CPU_COLLECTIVES="gloo")
+def _launch(bed, tmp_path, program, nproc_per_node, **env_vars):
+    """``stratax launch --nnodes 2`` with one launcher per namespace; each node's output."""
+    coordinator = f"{bed.addresses[0]}:{free_port()}"
+    env = worker_env(PYTHONPATH=os.pathsep.join([str(HERE), str(_ROOT)]), **env_vars)
     procs = []
     try:
         for rank in range(2):
-            command = [*two_hosts.exec_prefix(rank), sys.executable, "-m", "stratax._src.launch",
+            command = [*bed.exec_prefix(rank), sys.executable, "-m", "stratax._src.launch",
                        "--nnodes", "2", "--node-rank", str(rank), "--coordinator", coordinator,
-                       "--timeout", "200", "--coordinator-wait", "60",
-                       "mwms_program.py", str(tmp_path), "2"]
+                       "--nproc-per-node", str(nproc_per_node), "--timeout", "200",
+                       "--coordinator-wait", "60", *program, str(tmp_path)]
             procs.append(subprocess.Popen(command, cwd=HERE, env=env, stdout=subprocess.PIPE,
                                           stderr=subprocess.STDOUT, text=True,
                                           start_new_session=True))
@@ -63,9 +62,35 @@ def test_launch_across_two_namespaces_equals_one_process(two_hosts, tmp_path):
                 p.wait()
     for rank, (p, out) in enumerate(zip(procs, outputs, strict=True)):
         assert p.returncode == 0, f"node {rank} failed:\n{out[-3000:]}"
+    return outputs
+
+
+def test_launch_across_two_namespaces_equals_one_process(two_hosts, tmp_path):
+    # One process per namespace: nothing shares memory, gloo crosses the veth pair.
+    outputs = _launch(two_hosts, tmp_path, ["mwms_program.py"], 1,
+                      STRATAX_CPU_COLLECTIVES="gloo")
     # The coordinator listens on a non-loopback address: its trusted-network warning is logged.
     assert "trusted private network" in outputs[0], outputs[0][-3000:]
     w0, w1 = (load_weights(tmp_path / f"arrays_weights_{i}.npz") for i in (0, 1))
     assert_same_weights(w0, w1)
     weights, _, _ = _reference()
     assert_same_weights(w0, weights, tol=1e-5)
+
+
+def test_two_hosts_of_two_processes_take_the_hierarchical_all_reduce(two_hosts, tmp_path):
+    """auto on 2 namespaces x 2 processes: shared memory inside each, gloo between them; fit
+    equals one process, the workers agree bit for bit, ``ctx.all_reduce`` sums exactly."""
+    outputs = _launch(two_hosts, tmp_path, ["hier_program.py"], 2)
+    text = "\n".join(outputs)
+    assert text.count("hierarchical True hosts ((0, 1), (2, 3))") == 4, text[-3000:]
+    assert "CPU collectives: hierarchical all-reduce" in text, text[-3000:]
+    assert text.count("sum mismatches 0") == 4, text[-3000:]
+    # fit's packed step (its epochs and last partial batch) and the run program's two calls.
+    traced = [int(n) for n in re.findall(r"^(?:\[.*?\] )?hierarchical traced (\d+)", text,
+                                         re.M)]
+    assert len(traced) == 4 and min(traced) >= 3, text[-3000:]
+    weights = [load_weights(tmp_path / f"arrays_weights_{i}.npz") for i in range(4)]
+    for other in weights[1:]:
+        assert_same_weights(weights[0], other)
+    reference, _, _ = _reference()
+    assert_same_weights(weights[0], reference, tol=1e-5)

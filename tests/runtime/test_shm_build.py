@@ -92,7 +92,7 @@ class _OneProcessClient:
 def one_process_setup(monkeypatch):
     """``shm_collectives.setup`` of a one-process job that could use shm but for the build."""
     monkeypatch.setattr(shm_collectives.seam, "distributed_client", _OneProcessClient)
-    monkeypatch.setattr(shm_collectives, "_local_problem", lambda host0: "")
+    monkeypatch.setattr(shm_collectives, "_local_problem", lambda: "")
     monkeypatch.setattr(shm_collectives.state, "library", None)
     return lambda required: shm_collectives.setup(0, 1, 5.0, lambda p: f"worker {p}",
                                                   required=required)

@@ -88,8 +88,8 @@ def why_not(model: Any, strategy: Any, group: int) -> str | None:
         return f"{env.STRATAX_SHARDED_UPDATE}=off"
     if group < 2:
         return "steps_per_execution is 1"
-    if not shm_collectives.covers(list(strategy.mesh.devices.flat)):
-        return "the all-reduce is not over shared memory"
+    if not shm_collectives.exchanges_cover(list(strategy.mesh.devices.flat)):
+        return "the all-reduce is not over shared memory on one host"
     return model_problem(model)
 
 

@@ -260,7 +260,8 @@ def _peer_error(error: Exception) -> Exception:
     shm = _SHM_PEER_FAILURE.search(text)
     if shm:
         return WorkerUnavailableError(
-            f"The shared-memory all-reduce failed: {task_name(int(shm.group(1)))} "
+            f"The shared-memory all-reduce failed: "
+            f"{task_name(shm_collectives.state.process_of(int(shm.group(1))))} "
             f"{shm.group(2)}. Restart the job (e.g. `stratax launch --max-restarts K`) and "
             "resume from the last backup.")
     if not any(mark in text for mark in _PEER_FAILURE_MARKS):

@@ -37,7 +37,7 @@ import numpy as np
 from stratax._src import seam
 from stratax._src.core import env, envvars
 from stratax._src.core.errors import CollectiveTimeoutError
-from stratax._src.runtime import shm_build
+from stratax._src.runtime import host_groups, shm_build
 
 logger = logging.getLogger(__name__)
 
@@ -69,8 +69,13 @@ class _State:
     def __init__(self) -> None:
         self.library: ctypes.CDLL | None = None
         self.registered = False
-        self.world = 0
-        self.rank = -1
+        self.world = 0  # processes that share the segment: those of this host
+        self.rank = -1  # this process's rank among them (its local rank)
+        self.process_id = -1  # its id in the job
+        # Every host's processes; more than one host: the hierarchical all-reduce
+        # (hier_collectives), whose shared-memory steps run among this host's processes.
+        self.hosts = host_groups.Hosts(())
+        self.hierarchical_traced = 0  # hierarchical all-reduces traced into programs (tests)
         self.name = ""  # the segment's name in /dev/shm (unlinked once every process mapped it)
         self.traced_calls = 0  # how many all-reduces were traced into programs (tests read it)
         self.scatters_traced = 0  # the same for reduce-scatters (fit's sharded update)
@@ -78,6 +83,16 @@ class _State:
     @property
     def active(self) -> bool:
         return self.world > 1
+
+    @property
+    def hierarchical(self) -> bool:
+        """Whether the job spans several hosts (shm inside each, gloo between them)."""
+        return self.active and len(self.hosts.members) > 1
+
+    def process_of(self, rank: int) -> int:
+        """The job's process id of this host's local ``rank`` (as the C++ errors name it)."""
+        members = self.hosts.members[self.hosts.host_of(self.process_id)] if self.active else ()
+        return members[rank] if 0 <= rank < len(members) else rank
 
 
 state = _State()
@@ -143,15 +158,24 @@ def _load() -> ctypes.CDLL:
 
 
 def _host_identity() -> str:
+    """Host name, boot id and network namespace: processes that share all three share memory.
+
+    The namespace tells apart two "hosts" on one machine (containers, the two-host test bed of
+    ``benchmarks/netns.py``), whose processes reach each other only over the network.
+    """
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
             boot = f.read().strip()
     except OSError:
         boot = "?"
-    return f"{socket.gethostname()}/{boot}"
+    try:
+        network = os.readlink("/proc/self/ns/net")
+    except OSError:
+        network = "?"
+    return f"{socket.gethostname()}/{boot}/{network}"
 
 
-def _local_problem(host0: str | None) -> str:
+def _local_problem() -> str:
     """Why this process cannot join a shared-memory all-reduce, or ``""``."""
     if not sys.platform.startswith("linux"):
         return f"it runs on {sys.platform}; shm needs Linux (POSIX shared memory, futexes)"
@@ -159,39 +183,39 @@ def _local_problem(host0: str | None) -> str:
     if len(devices) != 1 or devices[0].platform != "cpu":
         return (f"it has {len(devices)} local {devices[0].platform} device(s); shm needs "
                 "exactly one local CPU device per process")
-    if host0 is not None and host0 != _host_identity():
-        return (f"it runs on host {_host_identity().split('/')[0]!r}, not on process 0's host "
-                f"{host0.split('/')[0]!r}; shm works only between processes of one host")
     return ""
 
 
 def setup(process_id: int, num_processes: int, timeout_seconds: float,
           task_name: Any = str, *, required: bool = True) -> bool:
-    """Joins (process 0: creates) the job's shared segment; False when falling back to gloo.
+    """Joins (a host's first process: creates) its host's shared segment; False for gloo.
 
-    Every process reaches the same verdict. With ``required`` (``STRATAX_CPU_COLLECTIVES=shm``)
-    a process on another host or with several devices, a library that could not be built or
-    cached on some process, or a segment that cannot be created, is an error on all of them.
-    Without it (``auto``) they mean gloo everywhere: logged once at INFO, except a failed build
-    (no compiler, an unwritable cache), which the user can fix: one warning line.
+    Every process reaches the same verdict. On one host the segment carries the all-reduce
+    between all processes; on several hosts with the same number (>= 2) of processes each, the
+    hierarchical all-reduce (:mod:`hier_collectives`) uses each host's segment and gloo between
+    the hosts. With ``required`` (``STRATAX_CPU_COLLECTIVES=shm``) a layout neither fits (one
+    process per host, unequal hosts), a process with several devices, a library that could not
+    be built or cached on some process, or a segment that cannot be created, is an error on all
+    of them. Without it (``auto``) they mean gloo everywhere: logged once at INFO, except a
+    failed build (no compiler, an unwritable cache), which the user can fix: one warning line.
 
     Raises:
-        ValueError: ``required`` and a process is not on process 0's host or has not exactly
-            one CPU device.
+        ValueError: ``required`` and the layout fits no shared-memory all-reduce or a process
+            has not exactly one CPU device.
         ExtensionBuildError: ``required`` and a process could not build the library.
         CollectiveTimeoutError: a process did not answer within ``timeout_seconds``.
-        RuntimeError: the segment could not be created or mapped.
+        RuntimeError: a segment could not be created or mapped.
     """
     client = seam.distributed_client()
     timeout_ms = max(int(timeout_seconds * 1000), 1)
-    if process_id == 0:
-        client.key_value_set(f"{_KEY}/host", _host_identity())
-        host0 = None
-    else:
-        host0 = _get(client, f"{_KEY}/host", timeout_ms, task_name(0))
-    verdict = _local_problem(host0)
+    client.key_value_set(f"{_KEY}/host/{process_id}", _host_identity())
+    identities = [_get(client, f"{_KEY}/host/{p}", timeout_ms, task_name(p))
+                  for p in range(num_processes)]
+    hosts = host_groups.group(identities)
+    layout = host_groups.hierarchy_problem(hosts) if len(hosts.members) > 1 else ""
+    verdict = _local_problem()
     build_error = ""
-    if not verdict:
+    if not verdict and not layout:
         try:
             _load()
         except shm_build.ExtensionBuildError as error:
@@ -202,9 +226,12 @@ def setup(process_id: int, num_processes: int, timeout_seconds: float,
     client.key_value_set(f"{_KEY}/cpus/{process_id}", ",".join(map(str, sorted(_cpus()))))
     verdicts = {p: _get(client, f"{_KEY}/verdict/{p}", timeout_ms, task_name(p))
                 for p in range(num_processes)}
+    # The processes of this machine (its boot id), whichever host (namespace) they are in:
+    # they share its cores, so a long spin would take a core from another host's process.
+    machine = identities[process_id].split("/")[1]
     affinities = [{int(c) for c in _get(client, f"{_KEY}/cpus/{p}", timeout_ms,
                                          task_name(p)).split(",")}
-                  for p in range(num_processes)]
+                  for p in range(num_processes) if identities[p].split("/")[1] == machine]
     # Process 0 hosts the coordination service: it acts on the verdicts (and may raise and
     # exit) only once every other process has read them. The others need the service no more
     # on an error, so they act at once. (A barrier here lost a race: process 0 could leave it
@@ -214,11 +241,16 @@ def setup(process_id: int, num_processes: int, timeout_seconds: float,
     try:
         client.key_value_set(f"{_KEY}/read/{process_id}", "1")
     except Exception:  # XlaRuntimeError: the service is gone
-        if process_id == 0 or all(text == "ok" for text in verdicts.values()):
+        if process_id == 0 or (not layout and all(text == "ok" for text in verdicts.values())):
             raise
     if process_id == 0:
         for p in range(1, num_processes):
             _get(client, f"{_KEY}/read/{p}", timeout_ms, task_name(p))
+    if layout:
+        if required:
+            raise ValueError(f"STRATAX_CPU_COLLECTIVES=shm cannot be used: {layout}. Unset "
+                             "STRATAX_CPU_COLLECTIVES (gloo) for this job.")
+        return _use_gloo(layout)
     for p, text in verdicts.items():
         if text.startswith("error:"):
             if required:
@@ -238,13 +270,20 @@ def setup(process_id: int, num_processes: int, timeout_seconds: float,
                            "all-reduce: %s; STRATAX_CPU_COLLECTIVES=shm shows the whole error, "
                            "=gloo silences this)", task_name(p), text[8:].splitlines()[0])
             return False
-    problem = _join_segment(client, process_id, num_processes, timeout_seconds, timeout_ms,
+    problem = _join_segment(client, process_id, hosts, timeout_seconds, timeout_ms,
                             task_name, spin_seconds_from_env(own_cores(affinities)))
     if problem:
         if required:
             raise RuntimeError(f"{problem}. Unset STRATAX_CPU_COLLECTIVES (gloo).")
         return _use_gloo(problem)
-    if not required:
+    if state.hierarchical:
+        logger.info("CPU collectives: hierarchical all-reduce for packed all-reduces: shared "
+                    "memory inside each of %d hosts (%d processes each), gloo between the "
+                    "processes of equal local rank on different hosts (%s: %d processes on %d "
+                    "hosts; STRATAX_CPU_COLLECTIVES=gloo turns it off)", len(hosts.members),
+                    state.world, "shm" if required else "auto", num_processes,
+                    len(hosts.members))
+    elif not required:
         logger.info("CPU collectives: gloo plus the shared-memory all-reduce for packed "
                     "all-reduces (auto: all %d processes on one host, one CPU device each; "
                     "STRATAX_CPU_COLLECTIVES=gloo turns it off)", num_processes)
@@ -266,46 +305,56 @@ def _get(client: Any, key: str, timeout_ms: int, peer: str) -> str:
             f"{timeout_ms / 1000:g} s ({error}). Check {peer}'s log.") from error
 
 
-def _join_segment(client: Any, process_id: int, world: int, timeout_seconds: float,
-                  timeout_ms: int, task_name: Any, spin: float) -> str:
-    """Maps the segment on every process; ``""``, or (on every process) why process 0 could
-    not create it."""
+def _join_segment(client: Any, process_id: int, hosts: host_groups.Hosts,
+                  timeout_seconds: float, timeout_ms: int, task_name: Any, spin: float) -> str:
+    """Maps its host's segment on every process; ``""``, or (on every process) why a host's
+    first process could not create its segment."""
     library = _load()
     slot = slot_bytes_from_env()
     error = ctypes.create_string_buffer(512)
-    if process_id == 0:
+    host = hosts.host_of(process_id)
+    members = hosts.members[host]
+    rank, world = members.index(process_id), len(members)
+    if rank == 0:
         name = f"/stratax-{os.getpid()}-{secrets.token_hex(6)}".encode()
-        if library.stratax_shm_create(name, world, slot, timeout_seconds, spin, error,
-                                      512) != 0:
-            problem = (f"{task_name(0)} could not create the shared-memory segment: "
-                       f"{error.value.decode()}")
-            client.key_value_set(f"{_KEY}/name", "failed:" + problem)
-            return problem
-        try:
-            client.key_value_set(f"{_KEY}/name", name.decode())
-            deadline = time.monotonic() + timeout_seconds
-            while library.stratax_shm_attached() < world:
-                if time.monotonic() > deadline:
-                    raise CollectiveTimeoutError(
-                        f"Only {library.stratax_shm_attached()} of {world} processes mapped the "
-                        f"shared-memory segment within {timeout_seconds:g} s; check the other "
-                        "workers' logs.")
-                time.sleep(0.001)
-        finally:
-            library.stratax_shm_unlink(name)
+        created = library.stratax_shm_create(name, world, slot, timeout_seconds, spin, error,
+                                             512) == 0
+        client.key_value_set(f"{_KEY}/name/{host}", name.decode() if created else
+                             f"failed:{task_name(process_id)} could not create the "
+                             f"shared-memory segment: {error.value.decode()}")
+        if created:
+            try:
+                deadline = time.monotonic() + timeout_seconds
+                while library.stratax_shm_attached() < world:
+                    if time.monotonic() > deadline:
+                        raise CollectiveTimeoutError(
+                            f"Only {library.stratax_shm_attached()} of {world} processes mapped "
+                            f"the shared-memory segment within {timeout_seconds:g} s; check the "
+                            "other workers' logs.")
+                    time.sleep(0.001)
+            finally:
+                library.stratax_shm_unlink(name)
     else:
-        published = _get(client, f"{_KEY}/name", timeout_ms, task_name(0))
-        if published.startswith("failed:"):
-            return published[7:]
-        name = published.encode()
-        if library.stratax_shm_attach(name, process_id, world, slot, timeout_seconds, spin,
-                                      error, 512) != 0:
-            raise RuntimeError(f"Mapping the shared-memory segment failed: "
-                               f"{error.value.decode()}. Unset STRATAX_CPU_COLLECTIVES (gloo).")
-    state.world, state.rank, state.name = world, process_id, name.decode()
+        published = _get(client, f"{_KEY}/name/{host}", timeout_ms, task_name(members[0]))
+        if not published.startswith("failed:"):
+            name = published.encode()
+            if library.stratax_shm_attach(name, rank, world, slot, timeout_seconds, spin,
+                                          error, 512) != 0:
+                raise RuntimeError(f"Mapping the shared-memory segment failed: "
+                                   f"{error.value.decode()}. Unset STRATAX_CPU_COLLECTIVES "
+                                   "(gloo).")
+    # Every host's outcome, so that all processes agree (a failed host means gloo everywhere).
+    for h, first in enumerate(m[0] for m in hosts.members):
+        outcome = _get(client, f"{_KEY}/name/{h}", timeout_ms, task_name(first))
+        if outcome.startswith("failed:"):
+            if h != host:  # this host's segment is mapped: unmap it
+                library.stratax_shm_close()
+            return outcome[7:]
+    state.world, state.rank, state.name = world, rank, name.decode()
+    state.process_id, state.hosts = process_id, hosts
     atexit.register(close)
-    logger.info("shared-memory all-reduce: process %d of %d, slots of %d bytes, waits spin "
-                "up to %g us", process_id, world, slot, spin * 1e6)
+    logger.info("shared-memory all-reduce: process %d of %d on this host, slots of %d bytes, "
+                "waits spin up to %g us", rank, world, slot, spin * 1e6)
     return ""
 
 
@@ -326,7 +375,10 @@ def unordered_if_alone(jaxpr: Any) -> Any:
     """
     if _call_sites(jaxpr) != 1:
         return jaxpr
-    rewritten = seam.ffi_calls_without_side_effect(jaxpr, TARGET)
+    # A hierarchical all-reduce (hier_collectives) ends with the one TARGET call; its
+    # reduce-scatter (EXCHANGE_TARGET) feeds it, so nothing can come between them.
+    targets = (TARGET, EXCHANGE_TARGET) if state.hierarchical else (TARGET,)
+    rewritten = seam.ffi_calls_without_side_effect(jaxpr, *targets)
     return jaxpr if rewritten is None else rewritten
 
 
@@ -342,10 +394,18 @@ def _call_sites(jaxpr: Any) -> int:
 
 
 def covers(devices: Sequence[Any]) -> bool:
-    """True when shm is set up and ``devices`` (a mesh's) are the one device of every process."""
-    if not state.active or len(devices) != state.world:
+    """True when shm is set up and ``devices`` (a mesh's) are the one device of every process:
+    the packed all-reduce over them goes through shared memory (flat or hierarchical)."""
+    if not state.active:
         return False
-    return sorted(d.process_index for d in devices) == list(range(state.world))
+    processes = sum(len(ids) for ids in state.hosts.members)
+    return sorted(d.process_index for d in devices) == list(range(processes))
+
+
+def exchanges_cover(devices: Sequence[Any]) -> bool:
+    """True when :func:`all_gather` and :func:`reduce_scatter` span ``devices``: every process
+    of the job is on this host (no hierarchy)."""
+    return covers(devices) and not state.hierarchical
 
 
 def supports(dtype: Any) -> bool:
@@ -382,26 +442,31 @@ def _call_id(kind: str, shapes: Sequence[Any]) -> np.int64:
     return np.int64(zlib.crc32(repr((kind, [(s.shape, str(s.dtype)) for s in shapes])).encode()))
 
 
-def all_gather(arrays: Sequence[jax.Array]) -> list[jax.Array]:
+def all_gather(arrays: Sequence[jax.Array], *, ends_all_reduce: bool = False,
+               ordered: bool = False) -> list[jax.Array]:
     """Every process's 1-D ``arrays``, concatenated in process order, with one custom call
     (traced, inside ``jax.shard_map`` over a mesh that :func:`covers`).
 
-    No JAX effect (C++ dispatch): the caller orders its calls by data (each call's operands
-    depend on the previous one's results), as ``fit``'s sharded update does
-    (``keras.sharded_update``).
+    No JAX effect (C++ dispatch) unless ``ordered``: the caller orders its calls by data (each
+    call's operands depend on the previous one's results), as ``fit``'s sharded update does
+    (``keras.sharded_update``). ``ends_all_reduce``: the last step of a hierarchical all-reduce,
+    whose result is the same on every process; it goes under :data:`TARGET`'s name, so that
+    :mod:`invariance` and :func:`unordered_if_alone` count it as the all-reduce it completes.
     """
     shapes = [jax.ShapeDtypeStruct((state.world * a.shape[0],), a.dtype) for a in arrays]
-    call = jax.ffi.ffi_call(EXCHANGE_TARGET, shapes, has_side_effect=False)
+    call = jax.ffi.ffi_call(TARGET if ends_all_reduce else EXCHANGE_TARGET, shapes,
+                            has_side_effect=ordered)
     return list(call(*arrays, mode=np.int32(_GATHER), op=np.int32(OPS["sum"]),
                      call_id=_call_id("gather", shapes)))
 
 
-def reduce_scatter(arrays: Sequence[jax.Array]) -> list[jax.Array]:
+def reduce_scatter(arrays: Sequence[jax.Array], *, ordered: bool = False) -> list[jax.Array]:
     """Part ``rank`` (of ``world`` equal parts) of each 1-D array of ``arrays``, summed over the
     processes, with one custom call (traced, as :func:`all_gather`, with no JAX effect either):
-    the same bits as that part of :func:`all_reduce`'s sum."""
+    the same bits as that part of :func:`all_reduce`'s sum. ``ordered``: a JAX effect, as
+    :func:`all_gather`'s."""
     state.scatters_traced += 1
     shapes = [jax.ShapeDtypeStruct((a.shape[0] // state.world,), a.dtype) for a in arrays]
-    call = jax.ffi.ffi_call(EXCHANGE_TARGET, shapes, has_side_effect=False)
+    call = jax.ffi.ffi_call(EXCHANGE_TARGET, shapes, has_side_effect=ordered)
     return list(call(*arrays, mode=np.int32(_SCATTER), op=np.int32(OPS["sum"]),
                      call_id=_call_id("scatter", shapes)))

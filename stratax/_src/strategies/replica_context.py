@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 
 from stratax._src.core.reduce_op import ReduceOp
-from stratax._src.runtime import shm_collectives
+from stratax._src.runtime import hier_collectives, shm_collectives
 from stratax._src.strategies.packing import Batched, packed_collective
 
 REPLICA_AXIS = "replica"
@@ -29,21 +29,30 @@ _SHM_OPS = {ReduceOp.SUM: "sum", ReduceOp.MEAN: "sum", ReduceOp.MAX: "max", Redu
 
 def shm_reducer(strategy: Any, op: ReduceOp, *, only_call: bool = False) -> Batched | None:
     """Reduces a list of buffers: those of dtypes it handles in one shared-memory all-reduce
-    (``STRATAX_CPU_COLLECTIVES=shm``, which takes them unpacked), the others with XLA's
-    collective; ``None`` when shm is off or the strategy's mesh is not one device per process.
-    ``only_call``: the program runs this reducer once and nothing else over shared memory
-    (``shm_collectives.all_reduce``)."""
-    if not shm_collectives.covers(list(strategy.mesh.devices.flat)):
+    (``STRATAX_CPU_COLLECTIVES`` ``auto`` or ``shm``, which takes them unpacked; on several
+    hosts the hierarchical one, ``hier_collectives``, for sums and means), the others with
+    XLA's collective; ``None`` when shm is off or the strategy's mesh is not one device per
+    process. ``only_call``: the program runs this reducer once and nothing else over shared
+    memory (``shm_collectives.all_reduce``)."""
+    devices = list(strategy.mesh.devices.flat)
+    if not shm_collectives.covers(devices):
+        return None
+    if shm_collectives.state.hierarchical and op not in (ReduceOp.SUM, ReduceOp.MEAN):
         return None
     replicas = strategy.num_replicas_in_sync
     collective = _COLLECTIVES[op]
+
+    def shm_sum(buffers: list[jax.Array]) -> list[jax.Array]:
+        if shm_collectives.state.hierarchical:
+            return hier_collectives.all_reduce_sum(buffers, devices, REPLICA_AXIS,
+                                                   only_call=only_call)
+        return shm_collectives.all_reduce(_SHM_OPS[op], buffers, only_call=only_call)
 
     def reduce(buffers: list[jax.Array]) -> list[jax.Array]:
         shm = [i for i, b in enumerate(buffers) if shm_collectives.supports(b.dtype)]
         out = [collective(b, REPLICA_AXIS) for b in buffers]
         if shm:
-            summed = shm_collectives.all_reduce(_SHM_OPS[op], [buffers[i] for i in shm],
-                                                 only_call=only_call)
+            summed = shm_sum([buffers[i] for i in shm])
             for i, value in zip(shm, summed, strict=True):
                 out[i] = value / replicas if op is ReduceOp.MEAN else value
         return out
