@@ -19,8 +19,10 @@ def _call(server, method, meta, tensors=()):
     return reply
 
 
-def _trained_server(tmp_path, every, snapshots=None):
+def _trained_server(tmp_path, every, snapshots=None, session=None):
     server = ParameterServer(snapshots or Snapshots(tmp_path, task_index=0, every=every))
+    if session is not None:
+        server.adopt({"session": session})  # a chief's claim
     _call(server, "create", {"names": ["w"]}, [np.ones((3, 2), np.float32)])
     _call(server, "set_optimizer", {"names": ["w"], "sparse_updates": "lazy",
                                     "spec": {"class_name": "Adam",
@@ -183,3 +185,16 @@ def test_a_ps_killed_while_writing_a_snapshot_leaves_no_temp_file(tmp_path):
     np.testing.assert_array_equal(restored._shards["w"].value, np.ones(4 << 20, np.float32))
     assert files.remove_stale_temporaries(tmp_path / "ps0.npz") == [".ps0.npz.tmp-live"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ps0.npz"]
+
+
+def test_a_snapshot_of_another_chief_session_is_dropped_when_a_new_chief_claims(tmp_path):
+    """A ps restarted from its snapshot keeps it for the chief that wrote it (training goes
+    on), and drops it for a new chief (which starts from its own values or checkpoint)."""
+    _trained_server(tmp_path, every=2, session="chief-A")
+    same = ParameterServer(Snapshots(tmp_path, task_index=0, every=2))
+    assert same.session == "chief-A" and "w" in same._shards
+    same.adopt({"session": "chief-A"})
+    assert "w" in same._shards
+    other = ParameterServer(Snapshots(tmp_path, task_index=0, every=2))
+    other.adopt({"session": "chief-B"})
+    assert other._shards == {} and other.session == "chief-B"

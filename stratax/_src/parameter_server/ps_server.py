@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import threading
 import time
 from typing import Any
@@ -21,6 +22,8 @@ import numpy as np
 
 from stratax._src.parameter_server import checkpoint, rpc, wire
 from stratax._src.parameter_server.optimizers import ShardOptimizer
+
+logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -53,6 +56,9 @@ class ParameterServer(rpc.Dispatcher):
 
     def __init__(self, snapshots: Any = None) -> None:
         self._shards: dict[str, _Shard] = {}
+        # The chief session whose variables this ps holds (restored with a snapshot): a ps
+        # restarted from another session's snapshot drops it when a new chief claims it.
+        self.session: str | None = None
         self._lock = threading.Lock()
         self.shutdown_requested = threading.Event()
         self._methods = {
@@ -70,6 +76,19 @@ class ParameterServer(rpc.Dispatcher):
         """Drops every variable shard (a new chief session took over from a quiet one)."""
         with self._lock:
             self._shards.clear()
+
+    def adopt(self, meta: dict[str, Any]) -> None:
+        """A chief claimed this ps: state from another session (a snapshot a restarted ps
+        restored, written for a chief that is gone) is dropped, so the new chief starts from
+        its own values or its checkpoint, as after a takeover."""
+        session = meta.get("session")
+        with self._lock:
+            if self.session not in (None, session) and self._shards:
+                logger.warning("dropping %d shard(s) restored from chief session %s: chief "
+                               "session %s claimed this ps", len(self._shards), self.session,
+                               session)
+                self._shards.clear()
+            self.session = session
 
     def _shard(self, name: str) -> _Shard:
         shard = self._shards.get(name)

@@ -150,7 +150,8 @@ class Snapshots:
                 for slot in entry["slots"]:
                     arrays[f"slot/{slot}/{name}"] = opt.slots[slot].copy()
             shards.append(entry)
-        write_npz(self.path, {"version": VERSION, "shards": shards}, arrays)
+        write_npz(self.path, {"version": VERSION, "session": self._server.session,
+                              "shards": shards}, arrays)
         self.written += 1
         logger.info("snapshot of %d shard(s) written to %s in %.3f s", len(shards), self.path,
                     time.perf_counter() - start)
@@ -177,5 +178,6 @@ class Snapshots:
                 shard.ledger = set(entry["ledger"])
                 shard.duplicates = int(entry["duplicates"])
                 self._server._shards[entry["name"]] = shard
+        self._server.session = header.get("session")
         logger.warning("restored %d shard(s) from snapshot %s (steps applied after it are lost)",
                        len(header["shards"]), self.path)
