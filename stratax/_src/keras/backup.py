@@ -35,6 +35,7 @@ from jax.experimental import multihost_utils
 
 from stratax._src import seam
 from stratax._src.keras import binding, checkpoint_io, session
+from stratax._src.keras.runner import runner_for
 from stratax._src.runtime import worker_exit
 
 logger = logging.getLogger(__name__)
@@ -121,6 +122,7 @@ class BackupAndRestore(keras.callbacks.Callback):
         restored = checkpoint_io.load(self.backup_dir)
         if restored is not None:
             self._restore(*restored)
+        self._hold_at_next_save()
         self._install_sigterm_handler()
 
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
@@ -140,6 +142,7 @@ class BackupAndRestore(keras.callbacks.Callback):
             raise SystemExit(PREEMPTION_EXIT_CODE)
         if isinstance(self.save_freq, int) and self._global_step % self.save_freq == 0:
             self._save(self._epoch, self._steps_in_epoch)
+        self._hold_at_next_save()
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self._consumed_offset = 0
@@ -154,6 +157,13 @@ class BackupAndRestore(keras.callbacks.Callback):
             checkpoint_io.remove(self.backup_dir)
 
     # --------------------------------------------------------------- state
+    def _hold_at_next_save(self) -> None:
+        """Tells the runner where the next step-count save reads the state, so that no step
+        runs past it before (parameter-server steps run ahead of the callbacks)."""
+        if isinstance(self.save_freq, int):
+            runner_for(self._strategy).hold_after(
+                self.model, self.save_freq - self._global_step % self.save_freq)
+
     def _normalize(self, epoch: int, steps_in_epoch: int) -> tuple[int, int]:
         """A position at the end of an epoch is the start of the next one."""
         steps_per_epoch = (self.params or {}).get("steps")
@@ -182,6 +192,7 @@ class BackupAndRestore(keras.callbacks.Callback):
             return
         epoch, steps_in_epoch = self._normalize(epoch, steps_in_epoch)
         self.model.jax_state_sync()
+        runner_for(self._strategy).before_save(self.model)
         # A copy: the next step may donate (reuse) the buffers of the variables' values.
         arrays = {name: np.array(v.value, copy=True)
                   for name, v in self._state_variables().items()}
@@ -204,6 +215,7 @@ class BackupAndRestore(keras.callbacks.Callback):
                 "one to start over.")
         for variable, value in _match(arrays, self._state_variables(), self.backup_dir):
             variable.assign(value)
+        runner_for(self._strategy).after_restore(self.model)
         epoch, self._skip = self._normalize(int(meta["epoch"]), int(meta["steps_in_epoch"]))
         seam.set_initial_epoch(self.model, epoch)
         self._consumed_offset = self._skip

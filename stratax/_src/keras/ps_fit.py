@@ -242,10 +242,12 @@ class GroupPipeline:
         self._depth = max(depth, 1)
         self._planned_steps = planned_steps
         self._replica = replica_function(model, kind, self._strategy)
-        self._queue: collections.deque[Any] = collections.deque()
+        self._queue: collections.deque[tuple[Any, int]] = collections.deque()  # (value, steps)
         self._iterator: Iterator[Any] | None = None
         self._groups: float = 0
         self._scheduled = self._returned = 0
+        self._steps_scheduled = self._steps_returned = 0   # in the current epoch
+        self._hold: float = math.inf      # schedule no step past this one (see hold_after)
         self._exhausted = False
 
     def __call__(self, state: Any, iterator: Iterator[Any]) -> tuple[Any, Any]:
@@ -255,8 +257,9 @@ class GroupPipeline:
         self._fill(iterator)
         if not self._queue:
             raise StopIteration
-        remote = self._queue.popleft()
+        remote, steps = self._queue.popleft()
         self._returned += 1
+        self._steps_returned += steps
         per_step = remote.fetch(timeout=GROUP_TIMEOUT_S)
         if self.kind == "predict":  # synchronous: each worker predicted its share, in order
             per_step = jax.tree.map(
@@ -269,6 +272,13 @@ class GroupPipeline:
                   for i, total in enumerate(metrics)]
         totals = [jnp.asarray(t) for t in totals]
         return metrics_logs(self.model, totals), (*rest, totals)
+
+    def hold_after(self, steps: int) -> None:
+        """Schedules no step more than ``steps`` past the last one returned until the steps
+        before it have returned, so that nothing is in flight when the callbacks of that step
+        read the servers' state (a backup). A hold never stops the epoch: with nothing in
+        flight, the next group is scheduled."""
+        self._hold = self._steps_returned + steps
 
     def discard(self) -> None:
         """Forgets groups still in flight (their updates still apply; their results do not
@@ -283,12 +293,15 @@ class GroupPipeline:
         group = steps_per_execution(self.model)
         self._groups = math.inf if steps is None else math.ceil(steps / group)
         self._scheduled = self._returned = 0
+        self._hold -= self._steps_returned
+        self._steps_scheduled = self._steps_returned = 0
         self._exhausted = False
 
     def _fill(self, iterator: Iterator[Any]) -> None:
         group = steps_per_execution(self.model)
         while (len(self._queue) < self._depth and self._scheduled < self._groups
-               and not self._exhausted):
+               and not self._exhausted
+               and (self._steps_scheduled < self._hold or not self._queue)):
             refs = []
             for _ in range(group):
                 try:
@@ -306,8 +319,10 @@ class GroupPipeline:
                 refs.append(ref)
             if not refs:
                 break
-            self._queue.append(self._coordinator.schedule(self._group_fn, args=(refs,)))
+            self._queue.append((self._coordinator.schedule(self._group_fn, args=(refs,)),
+                                len(refs)))
             self._scheduled += 1
+            self._steps_scheduled += len(refs)
 
     def _group_fn(self, refs: list[BatchRef]) -> Any:
         outputs = [self._strategy.run(self._replica, args=(ref.placeholders(),)) for ref in refs]

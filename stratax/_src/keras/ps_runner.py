@@ -167,6 +167,16 @@ class ParameterServerRunner(KerasRunner):
             _set_iterations(self.strategy, model)
             self.strategy.pull_optimizer_state(model.optimizer, model.trainable_variables)
 
+    def after_restore(self, model: Any) -> None:
+        self.strategy.push_optimizer_state(model.optimizer, model.trainable_variables)
+        for variable in model.non_trainable_variables:
+            self.strategy.place_variables(variable).assign(np.asarray(variable.numpy()))
+
+    def hold_after(self, model: Any, steps: int) -> None:
+        pipeline = self._pipelines.get((id(model), "train"))
+        if pipeline is not None:
+            pipeline.hold_after(steps)
+
     # ------------------------------------------------------------------ internals
     def _convert(self, method: str, arguments: dict[str, Any], call: _Call) -> dict[str, Any]:
         x = arguments.get("x")

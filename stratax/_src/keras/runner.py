@@ -98,6 +98,14 @@ class KerasRunner:
     def before_save(self, model: Any) -> None:
         """Makes ``model``'s variables current before they are read for a save."""
 
+    def after_restore(self, model: Any) -> None:
+        """Makes the values just assigned to ``model``'s variables (a backup restored inside
+        ``fit``) the ones its steps train on."""
+
+    def hold_after(self, model: Any, steps: int) -> None:
+        """Runs no training step of ``model`` more than ``steps`` steps past the last one whose
+        callbacks ran, until they have: the state read there (a backup) is exactly theirs."""
+
 
 def steps_per_execution(model: Any) -> int:
     """How many steps ``model`` runs per call of its step function (at least 1)."""

@@ -179,6 +179,12 @@ class ParameterServerStrategy:
         return True
 
     @property
+    def is_multi_process(self) -> bool:
+        """False: the chief is one JAX process (workers and servers are other programs, not
+        replicas of a JAX job), so a SIGTERM reaches it as a plain signal."""
+        return False
+
+    @property
     def variables(self) -> list[PSVariable]:
         """Every variable created on the parameter servers, in creation order."""
         return list(self._variables)
