@@ -1,0 +1,335 @@
+"""Chaos trials: kill or freeze a random role at a random step, then check that nothing was lost.
+
+    python -m benchmarks.chaos --trials 50                  # every mode, 50 trials each
+    python -m benchmarks.chaos --mode ps-sync --trials 5 --seed 3
+    python -m benchmarks.chaos --dry-run --trials 4         # print the plan, run nothing
+
+Each trial is one ``stratax launch`` of ``chaos_program.py`` (``fit`` with
+``sx.BackupAndRestore`` every 4 steps, Adam, 48 steps) with ``--max-restarts 3``:
+
+* ``mwms``: 2 MultiWorkerMirrored workers; the launcher restarts the group after a failure and
+  the backup resumes it.
+* ``ps-sync`` / ``ps-async``: chief + 2 workers + 1 ps; a failed worker or ps is restarted
+  alone (the ps reloads its snapshot, written every ``SNAPSHOT_EVERY`` updates), a failed chief
+  restarts the whole group, which resumes from the backup.
+
+The fault strikes the victim (a random role) when the chief's step counter reaches a random
+step: ``kill`` is SIGKILL, ``freeze`` is SIGSTOP for 1.5 x the strategy's timeout, then SIGCONT.
+After the launch ends the trial checks: the run completed; no update lost or applied twice
+(``optimizer.iterations`` and every parameter-server shard's update count against the steps
+trained); the final weights against an uninterrupted run where the mode promises equality
+(``mwms`` and ``ps-sync``); no process of the trial left and every port of its cluster free.
+Writes ``benchmarks/results/chaos.{json,md}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import json
+import os
+import random
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+HERE = Path(__file__).parent
+RESULTS = HERE / "results"
+PROGRAM = HERE / "chaos_program.py"
+MODES = ("mwms", "ps-sync", "ps-async")
+ROLES = {"mwms": ("worker0", "worker1"),
+         "ps-sync": ("chief0", "worker0", "worker1", "ps0"),
+         "ps-async": ("chief0", "worker0", "worker1", "ps0")}
+ACTIONS = ("kill", "freeze")
+EXPECTED_STEPS = 48            # chaos_program: 4 epochs x 12 steps
+TIMEOUT_SECONDS = 10.0         # chaos_program's timeout_seconds
+SNAPSHOT_EVERY = 5             # ps snapshot every N updates
+WEIGHTS_EQUAL = 1e-5           # the promise of mwms and ps-sync: the uninterrupted run's weights
+TRIAL_LIMIT_S = 420.0
+TAG = "STRATAX_CHAOS_TRIAL"    # marks every process of a trial (inherited by the launch's tasks)
+
+
+@dataclass
+class Trial:
+    mode: str
+    role: str | None           # None: the uninterrupted reference run
+    action: str | None
+    at_step: int
+    struck_at_step: int | None = None
+    exit_code: int | None = None
+    completed: bool = False
+    iterations: int | None = None
+    lost_updates: int | None = None      # steps trained minus the fewest a shard applied
+    extra_updates: int | None = None     # the most a shard applied minus the steps trained
+    weights_diff: float | None = None
+    leftover_processes: list[str] = field(default_factory=list)
+    ports_in_use: list[int] = field(default_factory=list)
+    restarts: int | None = None
+    seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def nothing_lost(self) -> bool:
+        equal_promised = self.mode != "ps-async"
+        return (self.completed and self.lost_updates == 0 and self.extra_updates == 0
+                and self.iterations == EXPECTED_STEPS
+                and (not equal_promised or (self.weights_diff is not None
+                                            and self.weights_diff <= WEIGHTS_EQUAL))
+                and not self.leftover_processes and not self.ports_in_use)
+
+
+def plan(modes: list[str], trials: int, seed: int) -> list[Trial]:
+    """``trials`` random (role, action, step) faults per mode, reproducible from ``seed``."""
+    rng = random.Random(seed)
+    return [Trial(mode, rng.choice(ROLES[mode]), rng.choice(ACTIONS),
+                  rng.randint(2, EXPECTED_STEPS - 6))
+            for mode in modes for _ in range(trials)]
+
+
+def _launch_command(mode: str, out_dir: Path) -> list[str]:
+    shape = ["--nproc-per-node", "2"] if mode == "mwms" else ["--workers", "2", "--ps", "1"]
+    return [sys.executable, "-m", "stratax", "launch", *shape, "--max-restarts", "3",
+            "--timeout", str(int(TRIAL_LIMIT_S - 20)), str(PROGRAM), mode, str(out_dir)]
+
+
+def _environ(pid: int) -> dict[str, str]:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    pairs = (item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
+    return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in pairs}
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _tagged(tag: str) -> dict[int, dict[str, str]]:
+    """Every live process carrying ``tag`` (the launcher, its tasks and their children)."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != os.getpid():
+            env = _environ(int(entry))
+            if env.get(TAG) == tag:
+                found[int(entry)] = env
+    return found
+
+
+def _role(env: dict[str, str]) -> str | None:
+    task = json.loads(env.get("TF_CONFIG") or "{}").get("task") or {}
+    if task.get("type") in ("chief", "worker", "ps") and "STRATAX_PS_ROLES" in env:
+        return f"{task['type']}{task.get('index', 0)}"
+    rank = env.get("STRATAX_PROCESS_ID")
+    return None if rank is None else f"worker{rank}"
+
+
+def _tasks(tag: str, launcher: int) -> dict[str, tuple[int, dict[str, str]]]:
+    """The launch's tasks (its direct children) by role."""
+    return {role: (pid, env) for pid, env in _tagged(tag).items()
+            if _parent(pid) == launcher and (role := _role(env)) is not None}
+
+
+def _cluster_ports(env: dict[str, str]) -> list[int]:
+    cluster = json.loads(env.get("TF_CONFIG") or "{}").get("cluster") or {}
+    return sorted(int(address.rsplit(":", 1)[1])
+                  for addresses in cluster.values() for address in addresses)
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _progress(out_dir: Path) -> int:
+    try:
+        return int((out_dir / "progress").read_text() or 0)
+    except (OSError, ValueError):
+        return 0
+
+
+def _strike(trial: Trial, pid: int) -> None:
+    if trial.action == "kill":
+        os.kill(pid, signal.SIGKILL)
+        return
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        time.sleep(1.5 * TIMEOUT_SECONDS)
+    finally:
+        with contextlib.suppress(ProcessLookupError):   # the launcher tore it down meanwhile
+            os.kill(pid, signal.SIGCONT)
+
+
+def run_trial(trial: Trial, work_dir: Path, reference: dict[str, np.ndarray] | None) -> Trial:
+    """Runs one launch, strikes, waits, checks; fills in ``trial`` and returns it."""
+    out_dir = work_dir / f"{trial.mode}-{trial.role}-{trial.action}-{time.monotonic_ns()}"
+    out_dir.mkdir(parents=True)
+    tag = out_dir.name
+    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    env.update({TAG: tag, "STRATAX_PS_SNAPSHOT_DIR": str(out_dir / "snapshots"),
+                "STRATAX_PS_SNAPSHOT_EVERY": str(SNAPSHOT_EVERY)})
+    started = time.monotonic()
+    ports: list[int] = []
+    with open(out_dir / "launch.log", "w") as log:
+        launcher = subprocess.Popen(_launch_command(trial.mode, out_dir), env=env, stdout=log,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            while launcher.poll() is None and time.monotonic() - started < TRIAL_LIMIT_S:
+                tasks = _tasks(tag, launcher.pid)
+                if tasks and not ports:
+                    ports = _cluster_ports(next(iter(tasks.values()))[1])
+                if (trial.role is not None and trial.struck_at_step is None
+                        and _progress(out_dir) >= trial.at_step and trial.role in tasks):
+                    trial.struck_at_step = _progress(out_dir)
+                    _strike(trial, tasks[trial.role][0])
+                time.sleep(0.02)
+            trial.exit_code = launcher.wait(timeout=max(1.0, TRIAL_LIMIT_S
+                                                        - (time.monotonic() - started)))
+        except subprocess.TimeoutExpired:
+            trial.notes.append(f"hung: the launch did not end within {TRIAL_LIMIT_S:.0f} s")
+            os.killpg(launcher.pid, signal.SIGKILL)
+            launcher.wait()
+    trial.seconds = time.monotonic() - started
+    if trial.role is not None and trial.struck_at_step is None:
+        trial.notes.append(f"not struck: the run ended at step {_progress(out_dir)}")
+    time.sleep(0.5)
+    leftovers = _tagged(tag)
+    trial.leftover_processes = [f"{_role(env) or 'process'} (pid {pid})"
+                                for pid, env in leftovers.items()]
+    for pid in leftovers:               # clean up what the trial left, by process id
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    trial.ports_in_use = [port for port in ports if not _port_free(port)]
+    _check(trial, out_dir, reference)
+    return trial
+
+
+def _check(trial: Trial, out_dir: Path, reference: dict[str, np.ndarray] | None) -> None:
+    result_file = out_dir / "result.json"
+    trial.completed = trial.exit_code == 0 and result_file.exists()
+    if not trial.completed:
+        tail = (out_dir / "launch.log").read_text(errors="replace").splitlines()[-3:]
+        trial.notes.append("failed: " + " | ".join(line.strip() for line in tail))
+        return
+    result = json.loads(result_file.read_text())
+    trial.iterations, trial.restarts = result["iterations"], result["restart"]
+    counts = result.get("shard_updates") or [result["iterations"]]
+    trial.lost_updates = EXPECTED_STEPS - min(counts)
+    trial.extra_updates = max(counts) - EXPECTED_STEPS
+    if reference is not None:
+        with np.load(out_dir / "weights.npz") as weights:
+            trial.weights_diff = max(float(np.abs(weights[k] - reference[k]).max())
+                                     for k in reference)
+
+
+def reference_weights(mode: str, work_dir: Path) -> dict[str, np.ndarray]:
+    """The uninterrupted run's final weights (a trial without a fault)."""
+    trial = run_trial(Trial(mode, None, None, 0), work_dir, None)
+    if not trial.completed or trial.lost_updates or trial.extra_updates:
+        raise RuntimeError(f"the uninterrupted {mode} run failed: {trial}")
+    runs = sorted(work_dir.glob(f"{mode}-None-None-*"))
+    with np.load(runs[-1] / "weights.npz") as weights:
+        return {k: weights[k].copy() for k in weights.files}
+
+
+def summarize(trials: list[Trial]) -> list[dict[str, Any]]:
+    """One row per (mode, role, action): counts, the worst loss, the slowest recovery."""
+    groups: dict[tuple[str, str, str], list[Trial]] = collections.defaultdict(list)
+    for t in trials:
+        groups[(t.mode, t.role or "-", t.action or "-")].append(t)
+    rows = []
+    for (mode, role, action), group in sorted(groups.items()):
+        lost = [t.lost_updates for t in group if t.lost_updates is not None]
+        diffs = [t.weights_diff for t in group if t.weights_diff is not None]
+        rows.append({"mode": mode, "role": role, "action": action, "trials": len(group),
+                     "completed": sum(t.completed for t in group),
+                     "nothing_lost": sum(t.nothing_lost for t in group),
+                     "max_lost_updates": max(lost, default=None),
+                     "max_weights_diff": max(diffs, default=None),
+                     "leftovers": sum(bool(t.leftover_processes or t.ports_in_use)
+                                      for t in group),
+                     "median_s": statistics.median(t.seconds for t in group)})
+    return rows
+
+
+def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
+    lines = [f"# Chaos trials ({meta['date']}, {meta['machine']}, load {meta['load']})", "",
+             f"`{meta['command']}`", "",
+             "| mode | role | fault | trials | completed | nothing lost | most updates lost | "
+             "largest weight diff | processes/ports left | median s |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        diff = "-" if r["max_weights_diff"] is None else f"{r['max_weights_diff']:.1e}"
+        lost = "-" if r["max_lost_updates"] is None else str(r["max_lost_updates"])
+        lines.append(f"| {r['mode']} | {r['role']} | {r['action']} | {r['trials']} | "
+                     f"{r['completed']} | {r['nothing_lost']} | {lost} | {diff} | "
+                     f"{r['leftovers']} | {r['median_s']:.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--mode", choices=MODES, action="append",
+                        help="a mode to run (repeatable); default: all")
+    parser.add_argument("--trials", type=int, default=50, help="trials per mode")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--dry-run", action="store_true")
+    parser.add_argument("--results", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    modes = args.mode or list(MODES)
+    trials = plan(modes, args.trials, args.seed)
+    if args.dry_run:
+        for t in trials:
+            print(f"{t.mode}: {t.action} {t.role} at step {t.at_step}")
+        return 0
+    done: list[Trial] = []
+    with tempfile.TemporaryDirectory(prefix="stratax-chaos-") as work:
+        for mode in modes:
+            reference = None if mode == "ps-async" else reference_weights(mode, Path(work))
+            for t in (t for t in trials if t.mode == mode):
+                run_trial(t, Path(work), reference)
+                done.append(t)
+                print(f"{t.mode} {t.action} {t.role} at {t.struck_at_step}: "
+                      f"{'nothing lost' if t.nothing_lost else 'LOST/FAILED'} "
+                      f"iterations={t.iterations} lost={t.lost_updates} "
+                      f"diff={t.weights_diff} {t.seconds:.0f}s {'; '.join(t.notes)}",
+                      flush=True)
+    meta = {"date": time.strftime("%Y-%m-%d"), "machine": f"{os.cpu_count()} CPUs",
+            "load": " ".join(f"{x:.1f}" for x in os.getloadavg()),
+            "command": "python -m benchmarks.chaos " + " ".join(argv or sys.argv[1:])}
+    rows = summarize(done)
+    args.results.mkdir(parents=True, exist_ok=True)
+    (args.results / "chaos.json").write_text(json.dumps(
+        {"meta": meta, "summary": rows, "trials": [asdict(t) for t in done]}, indent=1))
+    (args.results / "chaos.md").write_text(markdown(rows, meta))
+    print(markdown(rows, meta))
+    return 0 if all(t.nothing_lost or _documented_loss(t) for t in done) else 1
+
+
+def _documented_loss(trial: Trial) -> bool:
+    """An asynchronous ps restarted from its snapshot loses at most the updates after it."""
+    return (trial.mode == "ps-async" and trial.role == "ps0" and trial.completed
+            and trial.lost_updates is not None and 0 < trial.lost_updates <= SNAPSHOT_EVERY
+            and trial.extra_updates == 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,95 @@
+"""One chaos trial's training program: ``fit`` with ``sx.BackupAndRestore``, under
+``MultiWorkerMirroredStrategy`` or ``ParameterServerStrategy`` (sync or async).
+
+Usage (every task of the launch runs it)::
+
+    stratax launch --nproc-per-node 2 --max-restarts 3 chaos_program.py mwms OUT_DIR
+    stratax launch --workers 2 --ps 1 --max-restarts 3 chaos_program.py ps-async OUT_DIR
+
+The chief writes ``OUT_DIR/progress`` (the global step) after every step, so the harness
+(``benchmarks/chaos.py``) can strike at a chosen step, and at the end ``OUT_DIR/result.json``:
+``optimizer.iterations``, the steps the run should have trained, every parameter-server
+shard's update count and the final weights (``OUT_DIR/weights.npz``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import numpy as np
+
+import stratax as sx
+
+EPOCHS, STEPS_PER_EPOCH, GLOBAL_BATCH, FEATURES = 4, 12, 32, 16
+BACKUP_EVERY = 4          # steps between backups
+TIMEOUT_SECONDS = 10.0    # every wait on a peer (the strategy's timeout_seconds)
+
+
+def _strategy(mode: str):
+    if mode == "mwms":
+        return sx.MultiWorkerMirroredStrategy(
+            communication_options=sx.CommunicationOptions(timeout_seconds=TIMEOUT_SECONDS))
+    return sx.ParameterServerStrategy(mode=mode.removeprefix("ps-"),
+                                      timeout_seconds=TIMEOUT_SECONDS)
+
+
+def _data() -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(STEPS_PER_EPOCH * GLOBAL_BATCH, FEATURES)).astype(np.float32)
+    teacher = rng.normal(size=(FEATURES, 1)).astype(np.float32)
+    return x, np.tanh(x @ teacher) + 0.1 * x[:, :1]
+
+
+def _write_atomically(path: str, text: str) -> None:
+    with open(path + ".tmp", "w") as f:
+        f.write(text)
+    os.replace(path + ".tmp", path)
+
+
+def main() -> None:
+    mode, out_dir = sys.argv[1], sys.argv[2]
+    strategy = _strategy(mode)     # on a ps-mode worker or ps task: serves, then exits
+    import keras
+
+    is_chief = mode != "mwms" or strategy.worker_index == 0
+
+    class Progress(keras.callbacks.Callback):
+        def __init__(self) -> None:
+            super().__init__()
+            self.step = 0
+
+        def on_train_begin(self, logs=None) -> None:
+            self.step = int(self.model.optimizer.iterations.numpy())
+
+        def on_train_batch_end(self, batch, logs=None) -> None:
+            self.step += 1
+            if is_chief:
+                _write_atomically(os.path.join(out_dir, "progress"), str(self.step))
+
+    x, y = _data()
+    keras.utils.set_random_seed(7)
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((FEATURES,)),
+                                  keras.layers.Dense(32, activation="relu"),
+                                  keras.layers.Dense(1)])
+        model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+    backup = sx.BackupAndRestore(os.path.join(out_dir, "backup"), save_freq=BACKUP_EVERY,
+                                 delete_checkpoint=False)
+    model.fit(x, y, batch_size=GLOBAL_BATCH, epochs=EPOCHS, shuffle=False, verbose=0,
+              callbacks=[backup, Progress()])
+    if not is_chief:
+        return
+    result = {"iterations": int(model.optimizer.iterations.numpy()),
+              "expected": EPOCHS * STEPS_PER_EPOCH,
+              "restart": int(os.environ.get("STRATAX_RESTART_COUNT", "0"))}
+    if mode != "mwms":
+        placed = strategy.place_variables(model.trainable_variables)
+        result["shard_updates"] = [n for v in placed for n in strategy.optimizer_iterations(v)]
+    np.savez(os.path.join(out_dir, "weights.npz"), *model.get_weights())
+    _write_atomically(os.path.join(out_dir, "result.json"), json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
