@@ -22,7 +22,7 @@ processes pinned one core each:
 ``pair-128 / alone-256`` (the pair's samples/s summed, over twice one process's) is the
 scaling efficiency a 2-process ``fit`` would reach with a free all-reduce, no optimizer update
 beyond its share and no host work: the ceiling the suite's ``multiworker_shm`` ratios are
-measured against (``benchmarks/README.md``). ``barrier-128`` and ``sync-128`` split what a
+measured against (``benchmarks/HISTORY.md``). ``barrier-128`` and ``sync-128`` split what a
 synchronous step costs beyond it: waiting for the slower process at every step (each process's
 step time varies from step to step, and the pair runs at the pace of the slower one), then the
 all-reduce's own work. Repetitions are interleaved; each reports samples/s from the median

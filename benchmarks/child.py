@@ -10,7 +10,7 @@ time at each epoch's start and end; Keras waits for the epoch's results before
 ``on_epoch_end``. Throughput is the samples of the timed epochs over the time from the start of
 the first timed epoch to the end of the last one. The callback has no ``on_train_batch_end``,
 so Keras keeps its asynchronous dispatch; its ``on_train_batch_begin`` waits for the devices
-once, at the second execution, to time the first execution.
+once, at the second execution, to time the first execution (``benchmarks.timing``).
 """
 
 from __future__ import annotations
@@ -19,11 +19,9 @@ import json
 import os
 import re
 import resource
-import statistics
 import sys
 import time
 import traceback
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -53,74 +51,12 @@ def _pin(core: int | None) -> list[int]:
     return sorted(os.sched_getaffinity(0))
 
 
-def epoch_timer(keras: Any, sync: Callable[[], None]) -> Any:
-    class EpochTimer(keras.callbacks.Callback):
-        """Wall time at every epoch's begin and end, and when the first execution is done."""
-
-        # tf-keras (Keras 2): do not turn batch logs into numpy (that would wait every step).
-        _supports_tf_logs = True
-
-        def __init__(self) -> None:
-            super().__init__()
-            self.begins: list[float] = []
-            self.ends: list[float] = []
-            self.executions = 0
-            self.first_done: float | None = None
-
-        def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-            self.executions += 1
-            if self.executions == 2:  # the first execution has been dispatched: wait for it
-                sync()
-                self.first_done = time.perf_counter()
-
-        def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-            self.begins.append(time.perf_counter())
-
-        def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-            self.ends.append(time.perf_counter())
-
-    return EpochTimer()
-
-
-def timed_result(begins: list[float], ends: list[float], times: tuple[float, float, float],
-                 steps_per_epoch: int, timed_epochs: int) -> dict[str, Any]:
-    """The throughput and timing fields of a result, from each epoch's begin and end.
-
-    ``times`` is (training start, first execution done, training end). Shared by the Keras
-    children and the PyTorch peer (``benchmarks.torch_train``), so both are timed alike.
-    """
-    from benchmarks.configs import GLOBAL_BATCH, WARMUP_EPOCHS
-
-    t_fit, first_done, t_done = times
-    epoch_s = [e - b for b, e in zip(begins, ends, strict=True)]
-    window = ends[-1] - begins[WARMUP_EPOCHS]
-    steady_epoch = statistics.median(epoch_s[WARMUP_EPOCHS:])
-    warmup = ends[WARMUP_EPOCHS - 1] - t_fit
-    return {
-        "status": "ok",
-        "samples_per_s": timed_epochs * steps_per_epoch * GLOBAL_BATCH / window,
-        # Training start until the first execution (1 or spe steps) is done: input pipeline
-        # set-up, tracing, compilation and the first run.
-        "first_execution_s": first_done - t_fit,
-        # Extra wall time of the warm-up epoch over a steady epoch (a noisier estimate of the
-        # one-off costs, kept in the raw results only).
-        "warmup_overhead_s": warmup - WARMUP_EPOCHS * steady_epoch,
-        # Throughput of the median timed epoch: tells one-off costs inside the timed window
-        # (a recompilation in epoch 2, say) apart from the steady rate.
-        "median_epoch_samples_per_s": steps_per_epoch * GLOBAL_BATCH / steady_epoch,
-        "timed_window_s": window,
-        "warmup_epoch_s": warmup,
-        "epoch_s": epoch_s,
-        "steps_trained": (WARMUP_EPOCHS + timed_epochs) * steps_per_epoch,
-        "fit_s": t_done - t_fit,
-    }
-
-
 def _train(spec: dict[str, Any]) -> dict[str, Any]:
     import numpy as np
 
     from benchmarks.configs import GLOBAL_BATCH, SYSTEMS, WARMUP_EPOCHS, WORKLOADS
     from benchmarks.peers import open_session
+    from benchmarks.timing import epoch_timer, timed_result
     from benchmarks.workloads import build_model, initial_weights
 
     system, workload = SYSTEMS[spec["system"]], WORKLOADS[spec["workload"]]

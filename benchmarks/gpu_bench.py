@@ -90,7 +90,7 @@ def _fit_child(system: str, workload: Any, smoke: bool, gpu: bool) -> dict[str, 
     import jax
     import keras
 
-    from benchmarks.child import epoch_timer
+    from benchmarks.timing import epoch_timer
 
     batch, steps, epochs = _sizes(smoke, workload.name)
     scope: Any

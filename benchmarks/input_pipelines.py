@@ -20,7 +20,7 @@ systems (and of the pipelines inside a child) rotated from one repetition to the
 ``--quick`` runs all systems of a repetition in one interpreter instead (imports cost ~10 s on
 2 busy cores); plain Keras then shares the process with an imported, unused stratax. Each
 ``fit`` runs 1 warm-up epoch (tracing, compilation) and the timed epochs; samples/s is the
-timed epochs' samples over their wall time (``benchmarks.child.timed_result``). The ratio is
+timed epochs' samples over their wall time (``benchmarks.timing.timed_result``). The ratio is
 stratax over plain Keras on the same pipeline in the same repetition; the table gives its
 median over repetitions and each repetition's value.
 
@@ -115,9 +115,9 @@ def _fit_one(system: str, pipeline: str, workload: str, steps: int, timed: int) 
     import keras
     import numpy as np
 
-    from benchmarks.child import epoch_timer, timed_result
     from benchmarks.configs import WARMUP_EPOCHS, WORKLOADS
     from benchmarks.peers import _jax_sync
+    from benchmarks.timing import epoch_timer, timed_result
     from benchmarks.workloads import build_model, initial_weights
 
     strategy_kind, prefetch = SYSTEMS[system]

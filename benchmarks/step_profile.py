@@ -13,7 +13,7 @@ Every execution of ``steps_per_execution`` steps is timed with the host waiting 
 ``jax.profiler`` trace of a few executions (not under MPI, which the profiler ends) and sums
 the time of each trace event per execution: XLA's ops and the runtime's (``ops``: the
 all-reduce's custom call, the dots, the optimizer's fusions) apart from Python frames
-(``top``). That is the per-op breakdown in ``benchmarks/README.md``.
+(``top``). That is the per-op breakdown in ``benchmarks/HISTORY.md``.
 
 Run: ``python -m benchmarks.step_profile [--workload mlp] [--spe 32] [--reps 3]``; writes
 ``benchmarks/results/step_profile.{json,md}``. Extra environment for the workers (e.g.

@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.child import timed_result
 from benchmarks.configs import GLOBAL_BATCH, SYSTEMS, WARMUP_EPOCHS, WORKLOADS
+from benchmarks.timing import timed_result
 from benchmarks.workloads import initial_weights
 
 HIDDEN = {"mlp": (128,), "wide_mlp": (1024, 1024)}

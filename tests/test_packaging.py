@@ -177,12 +177,15 @@ def test_ci_runs_exactly_the_readme_test_command():
 
 def test_readme_stays_a_short_user_page_whose_links_resolve():
     """The README is for users: at most 12 KB, no dated measurements (they live in
-    docs/design/ and benchmarks/), and every relative link of it and of the docs resolves."""
+    docs/design/ and benchmarks/), and every relative link of it, of the docs and of the
+    benchmarks' pages (their method and their dated log) resolves."""
     readme = (ROOT / "README.md").read_text()
     assert len(readme.encode()) <= 12 * 1024, len(readme.encode())
     assert not re.search(r"\d\d:\d\d UTC", readme)
     broken = []
-    for page in [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *(ROOT / "docs").rglob("*.md")]:
+    pages = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *(ROOT / "docs").rglob("*.md"),
+             ROOT / "benchmarks" / "README.md", ROOT / "benchmarks" / "HISTORY.md"]
+    for page in pages:
         for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
             path = target.split("#")[0]
             if path and not path.startswith(("http://", "https://")) \

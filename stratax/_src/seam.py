@@ -17,9 +17,9 @@ written), what for, and which stratax module relies on it:
 - ``JAXTrainer._make_function`` (replaced): the runner decides how a group of
   ``steps_per_execution`` steps runs. -> ``keras.runner``
 - ``JAXEpochIterator._get_iterator`` (replaced) and its ``data_adapter`` (read): the runner
-  feeds the epoch's batches, placed on the replicas. -> ``keras.session``
+  feeds the epoch's batches, placed on the replicas. -> ``keras.call_stack``
 - ``PyDatasetAdapter.py_dataset`` (read): finding stratax's feed behind Keras' epoch iterator.
-  -> ``keras.session``
+  -> ``keras.call_stack``
 - ``array_slicing.train_validation_split``: ``validation_split`` cut exactly as Keras cuts it.
   -> ``keras.feed``
 - ``data_adapter_utils.class_weight_to_sample_weights``: ``class_weight`` exactly as Keras

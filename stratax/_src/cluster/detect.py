@@ -13,7 +13,7 @@ import os
 
 from stratax._src.cluster.jax_env import JAXClusterResolver
 from stratax._src.cluster.kubernetes import KubernetesClusterResolver
-from stratax._src.cluster.launcher import LauncherClusterResolver
+from stratax._src.cluster.launch_env import LauncherClusterResolver
 from stratax._src.cluster.mpi import MPIClusterResolver
 from stratax._src.cluster.resolver import ClusterResolver
 from stratax._src.cluster.slurm import SlurmClusterResolver

@@ -1,6 +1,6 @@
 """``ProcessLayout``: where a process stands in a synchronous multi-process group.
 
-Kept apart from ``layout`` (which derives it from a resolver) so that resolvers can state a
+Kept apart from ``sync_group`` (which derives it from a resolver) so that resolvers can state a
 layout outright without importing the module that consumes them.
 """
 

@@ -30,7 +30,7 @@ import re
 from typing import Any
 
 from stratax._src.cluster.cluster_spec import ClusterSpec
-from stratax._src.cluster.layout import ProcessLayout
+from stratax._src.cluster.process_layout import ProcessLayout
 from stratax._src.cluster.resolver import ClusterResolver
 from stratax._src.core import env, envvars
 

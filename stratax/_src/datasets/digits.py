@@ -7,7 +7,7 @@ C. Kaynak, 1998) as distributed with scikit-learn (``sklearn.datasets.load_digit
 License and attribution: scikit-learn is distributed under the BSD 3-Clause license,
 Copyright (c) 2007-2024 The scikit-learn developers; the UCI Machine Learning Repository
 publishes the original data under CC BY 4.0 (doi:10.24432/C50P49). ``digits.npz`` is an
-unmodified copy of the pixel values and labels, written by ``_make_digits.py``.
+unmodified copy of the pixel values and labels, written by ``tools/make_digits.py``.
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from stratax._src import seam
-from stratax._src.keras import binding, checkpoint_io, session
+from stratax._src.keras import binding, call_stack, checkpoint_io
 from stratax._src.keras.runner import runner_for
 from stratax._src.runtime import worker_exit
 
@@ -285,5 +285,5 @@ def _match(arrays: dict[str, np.ndarray], variables: dict[str, Any], backup_dir:
 
 def _running_feed() -> Any:
     """The feed of the ``fit`` this callback runs in (``None`` for inputs left to Keras)."""
-    call = session.active()
+    call = call_stack.active()
     return None if call is None else call.feed

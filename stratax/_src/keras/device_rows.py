@@ -3,7 +3,7 @@
 Cut on the host, every batch of ``model.fit(x, y)`` is copied into a fresh device buffer by a
 placement of its own, one per array and step; on CPU that costs as much as a quarter of a
 small model's step, and between processes pinned one core each it takes the core the step
-needs (``benchmarks/README.md``, "Arrays kept on the devices"). So when ``fit`` gets arrays
+needs (``benchmarks/HISTORY.md``, "Arrays kept on the devices"). So when ``fit`` gets arrays
 (the same on every worker) that fit :func:`budget_from_env`, the runner places them on its
 devices once per call and each epoch's row order once per epoch; a batch is then a
 :class:`RowBatch` (the placed arrays, the order, where the batch starts in it), and the compiled

@@ -7,25 +7,23 @@ compute does. Here the group runs as one jitted program: one dispatch per group.
 
 Batches of array input kept on the devices (``device_rows.RowBatch``es over the same placed
 arrays and row order, the common case) run as a ``lax.scan`` over the batches' starts, each
-step gathering its rows right before it uses them. Unrolled, XLA hoisted all the group's
-gathers to the front: 32 gathered MLP batches live at once, a 13 MB scratch buffer per run
-(0.9 MB scanned) that the allocator now and then handed back fresh, so the first touch of its
-pages (~3,300 page faults, ~35 ms) stalled one process and, through the all-reduce, the
-other; and the batches were read back from memory rather than from cache. The arrays and the
-order are passed once (~50 arguments for the MLP instead of ~150, each ~1-2 us of C++
-dispatch). Scanned, one process gains too (~4% on the MLP), so the one-device step uses it as
-well (``benchmarks/README.md``).
+step gathering its rows right before it uses them. Unrolled, XLA hoists all the group's
+gathers to the front, so every gathered batch of the group lives at once in a large scratch
+buffer whose fresh pages stall one process now and then (and, through the all-reduce, the
+other), and the batches are read back from memory rather than from cache. The arrays and the
+order are passed once, so each dispatch carries fewer arguments. One process gains too, so the
+one-device step uses the scan as well.
 
 Other placed batches (cut on the host) run unrolled, for the packed multi-replica step only
-(``lax.scan`` would need them stacked, one more copy of each): ``benchmarks.step_profile``,
-2 processes x 1 core, MLP, quiet box: 1.09 ms per step against 1.23 ms with Keras' loop
-(median of 3 interleaved runs); one process gained nothing from it (1.57 against 1.51 ms).
+(``lax.scan`` would need them stacked, one more copy of each); one process gains nothing from
+that, so it keeps Keras' loop. The measurements behind both choices, with the commands that
+reproduce them: ``docs/design/performance.md``, "Numbers behind the code's choices".
 
 The steps and their order are the Python loop's; a group that cannot run as one (fewer batches
 left in the epoch, or batches of another shape or placement, e.g. the last, partial one) runs
 step by step, as Keras would run it. A batch that cannot be read (its input raised) ends the
 group as Keras' loop would: the batches read before it are trained, step by step, each state
-noted in the running call (``session.record_state``), then the input's error is raised.
+noted in the running call (``call_stack.record_state``), then the input's error is raised.
 """
 
 from __future__ import annotations
@@ -36,7 +34,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from stratax._src.keras import device_rows, session
+from stratax._src.keras import call_stack, device_rows
 
 Step = Callable[[Any, Any], tuple[Any, Any]]
 
@@ -87,7 +85,7 @@ def grouped_steps(size: int, traced_step: Step, single_step: Step,
         logs = None
         for batch in batches:
             logs, state = single_step(state, batch)
-            session.record_state(state)
+            call_stack.record_state(state)
         return logs, state
 
     def iterator_step(state: Any, iterator: Iterator[Any]) -> tuple[Any, Any]:

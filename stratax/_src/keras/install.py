@@ -17,7 +17,7 @@ from jax.experimental import multihost_utils
 
 from stratax._src import seam
 from stratax._src.core import context
-from stratax._src.keras import distribution, epoch_logs, methods, metric_reset, saving, session
+from stratax._src.keras import call_stack, distribution, epoch_logs, methods, metric_reset, saving
 from stratax._src.keras.mesh_runner import MeshRunner
 from stratax._src.keras.ps_runner import ParameterServerRunner
 from stratax._src.keras.runner import register_runner, runner_for
@@ -76,7 +76,7 @@ def install() -> None:
         reset_metrics_method=metric_reset.reset_metrics_method,
         metrics_result_or_logs_method=epoch_logs.metrics_result_or_logs_method,
         make_step=methods.make_step,
-        epoch_batches=session.epoch_batches,
+        epoch_batches=call_stack.epoch_batches,
     )
     _installed = True
 

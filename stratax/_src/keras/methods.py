@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from stratax._src import seam
-from stratax._src.keras import binding, recovery, session, worker_metrics
+from stratax._src.keras import binding, call_stack, recovery, worker_metrics
 from stratax._src.keras.feed import GlobalFeed
 from stratax._src.keras.runner import runner_for, steps_per_execution
 
@@ -45,7 +45,7 @@ def model_method(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
         if name == "compile":
             binding.bind(self, strategy)
         runner = runner_for(strategy)
-        call = session.Call(runner, name, self)
+        call = call_stack.Call(runner, name, self)
         if name in _BATCHED_METHODS:
             kwargs = runner.prepare(name, _bind(original, args, kwargs))
             if name == "fit":
@@ -56,7 +56,7 @@ def model_method(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
             if call.feed is not None and call.feed.num_batches != 0:
                 with runner.placement_scope():
                     seam.build_for(self, name, call.feed.peek)
-        with session.running(call):
+        with call_stack.running(call):
             try:
                 with warnings.catch_warnings():
                     # A run resumed mid-epoch ends that epoch's data early, on purpose.
@@ -78,11 +78,11 @@ def make_step(model: Any, build: Callable[[Callable[..., Any]], Callable[..., An
     """How ``model`` runs a group of steps: its runner's way, else Keras' own (``build``).
 
     Under a strategy the group notes the state it starts from and the one it returns in the
-    running call (``session.record_state``), and so does each step of Keras' own loop over a
+    running call (``call_stack.record_state``), and so does each step of Keras' own loop over a
     group of several (``build``): the state a failed call leaves the model (``keras.recovery``).
     """
     strategy = binding.model_strategy(model)
-    call = session.active()
+    call = call_stack.active()
     if strategy is None or call is None:
         return build(step_function)
     kind = _STEP_KINDS.get(call.method)
@@ -91,14 +91,14 @@ def make_step(model: Any, build: Callable[[Callable[..., Any]], Callable[..., An
 
     def recording_build(step: Callable[..., Any]) -> Callable[..., Any]:
         # With one step per group, the group's own record below is the step's.
-        return build(session.recording(step) if steps_per_execution(model) > 1 else step)
+        return build(call_stack.recording(step) if steps_per_execution(model) > 1 else step)
 
     iterator_step = runner_for(strategy).make_step(model, kind, recording_build, step_function)
 
     def recorded_iterator_step(state: Any, iterator: Any) -> tuple[Any, Any]:
-        session.record_state(state)
+        call_stack.record_state(state)
         logs, state = iterator_step(state, iterator)
-        session.record_state(state)
+        call_stack.record_state(state)
         return logs, state
 
     return recorded_iterator_step

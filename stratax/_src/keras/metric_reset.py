@@ -5,7 +5,7 @@ it its initial value. Done eagerly, each variable costs a small program (the con
 to the host and back (the placement), and between processes JAX's check that every process
 passed the same value: one cross-process all-gather per metric variable, over gloo a
 scheduler tick (~4 ms) each on a pinned core, so the loss tracker and one metric cost ~16 ms
-at every epoch boundary of a 2-process ``fit`` (``benchmarks/README.md``). Without the check,
+at every epoch boundary of a 2-process ``fit`` (``benchmarks/HISTORY.md``). Without the check,
 the eager reset of the loss tracker alone still took ~0.7 ms of CPU at every epoch start of a
 2-process MLP ``fit`` (~3% of its epoch, with the devices idle).
 

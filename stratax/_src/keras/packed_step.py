@@ -3,7 +3,7 @@
 Left to GSPMD, ``fit``'s step over the ``"replica"`` axis all-reduces every gradient tensor on
 its own. XLA combines them into one tuple all-reduce, but its CPU runtime still calls the
 transport once per tensor, one after the other; between processes each gloo call costs a
-round trip (~4 ms on a pinned core; ``benchmarks/README.md``), so a 2-process MLP step spent
+round trip (~4 ms on a pinned core; ``benchmarks/HISTORY.md``), so a 2-process MLP step spent
 16 of its 17 ms in collectives. This step runs Keras' own forward, loss and metrics on each
 replica's share of the batch inside ``jax.shard_map`` and sums, in one packed collective
 (``strategies.packing``; ``CommunicationOptions(bytes_per_pack=...)``), the gradients together

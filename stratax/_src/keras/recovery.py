@@ -10,7 +10,7 @@ callable`` (Keras 3.15, plain Keras too). With ``steps_per_execution > 1`` a fai
 group loses even more: the group's first step donated the state ``fit`` puts back, so the
 variables then hold deleted arrays.
 
-Under a strategy every step loop notes the newest state it holds (``session.record_state``:
+Under a strategy every step loop notes the newest state it holds (``call_stack.record_state``:
 the state a group of steps starts from, and each state a step returns), so a failed call leaves
 the model exactly as its last completed step left it, as ``fit`` with one step per group does
 in plain Keras: the batches trained before the failure count, the failing one does not.

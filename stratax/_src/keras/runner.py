@@ -60,7 +60,7 @@ class KerasRunner:
         raise NotImplementedError  # pragma: no cover - every registered runner implements it
 
     def feed_batches(self, feed: feed_lib.GlobalFeed, call: Any) -> Iterator[Any]:
-        """One pass of ``feed`` for ``call`` (``session.Call``), placed: :meth:`batches` of the
+        """One pass of ``feed`` for ``call`` (``call_stack.Call``), placed: :meth:`batches` of the
         feed's local batches, unless the runner serves the feed another way."""
         return self.batches(feed.local_batches())
 

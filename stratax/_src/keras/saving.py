@@ -20,7 +20,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from stratax._src.keras import binding, checkpoint_io, session
+from stratax._src.keras import binding, call_stack, checkpoint_io
 from stratax._src.keras.runner import runner_for
 
 
@@ -34,7 +34,7 @@ def save_method(original: Callable[..., Any]) -> Callable[..., Any]:
         strategy = binding.model_strategy(self)
         if strategy is not None:
             runner_for(strategy).before_save(self)
-        write = strategy is None or strategy.is_chief or session.active() is None
+        write = strategy is None or strategy.is_chief or call_stack.active() is None
         with checkpoint_io.atomic_target(filepath, write=write) as target:
             return original(self, target, *args, **kwargs)
 

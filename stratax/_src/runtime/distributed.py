@@ -33,7 +33,7 @@ from typing import TypeVar
 import jax
 
 from stratax._src import seam
-from stratax._src.cluster.layout import ProcessLayout
+from stratax._src.cluster.process_layout import ProcessLayout
 from stratax._src.core import env, envvars
 from stratax._src.core.addresses import is_loopback
 from stratax._src.core.errors import CollectiveTimeoutError, WorkerUnavailableError

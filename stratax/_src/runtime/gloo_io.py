@@ -5,17 +5,16 @@ busy-polls ``epoll_wait`` while a collective is in flight (an early message keep
 readable until the thread that waits for it posts the receive: ~2,500 calls per all-reduce).
 When that poller shares a core with the thread that posts the receive (processes pinned to one
 core each, or more busy threads than cores), the poster runs only at the next scheduler tick
-(4 ms at HZ=250), so every gloo collective cost a tick: `docs/transport.md`. Under
-``SCHED_IDLE`` the poller runs only when nothing else on its core is runnable, so the poster
-runs at once. MWMS ``fit`` of the benchmark MLP, 2 processes x 1 core, gloo: ~54k samples/s
-before, ~200k after (`benchmarks/README.md`).
+(one tick of the kernel's clock), so every gloo collective cost a tick: `docs/transport.md`.
+Under ``SCHED_IDLE`` the poller runs only when nothing else on its core is runnable, so the
+poster runs at once.
 
 The price: the I/O thread also moves gloo's bytes, so *other* processes that keep the same
 cores busy slow gloo's collectives down (the thread still runs, with the smallest share of its
 core). ``STRATAX_GLOO_IO_PRIORITY`` chooses: ``idle`` (the default), ``nice`` (nice 19: a
 larger share under load, a smaller gain on idle cores) or ``normal`` (the default scheduling).
-Same MLP job, samples/s: idle cores 200k / 88k / 54k for idle / nice / normal; with two other
-busy processes on the 2 cores 17k / 54k / 36k.
+What each setting gives on idle and on busy cores, with the command: ``docs/design/performance.md``,
+"Numbers behind the code's choices".
 
 The thread has no name. It is the one thread that starting JAX's CPU backend creates that
 waits in ``epoll`` (XLA's threads wait on futexes): :func:`start_backend` compares

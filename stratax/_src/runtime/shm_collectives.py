@@ -1,7 +1,7 @@
 """A same-host all-reduce over POSIX shared memory (``STRATAX_CPU_COLLECTIVES=shm``).
 
-Between CPU processes on one host, gloo's TCP all-reduce costs a scheduler tick (~4 ms) when
-each process is pinned to one core (docs/transport.md). With ``shm`` the packed all-reduces of
+Between CPU processes on one host, gloo's TCP all-reduce costs a scheduler tick when each
+process is pinned to one core (docs/transport.md). With ``shm`` the packed all-reduces of
 ``fit``'s step and of ``ctx.all_reduce`` run instead as an XLA FFI custom call
 (``csrc/shm_allreduce.cc``, compiled on first use by :mod:`shm_build`): each process copies its
 buffer into its slot of one shared segment, waits at a sequence-numbered barrier, and sums every
@@ -48,17 +48,17 @@ EXCHANGE_TARGET = "stratax_shm_exchange"
 _ALL_REDUCE, _GATHER, _SCATTER = 0, 1, 2  # csrc/shm_allreduce.cc's Mode
 OPS = {"sum": 0, "max": 1, "min": 2}
 DTYPES = frozenset(np.dtype(d) for d in ("float32", "float64", "int32", "int64", "uint32"))
-# Rounds of 1 MiB keep a round's data in cache: a 4 MB all-reduce took 0.47 ms in 1 MiB rounds
-# against 1.7 ms in one 8 MiB round (in a compiled loop, 2 processes pinned one core each).
+# Rounds of 1 MiB keep a round's data in cache, so a large all-reduce runs in several rounds
+# rather than one (docs/design/performance.md, "Numbers behind the code's choices").
 DEFAULT_SLOT_BYTES = 1 << 20
 # A waiting process spins this long before it sleeps on a futex. Where processes share cores:
 # long enough for a peer on another core, short enough to hand the core to a peer on this one.
 SHARED_CORES_SPIN_US = 50.0
 # Where every process has a core of its own: on a virtual machine a core that sleeps can lose
 # its physical CPU to another guest, and the wake-up then waits for it; the peer waits for
-# this process at the next step, and so on (a 4-byte barrier per step: 117,837 samples/s with
-# 50 us against 145,171 spinning up to 1 s, `benchmarks/README.md`). The spin yields the core
-# every ~100 us, so the process's own threads still get it.
+# this process at the next step, and so on (measured in docs/design/performance.md, "Numbers
+# behind the code's choices"). The spin yields the core now and then, so the process's own
+# threads still get it.
 OWN_CORES_SPIN_US = 1e6
 _KEY = "stratax/shm"
 
@@ -422,8 +422,8 @@ def all_reduce(op: str, arrays: Sequence[jax.Array], *, only_call: bool = False
 
     The call is marked side-effecting, so XLA neither merges two of them nor runs two at once
     (processes must meet in the same order). That marking is also a JAX effect, which sends
-    every call of the program through JAX's Python dispatch instead of its C++ fast path
-    (~1-2.5 ms of host time per call on a pinned core: ``benchmarks/README.md``).
+    every call of the program through JAX's Python dispatch instead of its C++ fast path, which
+    costs host time on every call (``docs/design/performance.md``).
     ``only_call=True`` drops it, for a caller whose program holds no other shared-memory
     all-reduce (``fit``'s packed step): nothing is then left to merge or reorder, and a call
     whose result no one uses is dropped from the same program on every process alike.

@@ -9,8 +9,9 @@ import enum
 import jax
 
 from stratax._src.cluster.detect import detect_cluster_resolver
-from stratax._src.cluster.layout import ProcessLayout, process_layout
+from stratax._src.cluster.process_layout import ProcessLayout
 from stratax._src.cluster.resolver import ClusterResolver
+from stratax._src.cluster.sync_group import process_layout
 from stratax._src.runtime import distributed
 from stratax._src.strategies.base import Strategy
 

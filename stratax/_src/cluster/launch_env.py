@@ -17,8 +17,8 @@ from __future__ import annotations
 import os
 
 from stratax._src.cluster.cluster_spec import ClusterSpec, parse_address
-from stratax._src.cluster.layout import SYNC_JOBS
 from stratax._src.cluster.process_group import ProcessGroupClusterResolver, check_rank
+from stratax._src.cluster.sync_group import SYNC_JOBS
 from stratax._src.cluster.tfconfig import parse_tf_config
 from stratax._src.core import env, envvars
 

@@ -1,4 +1,4 @@
-"""``process_layout``: where a process stands in synchronous multi-worker training.
+"""The synchronous group: which tasks join it, and where this process stands in it.
 
 The synchronous strategies (MultiWorkerMirroredStrategy) run one process per chief/worker task and
 join them with ``jax.distributed``, which wants three numbers: the coordinator's address, the
@@ -15,7 +15,7 @@ from stratax._src.cluster.process_layout import ProcessLayout
 if TYPE_CHECKING:
     from stratax._src.cluster.resolver import ClusterResolver
 
-__all__ = ["SYNC_JOBS", "ProcessLayout", "process_layout"]
+__all__ = ["SYNC_JOBS", "process_layout"]
 
 # Jobs whose tasks take part in synchronous training, in process-id order.
 SYNC_JOBS = ("chief", "worker")

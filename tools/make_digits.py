@@ -1,8 +1,9 @@
-"""Regenerates ``digits.npz`` from scikit-learn's copy of the UCI 8x8 handwritten digits.
+"""Regenerates ``stratax/_src/datasets/digits.npz`` from scikit-learn's UCI 8x8 digits.
 
-Run once, by a maintainer, on a machine with scikit-learn installed::
+A maintainer's script, kept outside the package so that it is not installed; run it on a
+machine with scikit-learn installed::
 
-    python -m stratax._src.datasets._make_digits
+    python tools/make_digits.py
 
 scikit-learn is needed only here; ``load_digits`` reads the ``.npz`` written by this script and
 never imports scikit-learn. The file holds ``images`` (uint8, shape ``(1797, 8, 8)``, values
@@ -16,7 +17,7 @@ import pathlib
 
 import numpy as np
 
-DEFAULT_OUTPUT = pathlib.Path(__file__).with_name("digits.npz")
+DEFAULT_OUTPUT = pathlib.Path(__file__).resolve().parents[1] / "stratax/_src/datasets/digits.npz"
 
 
 def extract(output: pathlib.Path = DEFAULT_OUTPUT) -> pathlib.Path:
