@@ -43,6 +43,8 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.report import run_meta, write_table
+
 HERE = Path(__file__).parent
 RESULTS = HERE / "results"
 PROGRAM = HERE / "chaos_program.py"
@@ -312,15 +314,10 @@ def main(argv: list[str] | None = None) -> int:
                       f"iterations={t.iterations} lost={t.lost_updates} "
                       f"diff={t.weights_diff} {t.seconds:.0f}s {'; '.join(t.notes)}",
                       flush=True)
-    meta = {"date": time.strftime("%Y-%m-%d"), "machine": f"{os.cpu_count()} CPUs",
-            "load": " ".join(f"{x:.1f}" for x in os.getloadavg()),
-            "command": "python -m benchmarks.chaos " + " ".join(argv or sys.argv[1:])}
+    meta = run_meta("chaos", argv)
     rows = summarize(done)
-    args.results.mkdir(parents=True, exist_ok=True)
-    (args.results / "chaos.json").write_text(json.dumps(
-        {"meta": meta, "summary": rows, "trials": [asdict(t) for t in done]}, indent=1))
-    (args.results / "chaos.md").write_text(markdown(rows, meta))
-    print(markdown(rows, meta))
+    write_table(args.results, "chaos", markdown(rows, meta).splitlines(),
+                {"meta": meta, "summary": rows, "trials": [asdict(t) for t in done]})
     return 0 if all(t.nothing_lost or _documented_loss(t) for t in done) else 1
 
 

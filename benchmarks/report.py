@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,15 @@ def write_table(results: Path, stem: str, lines: list[str], raw: Any) -> None:
     (results / f"{stem}.md").write_text("\n".join(lines) + "\n")
     (results / f"{stem}.json").write_text(json.dumps(raw, indent=1) + "\n")
     print("\n".join(lines))
+
+
+def run_meta(module: str, argv: list[str] | None) -> dict[str, Any]:
+    """When and where a stand-alone benchmark ran (with the load: a busy box is said so), and
+    the command that reproduces it."""
+    args = sys.argv[1:] if argv is None else argv
+    return {"date": dt.date.today().isoformat(), "machine": f"{os.cpu_count()} CPUs",
+            "load": " ".join(f"{x:.1f}" for x in os.getloadavg()),
+            "command": " ".join(["python -m benchmarks." + module, *args])}
 
 
 def _num(value: float, digits: int = 0) -> str:
