@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,10 @@ def run_meta(module: str, argv: list[str] | None) -> dict[str, Any]:
     """When and where a stand-alone benchmark ran (with the load: a busy box is said so), and
     the command that reproduces it."""
     args = sys.argv[1:] if argv is None else argv
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).parent,
+                            capture_output=True, text=True).stdout.strip()
     return {"date": dt.date.today().isoformat(), "machine": f"{os.cpu_count()} CPUs",
+            "commit": commit or None,
             "load": " ".join(f"{x:.1f}" for x in os.getloadavg()),
             "command": " ".join(["python -m benchmarks." + module, *args])}
 
