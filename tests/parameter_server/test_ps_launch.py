@@ -89,3 +89,40 @@ def test_launch_gives_each_run_its_own_token(monkeypatch):
     monkeypatch.delenv("STRATAX_PS_TOKEN")
     monkeypatch.setenv("STRATAX_PS_TOKEN_FILE", "/path/of/mine")
     assert "STRATAX_PS_TOKEN" not in parameter_server_layout(args)[1]
+
+
+_TASKS_AFTER_THE_CHIEF = """
+import json, os, sys, time
+task = json.loads(os.environ["TF_CONFIG"])["task"]
+first = os.environ["STRATAX_RESTART_COUNT"] == "0" and not os.path.exists(sys.argv[1])
+with open(sys.argv[1] + ".starts", "a") as f:
+    f.write(f"{task['type']}{task['index']}\\n")
+if task["type"] == "chief":
+    time.sleep(3)                       # trains, then asks its tasks to exit
+elif task["type"] == "worker" and task["index"] == 1 and first:
+    open(sys.argv[1], "w").close()
+    sys.exit(1)                         # dies; restarted alone, it waits for a chief
+elif task["type"] == "worker" and task["index"] == 0:
+    time.sleep(3.3)
+    sys.exit(1)                         # fails just after the chief finished
+else:
+    time.sleep(600)                     # a ps or restarted worker that never heard the end
+"""
+
+
+@pytest.mark.timeout(60)
+def test_the_job_ends_with_its_chief_and_no_task_is_restarted_after_it(tmp_path):
+    """A task restarted after the chief finished would wait for a chief that never comes (and
+    be restarted again each time it gave up): the launch ends when the chief does."""
+    from stratax._src.launch import launch
+
+    script = tmp_path / "tasks.py"
+    script.write_text(_TASKS_AFTER_THE_CHIEF)
+    result = launch([sys.executable, str(script), str(tmp_path / "died")], nproc_per_node=4,
+                    env={"STRATAX_PS_ROLES": "2,1"}, max_restarts=3, grace_period=2.0,
+                    timeout=50, capture_output=True, stream_output=False)
+    assert result.exit_code == 0 and not result.timed_out, result.summary
+    assert result.elapsed < 15, result.summary
+    # Only worker 1's own death was restarted; worker 0's failure after the chief was not.
+    starts = (tmp_path / "died.starts").read_text().split()
+    assert sorted(starts) == ["chief0", "ps0", "worker0", "worker1", "worker1"], starts

@@ -303,18 +303,35 @@ class _Launcher:
                     continue
                 return "failed", worker
             finished.add(worker.pid)
+            if _ps_role(worker) == "chief":
+                self._await_tasks_after_chief(group)
+                return "success", None
             if all(w.pid in finished for w in group.workers):
                 return "success", None
+
+    def _await_tasks_after_chief(self, group: WorkerGroup) -> None:
+        """A parameter-server job ends with its chief: the chief asked its tasks to exit, so
+        they get the grace period to do it (teardown stops the rest); none is restarted, since
+        no chief would ever claim it (a task restarted after the chief would wait for one)."""
+        deadline = time.monotonic() + self._config.grace_period
+        while not group.all_exited() and not self._stop.is_set():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                running = [w for w in group.workers if not w.exited.is_set()]
+                self._notice(f"the chief finished; stopping {len(running)} task(s) still "
+                             "running after the grace period.")
+                return
+            group.next_exit(min(remaining, _POLL_SECONDS))
 
     def _restart_ps_task(self, group: WorkerGroup, worker: Worker) -> bool:
         """Under ``--ps``, restarts a failed ``worker`` or ``ps`` task alone (same address and
         TF_CONFIG), up to ``max_restarts`` times: the running chief takes it back (see
         docs/parameter_server.md, Failures). Returns False for the chief or when none is left."""
-        config = json.loads(worker.spec.env.get(env_names.TF_CONFIG, "{}"))
-        role = config.get("task", {}).get("type")
-        if (not worker.spec.env.get(env_names.STRATAX_PS_ROLES) or role not in ("worker", "ps")
-                or self._task_restarts >= self._config.max_restarts or self._stop.is_set()):
+        role = _ps_role(worker)
+        if (role not in ("worker", "ps") or self._task_restarts >= self._config.max_restarts
+                or self._stop.is_set()):
             return False
+        config = json.loads(worker.spec.env[env_names.TF_CONFIG])
         self._task_restarts += 1
         failure = _failure_of(worker, self._task_restarts)
         self._record_failure(failure)
@@ -394,6 +411,14 @@ class _Launcher:
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+
+
+def _ps_role(worker: Worker) -> str | None:
+    """``chief``, ``worker`` or ``ps`` for a task of a ``--workers/--ps`` job, else ``None``."""
+    if not worker.spec.env.get(env_names.STRATAX_PS_ROLES):
+        return None
+    config = json.loads(worker.spec.env.get(env_names.TF_CONFIG, "{}"))
+    return config.get("task", {}).get("type")
 
 
 def _failure_of(worker: Worker, restart: int,
