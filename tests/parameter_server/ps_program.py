@@ -267,13 +267,42 @@ def shard_init(strategy, coordinator):
             "plus_one": (table + 1)[10, 0].item(), "device": table.variables[2].device}
 
 
+def second(strategy, coordinator):
+    """A second strategy on the cluster, in this process (TensorFlow: side by side): its
+    same-named variable and its programs are its own, and the first goes on after it ends."""
+    other = sx.ParameterServerStrategy(timeout_seconds=30)
+    other_coordinator = sx.coordinator.ClusterCoordinator(other)
+    mine = strategy.create_variable(np.arange(4, dtype=np.float32), name="twin")
+    theirs = other.create_variable(np.arange(4, 8, dtype=np.float32), name="twin")
+
+    def step(owner, variable):
+        def replica_fn():
+            owner.apply_gradients([(np.ones(4, np.float32), variable)],
+                                  {"class_name": "SGD", "config": {"learning_rate": 1.0}})
+            return owner.read(variable)  # this step's value, before its update
+
+        return lambda: owner.run(replica_fn)
+
+    read = {"theirs": other_coordinator.schedule(step(other, theirs)).fetch().tolist(),
+            "mine": coordinator.schedule(step(strategy, mine)).fetch().tolist()}
+    other_coordinator.join()
+    after = {"theirs": theirs.numpy().tolist(), "mine": mine.numpy().tolist()}
+    other.shutdown()  # the tasks stay with the first strategy
+    coordinator.schedule(step(strategy, mine))
+    coordinator.join()
+    return {"read": read, "after": after, "mine_last": mine.numpy().tolist(),
+            "coordinators_differ": other_coordinator is not coordinator,
+            "is_strategy": isinstance(other, sx.Strategy),
+            "outside": float(strategy.reduce("SUM", strategy.run(lambda: mine[0] + 1)))}
+
+
 def main():
     strategy = sx.ParameterServerStrategy(
         variable_partitioner=sx.partitioners.FixedShardsPartitioner(3), timeout_seconds=30)
     coordinator = sx.coordinator.ClusterCoordinator(strategy)
     result = {name: fn(strategy, coordinator) for name, fn in
               [("sparse", sparse), ("converge", converge), ("scalar", scalar),
-               ("shard_init", shard_init), ("fail", fail)]}
+               ("shard_init", shard_init), ("fail", fail), ("second", second)]}
     print("RESULT " + json.dumps(result), flush=True)
 
 

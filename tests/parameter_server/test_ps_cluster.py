@@ -67,6 +67,13 @@ def test_custom_loop_sparse_exact_and_errors(cluster):  # noqa: F811 - fixture
     assert outcomes["cancelled"] >= 20 - 2 * 3 - 1, outcomes  # each worker's 4th batch breaks
     assert fail["failed_step"] == "FAILED" and fail["schedule_raised"] and fail["done_after"]
 
+    second = result["second"]  # TF: two strategies on one cluster live side by side
+    assert second["read"] == {"theirs": [4, 5, 6, 7], "mine": [0, 1, 2, 3]}, second
+    assert second["after"] == {"theirs": [3, 4, 5, 6], "mine": [-1, 0, 1, 2]}, second
+    assert second["mine_last"] == [-2, -1, 0, 1], second  # the first went on after the second
+    assert second["coordinators_differ"] and second["is_strategy"]
+    assert second["outside"] == -1.0                       # run outside schedule: on the chief
+
     # Every worker and ps exits by itself once the chief is done.
     codes = wait_all(cluster, timeout=30)
     assert codes == {name: 0 for name in codes}

@@ -10,7 +10,9 @@ on the coordinator at schedule time, not per step. The recorded closure goes to 
 its ``RemoteValue`` receives the returned structure as numpy arrays.
 
 Failures: an error in a step (raised by ``dataset_fn``, bad ids, ...) fails its ``RemoteValue``
-and is raised by the next ``join()``, naming the worker and its address. A worker that stops
+and is raised by the next ``join()``, naming the worker and its address, of the step's own type
+where it is a builtin (``step_errors``); the closures other workers are running are cancelled
+(``StepCancelledError``), as TensorFlow cancels them. A worker that stops
 answering (deadline ``timeout_seconds``; asynchronous mode: also a worker that misses the
 chief's heartbeat that long while running a closure, e.g. SIGSTOPped) is marked dead and its
 in-flight closure re-queued on the others (the parameter servers apply each step id at most
@@ -157,6 +159,11 @@ class _Recording(threading.local):
 
 
 _recording = _Recording()
+
+
+def is_recording() -> bool:
+    """Whether a function given to ``schedule`` is being recorded on this thread."""
+    return _recording.closure is not None
 
 
 def recording() -> _Closure:
@@ -452,7 +459,7 @@ class ClusterCoordinator:
 
     # ----- internals ------------------------------------------------------------------------
     def _make_iterator(self, fn_ref: dict[str, Any]) -> PerWorkerIterator:
-        name = f"it{next(self._ids)}"
+        name = f"{getattr(self.strategy, '_namespace', '')}it{next(self._ids)}"
         replies = {}
         for worker in self._live_workers():
             replies[worker.index] = worker.client.call("iterator", {"iterator": name, "fn": fn_ref})
