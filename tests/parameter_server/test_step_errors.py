@@ -15,18 +15,22 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def _worker(fail_after=None, late=None):
-    """A worker task that answers ``run`` after ``fail_after`` s with a ValueError, or after
-    ``late[0]`` s with success (``late[1] == "ok"``) or an error of its own."""
+    """A worker task that answers its first ``run`` after ``fail_after`` s with a ValueError,
+    or after ``late[0]`` s with success (``late[1] == "ok"``) or an error of its own; later
+    calls succeed at once."""
+    calls = []
 
     def handle(frame):
         if frame.meta["method"] != "run":
             return rpc.response()
-        if fail_after is not None:
+        calls.append(frame.meta["closure"])
+        if fail_after is not None and len(calls) == 1:
             time.sleep(fail_after)
             raise ValueError("batch 3 has a negative id")
-        time.sleep(late[0])
-        if late[1] != "ok":
-            raise ZeroDivisionError("late failure")
+        if late is not None and len(calls) == 1:
+            time.sleep(late[0])
+            if late[1] != "ok":
+                raise ZeroDivisionError("late failure")
         return rpc.response({"counts": [], "timing": {}})
 
     return handle
@@ -81,6 +85,10 @@ def test_running_closures_are_cancelled_and_their_late_end_reports_nothing(late)
         with pytest.raises(StepCancelledError):
             second.fetch()
         assert coordinator.stats()["worker 1"].get("closures", 0) == (1 if late == "ok" else 0)
+        # The error was reported: the coordinator schedules and joins again (TF's case).
+        again = [coordinator.schedule(lambda: 2) for _ in range(4)]
+        coordinator.join()
+        assert [v.fetch() for v in again] == [2] * 4
     finally:
         coordinator.shutdown()
         for client in strategy._worker_clients:
