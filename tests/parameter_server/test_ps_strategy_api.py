@@ -84,3 +84,8 @@ def test_create_variable_takes_an_aggregation(local_cluster):  # noqa: F811
     assert first.aggregation == "only_first_replica"
     with pytest.raises(ValueError, match=r"aggregation='median' is not a variable aggregation"):
         strategy.create_variable(np.float32(0.0), aggregation="median")
+    import keras
+
+    with strategy.scope():   # a Keras variable keeps its own aggregation on the ps
+        counter = keras.Variable(np.zeros(2, np.float32), aggregation="sum", trainable=False)
+    assert strategy.place_variables(counter).aggregation == "sum"

@@ -369,7 +369,8 @@ class ParameterServerStrategy(Strategy):
             entry = self._keras.get(id(leaf))
             if entry is None:
                 ps_var = self.create_variable(np.asarray(leaf.numpy()), name=leaf.path,
-                                              trainable=bool(getattr(leaf, "trainable", True)))
+                                              trainable=bool(getattr(leaf, "trainable", True)),
+                                              aggregation=getattr(leaf, "aggregation", None))
                 entry = self._keras[id(leaf)] = (leaf, ps_var)
             return entry[1]
 
