@@ -7,8 +7,8 @@ from stratax._src.parameter_server.coordinator import (
     PerWorkerValues,
     RemoteValue,
     RemoteValueStatus,
-    StepError,
 )
+from stratax._src.parameter_server.step_errors import StepCancelledError, StepError
 
 __all__ = [
     "ClusterCoordinator",
@@ -17,5 +17,6 @@ __all__ = [
     "PerWorkerValues",
     "RemoteValue",
     "RemoteValueStatus",
+    "StepCancelledError",
     "StepError",
 ]

@@ -112,3 +112,30 @@ def wait_all(cluster: Cluster, timeout: float) -> dict[str, int]:
     deadline = time.monotonic() + timeout
     return {name: proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
             for name, proc in cluster.procs.items()}
+
+
+@pytest.fixture
+def local_cluster():
+    """A cluster of 1 worker and 2 ps served by threads of this process (``sx.Server``), for
+    strategy API tests that need real servers but no process of their own; yields a function
+    that builds a chief strategy on it (each shut down at the end, before the servers)."""
+    import stratax as sx
+
+    spec = {job: [f"127.0.0.1:{free_port()}" for _ in range(n)]
+            for job, n in {"chief": 1, "worker": 1, "ps": 2}.items()}
+    servers = [sx.Server(spec, job_name=job, task_index=i, timeout_seconds=20)
+               for job in ("ps", "worker") for i in range(len(spec[job]))]
+    strategies = []
+
+    def make(**kwargs):
+        resolver = sx.cluster_resolver.SimpleClusterResolver(spec, task_type="chief", task_id=0)
+        strategies.append(sx.ParameterServerStrategy(resolver, timeout_seconds=20, **kwargs))
+        return strategies[-1]
+
+    try:
+        yield make
+    finally:
+        for strategy in reversed(strategies):
+            strategy.shutdown()
+        for server in servers:
+            server.stop()

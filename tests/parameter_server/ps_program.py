@@ -4,6 +4,7 @@ Run by ``test_ps_cluster.py`` with a TF_CONFIG per task; the chief runs the scen
 argv[1] and prints one JSON line ``RESULT {...}``.
 """
 
+import collections
 import json
 import time
 
@@ -153,24 +154,28 @@ def fail(strategy, coordinator):
         return loss
 
     iterator = iter(coordinator.create_per_worker_dataset(failing_dataset))
-    for _ in range(20):
-        coordinator.schedule(lambda it: strategy.run(replica_fn, args=next(it)), args=(iterator,))
+    values = [coordinator.schedule(lambda it: strategy.run(replica_fn, args=next(it)),
+                                   args=(iterator,)) for _ in range(20)]
     try:
         coordinator.join()
     except sx.StrataxError as err:
-        raised = str(err)
+        raised, value_error = str(err), isinstance(err, ValueError)  # TF re-raises the type
     else:
         return {"raised": None}
-    # Closures that were already running when the error came may fail later too (the other
-    # worker's pipeline breaks as well): let them end, reporting their errors.
+    # The closure the other worker was running is cancelled (its pipeline breaks as well, but
+    # that late error is not reported): done() raises nothing more.
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            if coordinator.done():
-                break
-        except sx.StrataxError:
-            pass
+    while not coordinator.done() and time.monotonic() < deadline:
         time.sleep(0.05)
+    outcomes = collections.Counter()
+    for value in values:
+        try:
+            value.fetch()
+            outcomes["succeeded"] += 1
+        except sx.coordinator.StepCancelledError:
+            outcomes["cancelled"] += 1
+        except ValueError:
+            outcomes["ValueError"] += 1
     # An error is reported once, by whichever of schedule/join/done comes first (TensorFlow):
     # one step at a time until one fails, then schedule() raises it and join() does not.
     iterator = iter(coordinator.create_per_worker_dataset(failing_dataset))
@@ -187,8 +192,9 @@ def fail(strategy, coordinator):
     except sx.StrataxError:
         schedule_raised = True
     coordinator.join()  # the error was reported: nothing to raise again
-    return {"raised": raised, "failed_step": value.status.name,
-            "schedule_raised": schedule_raised, "done_after": coordinator.done()}
+    return {"raised": raised, "value_error": value_error, "outcomes": outcomes,
+            "failed_step": value.status.name, "schedule_raised": schedule_raised,
+            "done_after": coordinator.done()}
 
 
 def scalar(strategy, coordinator):
@@ -261,13 +267,42 @@ def shard_init(strategy, coordinator):
             "plus_one": (table + 1)[10, 0].item(), "device": table.variables[2].device}
 
 
+def second(strategy, coordinator):
+    """A second strategy on the cluster, in this process (TensorFlow: side by side): its
+    same-named variable and its programs are its own, and the first goes on after it ends."""
+    other = sx.ParameterServerStrategy(timeout_seconds=30)
+    other_coordinator = sx.coordinator.ClusterCoordinator(other)
+    mine = strategy.create_variable(np.arange(4, dtype=np.float32), name="twin")
+    theirs = other.create_variable(np.arange(4, 8, dtype=np.float32), name="twin")
+
+    def step(owner, variable):
+        def replica_fn():
+            owner.apply_gradients([(np.ones(4, np.float32), variable)],
+                                  {"class_name": "SGD", "config": {"learning_rate": 1.0}})
+            return owner.read(variable)  # this step's value, before its update
+
+        return lambda: owner.run(replica_fn)
+
+    read = {"theirs": other_coordinator.schedule(step(other, theirs)).fetch().tolist(),
+            "mine": coordinator.schedule(step(strategy, mine)).fetch().tolist()}
+    other_coordinator.join()
+    after = {"theirs": theirs.numpy().tolist(), "mine": mine.numpy().tolist()}
+    other.shutdown()  # the tasks stay with the first strategy
+    coordinator.schedule(step(strategy, mine))
+    coordinator.join()
+    return {"read": read, "after": after, "mine_last": mine.numpy().tolist(),
+            "coordinators_differ": other_coordinator is not coordinator,
+            "is_strategy": isinstance(other, sx.Strategy),
+            "outside": float(strategy.reduce("SUM", strategy.run(lambda: mine[0] + 1)))}
+
+
 def main():
     strategy = sx.ParameterServerStrategy(
         variable_partitioner=sx.partitioners.FixedShardsPartitioner(3), timeout_seconds=30)
     coordinator = sx.coordinator.ClusterCoordinator(strategy)
     result = {name: fn(strategy, coordinator) for name, fn in
               [("sparse", sparse), ("converge", converge), ("scalar", scalar),
-               ("shard_init", shard_init), ("fail", fail)]}
+               ("shard_init", shard_init), ("fail", fail), ("second", second)]}
     print("RESULT " + json.dumps(result), flush=True)
 
 

@@ -61,7 +61,18 @@ def test_custom_loop_sparse_exact_and_errors(cluster):  # noqa: F811 - fixture
     worker = re.search(r"worker (\d) at 127\.0\.0\.1:\d+", raised)
     assert worker and f"dataset of pipeline {worker.group(1)} broke" in raised, raised
     fail = result["fail"]  # reported once: schedule() raised it, the next join() did not
+    assert fail["value_error"], fail                 # the dataset's ValueError, as in TF
+    outcomes = fail["outcomes"]   # one error; the rest ran before it or were cancelled
+    assert outcomes["ValueError"] == 1 and sum(outcomes.values()) == 20, outcomes
+    assert outcomes["cancelled"] >= 20 - 2 * 3 - 1, outcomes  # each worker's 4th batch breaks
     assert fail["failed_step"] == "FAILED" and fail["schedule_raised"] and fail["done_after"]
+
+    second = result["second"]  # TF: two strategies on one cluster live side by side
+    assert second["read"] == {"theirs": [4, 5, 6, 7], "mine": [0, 1, 2, 3]}, second
+    assert second["after"] == {"theirs": [3, 4, 5, 6], "mine": [-1, 0, 1, 2]}, second
+    assert second["mine_last"] == [-2, -1, 0, 1], second  # the first went on after the second
+    assert second["coordinators_differ"] and second["is_strategy"]
+    assert second["outside"] == -1.0                       # run outside schedule: on the chief
 
     # Every worker and ps exits by itself once the chief is done.
     codes = wait_all(cluster, timeout=30)

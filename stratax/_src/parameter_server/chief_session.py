@@ -170,7 +170,12 @@ class ChiefSession:
         self._refused_logged = False
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        for client in self._clients:
+        self.attach(self._clients)
+
+    def attach(self, clients: Sequence[rpc.RpcClient]) -> None:
+        """Makes the calls of more clients (another strategy's, see ``shared_session``) carry
+        this session."""
+        for client in clients:
             client.session = self.id
 
     def _meta(self) -> dict[str, Any]:

@@ -10,7 +10,9 @@ on the coordinator at schedule time, not per step. The recorded closure goes to 
 its ``RemoteValue`` receives the returned structure as numpy arrays.
 
 Failures: an error in a step (raised by ``dataset_fn``, bad ids, ...) fails its ``RemoteValue``
-and is raised by the next ``join()``, naming the worker and its address. A worker that stops
+and is raised by the next ``join()``, naming the worker and its address, of the step's own type
+where it is a builtin (``step_errors``); the closures other workers are running are cancelled
+(``StepCancelledError``), as TensorFlow cancels them. A worker that stops
 answering (deadline ``timeout_seconds``; asynchronous mode: also a worker that misses the
 chief's heartbeat that long while running a closure, e.g. SIGSTOPped) is marked dead and its
 in-flight closure re-queued on the others (the parameter servers apply each step id at most
@@ -39,6 +41,7 @@ from stratax._src.core.errors import StrataxError, WorkerUnavailableError
 from stratax._src.core.reduce_op import ReduceOp
 from stratax._src.parameter_server import functions, progress, recovery, rpc, structure
 from stratax._src.parameter_server.program import Program
+from stratax._src.parameter_server.step_errors import StepCancelledError, StepError, step_error
 
 logger = logging.getLogger(__name__)
 
@@ -47,8 +50,10 @@ class RemoteValueStatus(enum.Enum):
     """State of a scheduled closure's result.
 
     Transitions: ``PENDING`` -> ``SUCCEEDED`` (the worker returned outputs) or ``FAILED``
-    (the step raised, or no worker came back within ``timeout_seconds`` after all were lost);
-    ``PENDING`` stays ``PENDING`` when a dead worker's closure is re-queued.
+    (the step raised, no worker came back within ``timeout_seconds`` after all were lost, or
+    another closure failed first: ``StepCancelledError``, queued and running closures alike);
+    ``PENDING`` stays ``PENDING`` when a dead worker's closure is re-queued. ``SUCCEEDED`` and
+    ``FAILED`` are final: a cancelled closure that finishes later changes nothing.
     """
 
     PENDING = "pending"
@@ -76,7 +81,9 @@ class RemoteValue:
 
         Raises:
           TimeoutError: Not done within ``timeout``.
-          StrataxError: The closure failed (the message names the worker).
+          StepError: The closure failed (the message names the worker); also the step's own
+            builtin exception type (e.g. ``ValueError``) when it raised one.
+          StepCancelledError: Another closure failed first (TensorFlow's ``CancelledError``).
         """
         if not self._done.wait(timeout):
             raise TimeoutError(f"Scheduled function not done after {timeout} s.")
@@ -100,10 +107,6 @@ class PerWorkerValues:
 
     def __len__(self) -> int:
         return len(self._values)
-
-
-class StepError(StrataxError):
-    """A scheduled step failed on a worker; the message names it and quotes its error."""
 
 
 class _LeafRef:
@@ -158,6 +161,11 @@ class _Recording(threading.local):
 _recording = _Recording()
 
 
+def is_recording() -> bool:
+    """Whether a function given to ``schedule`` is being recorded on this thread."""
+    return _recording.closure is not None
+
+
 def recording() -> _Closure:
     """The closure being recorded; raises if not inside ``schedule``."""
     if _recording.closure is None:
@@ -184,8 +192,9 @@ class _Closure:
         self.rows: list[np.ndarray] = []
 
     def resolve(self, num_parts: int) -> None:
-        """Sets the RemoteValue once every part's outputs arrived."""
-        if len(self.parts) < num_parts:
+        """Sets the RemoteValue once every part's outputs arrived; nothing when it is already
+        final (cancelled while running)."""
+        if len(self.parts) < num_parts or self.remote.status is not RemoteValueStatus.PENDING:
             return
         per_worker = [self.parts[w] for w in sorted(self.parts)]
         self.remote._set(jax.tree_util.tree_map(
@@ -314,6 +323,7 @@ class ClusterCoordinator:
         self._last_step: str | None = None
         self._iterator_refs: dict[str, dict[str, Any]] = {}  # name -> dataset_fn reference
         self._inflight = 0
+        self._running: dict[int, _Closure] = {}  # worker index -> the closure it runs
         self._error: BaseException | None = None
         self._cond = threading.Condition()
         self._ids = itertools.count()
@@ -334,7 +344,8 @@ class ClusterCoordinator:
         """Records ``fn(*args, **kwargs)`` as a closure, queues it and returns its result.
 
         Raises:
-          StrataxError: A previous closure failed and ``join()`` has not reported it yet.
+          StrataxError: A previous closure failed and ``join()`` has not reported it yet (its
+            own error: a ``StepError``, of the step's builtin type where it has one).
           ValueError: ``args`` or ``kwargs`` hold a ``RemoteValue`` (as in TensorFlow).
         """
         if _holds_remote_value((args, kwargs)):
@@ -383,7 +394,7 @@ class ClusterCoordinator:
         closures still queued are cancelled with it."""
         error, self._error = self._error, None
         if error is not None:
-            self._cancel_queued(StepError(f"Cancelled after an earlier error: {error}"))
+            self._cancel_queued(StepCancelledError(f"Cancelled after an earlier error: {error}"))
             raise error
 
     def fetch(self, values: Any) -> Any:
@@ -448,7 +459,7 @@ class ClusterCoordinator:
 
     # ----- internals ------------------------------------------------------------------------
     def _make_iterator(self, fn_ref: dict[str, Any]) -> PerWorkerIterator:
-        name = f"it{next(self._ids)}"
+        name = f"{getattr(self.strategy, '_namespace', '')}it{next(self._ids)}"
         replies = {}
         for worker in self._live_workers():
             replies[worker.index] = worker.client.call("iterator", {"iterator": name, "fn": fn_ref})
@@ -488,12 +499,16 @@ class ClusterCoordinator:
         while not self._stop.is_set():
             pinned = self._pinned[worker.index]
             with self._cond:
-                while not self._queue and not pinned and not self._stop.is_set():
+                # After an error no closure starts until it is reported (which cancels the
+                # queued ones): a step whose result would be dropped is not run.
+                while ((not self._queue and not pinned) or self._error is not None) and (
+                        not self._stop.is_set()):
                     self._cond.wait(0.5)
                 if self._stop.is_set():
                     return
                 closure = pinned.popleft() if pinned else self._queue.popleft()
                 self._inflight += 1
+                self._running[worker.index] = closure
             try:
                 recovery.run_detecting_restart(self._run, worker, closure)
             except WorkerUnavailableError as err:
@@ -503,32 +518,34 @@ class ClusterCoordinator:
                 worker.died_at = time.monotonic()
                 with self._cond:
                     self._inflight -= 1
-                    if closure.pinned:
-                        # A synchronous step needs this worker's gradient, on this worker's
-                        # data: it waits for the task to be restarted (see _revive).
-                        if closure.remote.status is RemoteValueStatus.PENDING:
-                            pinned.appendleft(closure)
-                    else:  # to another worker, or (none left) to the first one back
-                        self._queue.appendleft(closure)
+                    self._running.pop(worker.index, None)
+                    # A closure cancelled meanwhile does not run again. A synchronous step
+                    # needs this worker's gradient, on this worker's data: it waits for the
+                    # task to be restarted (see _revive); an asynchronous one goes to another
+                    # worker, or (none left) to the first one back.
+                    if closure.remote.status is RemoteValueStatus.PENDING:
+                        (pinned if closure.pinned else self._queue).appendleft(closure)
                     self._cond.notify_all()
                 if not self._revive(worker):
                     return
                 continue
             except Exception as err:
                 if recovery.retry_sync_share(self, worker, closure, err):
+                    with self._cond:
+                        self._running.pop(worker.index, None)
                     continue
-                error = err if isinstance(err, StrataxError) else StepError(
-                    f"worker {worker.index} at {worker.client.address}: "
-                    f"{type(err).__name__}: {err}")
+                error = step_error(f"worker {worker.index} at {worker.client.address}", err)
                 with self._cond:
                     self._inflight -= 1
+                    self._running.pop(worker.index, None)
                     self._fail(closure, error)
                     if closure.pinned:  # later synchronous steps would wait for this worker
-                        self._cancel_queued(StepError(f"Cancelled after: {error}"))
+                        self._cancel_queued(StepCancelledError(f"Cancelled after: {error}"))
                     self._cond.notify_all()
                 continue
             with self._cond:
                 self._inflight -= 1
+                self._running.pop(worker.index, None)
                 self._cond.notify_all()
 
     def _revive(self, worker: _Worker) -> bool:
@@ -565,10 +582,19 @@ class ClusterCoordinator:
         return False
 
     def _fail(self, closure: _Closure, error: BaseException) -> None:
-        if closure.remote.status is RemoteValueStatus.PENDING:
-            closure.remote._set(error=error)
+        """Fails ``closure`` with ``error`` (lock held), to be raised once by ``join``,
+        ``done`` or ``schedule``, and cancels the closures other workers are running, as
+        TensorFlow does. A closure already final (cancelled while it ran) reports nothing."""
+        if closure.remote.status is not RemoteValueStatus.PENDING:
+            return
+        closure.remote._set(error=error)
         if self._error is None:
             self._error = error
+        for index, running in self._running.items():
+            if running.remote.status is RemoteValueStatus.PENDING:
+                running.remote._set(error=StepCancelledError(
+                    f"Cancelled while running on worker {index} after closure {closure.ident} "
+                    f"failed: {error}"))
 
     def _run(self, worker: _Worker, closure: _Closure) -> None:
         if worker.restarted:

@@ -65,7 +65,16 @@ Handler = Callable[[wire.Frame], bytes]
 
 
 class RemoteError(StrataxError):
-    """An operation failed on a server; the message names the server and quotes its error."""
+    """An operation failed on a server; the message names the server and quotes its error.
+
+    ``remote_type`` is the name of the exception's class on the server (``"ValueError"``), or
+    ``None``: a name only, so the caller can re-raise a builtin type without the server ever
+    choosing what is imported or built here.
+    """
+
+    def __init__(self, message: str, remote_type: str | None = None) -> None:
+        super().__init__(message)
+        self.remote_type = remote_type
 
 
 def read_token() -> str | None:
@@ -132,9 +141,11 @@ def response(meta: dict[str, Any] | None = None, tensors: list[Any] | tuple = ()
     return wire.encode({"ok": True, **(meta or {})}, tensors)
 
 
-def error_response(message: str, kind: str = "error") -> bytes:
-    """An error frame carrying ``message`` (a string, never a pickled exception)."""
-    return wire.encode({"ok": False, "error": message, "kind": kind})
+def error_response(message: str, kind: str = "error", error_type: str | None = None) -> bytes:
+    """An error frame carrying ``message`` and the exception's class name ``error_type``
+    (strings, never a pickled exception)."""
+    typed = {"type": error_type} if error_type else {}
+    return wire.encode({"ok": False, "error": message, "kind": kind, **typed})
 
 
 class RpcServer:
@@ -254,7 +265,8 @@ class RpcServer:
             return error_response(f"malformed request: {err}", "wire")
         except Exception as err:
             logger.exception("%s failed on %s", self.name, frame.meta.get("method"))
-            return error_response(f"{type(err).__name__}: {err}")
+            return error_response(f"{type(err).__name__}: {err}",
+                                  error_type=type(err).__name__)
 
     def _local_endpoint(self, request: bytes, context: grpc.ServicerContext) -> bytes:
         if not self._authorized(context, "Local"):
@@ -381,8 +393,10 @@ class RpcClient:
             raise
         reply = wire.decode(data)
         if not reply.meta.get("ok"):
+            remote_type = reply.meta.get("type")
             raise RemoteError(f"{self.name} at {self.address}: {method} failed: "
-                              f"{reply.meta.get('error', 'unknown error')}")
+                              f"{reply.meta.get('error', 'unknown error')}",
+                              remote_type if isinstance(remote_type, str) else None)
         return reply
 
     def _grpc_call(self, parts: list[bytes | memoryview], deadline: float, stream: bool,

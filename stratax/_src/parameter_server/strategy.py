@@ -9,12 +9,12 @@ task, constructing the strategy serves that task and exits the process when the 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import inspect
 import logging
 import sys
 from collections import defaultdict
-from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
@@ -22,14 +22,14 @@ import numpy as np
 
 from stratax._src.cluster.cluster_spec import ClusterSpec
 from stratax._src.cluster.resolver import ClusterResolver
-from stratax._src.core.context import replica_context_scope, strategy_scope
+from stratax._src.core.context import replica_context_scope
 from stratax._src.parameter_server import (
     checkpoint,
-    chief_session,
     cluster_check,
     compute_threads,
     functions,
     program,
+    shared_session,
 )
 from stratax._src.parameter_server import coordinator as coord
 from stratax._src.parameter_server.optimizers import DEFAULT_SPARSE_UPDATES
@@ -46,16 +46,22 @@ from stratax._src.parameter_server.variables import (
     Placement,
     PSVariable,
     ShardedVariable,
+    aggregation_name,
     describe_table,
 )
+from stratax._src.strategies.base import Strategy
 from stratax._src.strategies.replica_context import ReplicaContext
 
 logger = logging.getLogger(__name__)
 MODES = ("async", "sync")
 
 
-class ParameterServerStrategy:
+class ParameterServerStrategy(Strategy):
     """TensorFlow's ``ParameterServerStrategy`` on JAX: a chief, workers and parameter servers.
+
+    An ``sx.Strategy`` like the others: its mesh is the chief's first device, where ``run`` and
+    ``reduce`` called outside ``ClusterCoordinator.schedule`` execute (one replica, with a
+    warning, as in TensorFlow); inside a scheduled function they record a step for a worker.
 
     Args:
       cluster_resolver: Gives the cluster (``chief``, ``worker``, ``ps`` jobs) and this task;
@@ -118,15 +124,17 @@ class ParameterServerStrategy:
         self._ps = PSClients(self._ps_addresses, timeout_seconds)
         self._worker_clients = [RpcClient(f"worker {i}", a, timeout_seconds)
                                 for i, a in enumerate(spec.job_tasks("worker"))]
+        self._coordinator: coord.ClusterCoordinator | None = None  # read by the heartbeat
         try:
             for client in [*self._ps.clients, *self._worker_clients]:
                 client.wait_ready(timeout_seconds)
             cluster_check.agree([*self._ps.clients, *self._worker_clients], ClusterSpec(spec),
                                 timeout_seconds)
-            # Claims every task for this chief (reset after a previous chief) and heartbeats.
-            self._session = chief_session.ChiefSession(
-                [*self._ps.clients, *self._worker_clients], timeout_seconds, self._restarted)
-            self._session.claim()
+            # This process's session on the cluster: the first strategy claims every task (reset
+            # after a previous chief) and heartbeats; a later one shares it in its namespace.
+            self._membership = shared_session.sessions.join(
+                self._ps_addresses, spec.job_tasks("worker"), timeout_seconds,
+                [*self._ps.clients, *self._worker_clients], self._restarted)
         except BaseException:
             for client in self._worker_clients:
                 client.close()
@@ -139,16 +147,33 @@ class ParameterServerStrategy:
         # id(Keras variable) -> (that variable, its PSVariable); the variable is kept alive.
         self._keras: dict[int, tuple[Any, PSVariable]] = {}
         self._optimizers_set: set[tuple[str, str]] = set()
-        self._coordinator: coord.ClusterCoordinator | None = None
+        self._warned: set[str] = set()
+        self._colocate: list[PSVariable] = []
         self._closed = False
-        self._session.start()
         atexit.register(self.shutdown)
+        # The chief's device, where run/reduce outside schedule execute; after the claim, so
+        # starting JAX's backend never delays it past the tasks' chief timeout.
+        super().__init__(jax.local_devices()[:1])
+
+    @property
+    def _session(self) -> Any:
+        """The chief session this strategy shares with the others of this process on its
+        cluster (``shared_session``)."""
+        return self._membership.session
+
+    @property
+    def _namespace(self) -> str:
+        """Prefix of this strategy's names on the tasks: ``""`` for the first strategy of this
+        process on its cluster, ``"s<n>/"`` for later ones (``shared_session``)."""
+        return self._membership.namespace
 
     def _restarted(self, client: RpcClient) -> None:
-        """The heartbeat saw ``client``'s task answer as a new process: the coordinator
-        rebuilds a restarted worker's state before its next closure."""
+        """The heartbeat saw the task of ``client`` (the session's) answer as a new process:
+        the coordinator rebuilds a restarted worker's state before its next closure."""
         if self._coordinator is not None:
-            self._coordinator.worker_restarted(client)
+            for own in self._worker_clients:
+                if own.name == client.name:
+                    self._coordinator.worker_restarted(own)
 
     def _serve_and_exit(self, spec: Any, task_type: str, task_id: int | None) -> None:
         if task_type == "worker" and task_id is not None:  # a process that only serves
@@ -162,10 +187,6 @@ class ParameterServerStrategy:
         sys.exit(0)
 
     # ----- TF API ---------------------------------------------------------------------------
-    def scope(self) -> AbstractContextManager[Any]:
-        """Makes this strategy current (``sx.get_strategy()``)."""
-        return strategy_scope(self)
-
     @property
     def num_replicas_in_sync(self) -> int:
         """1 in asynchronous mode (each worker's step stands alone); the number of workers in
@@ -189,15 +210,30 @@ class ParameterServerStrategy:
         """Every variable created on the parameter servers, in creation order."""
         return list(self._variables)
 
+    @property
+    def extended(self) -> ParameterServerStrategy:
+        """The strategy itself: TensorFlow's ``strategy.extended`` methods
+        (``colocate_vars_with``) live on the one strategy class here."""
+        return self
+
     def run(self, fn: Callable[..., Any], args: Sequence[Any] = (),
-            kwargs: dict[str, Any] | None = None) -> Any:
+            kwargs: dict[str, Any] | None = None, options: Any = None) -> Any:
         """Inside a scheduled function: records ``fn(*args, **kwargs)`` as a step on a worker.
 
         ``fn`` is traced once per argument shapes and exported (see ``program``); it reads
         variables with ``strategy.read``/``read_rows`` and pushes gradients with
         ``strategy.apply_gradients``. Returns placeholders that become numpy values in the
         ``RemoteValue`` of ``schedule``.
+
+        Outside ``schedule`` (TensorFlow warns and runs it on the coordinator): logs a warning
+        once and calls ``fn`` here on the chief, eagerly, as one replica (id 0, collectives
+        the identity); variables it reads are pulled from the parameter servers then.
         """
+        del options  # Accepted for TensorFlow compatibility (``RunOptions``).
+        if not coord.is_recording():
+            self._warn_outside_schedule("run")
+            with replica_context_scope(ReplicaContext(self, traced=False)):
+                return fn(*args, **(kwargs or {}))
         closure = coord.recording()
         call_args = (tuple(args), dict(kwargs or {}))
         leaves, treedef = jax.tree_util.tree_flatten(call_args)
@@ -216,7 +252,8 @@ class ParameterServerStrategy:
                 with replica_context_scope(_WorkerReplicaContext(self)):
                     return fn(*a, **kw)
 
-            built = program.build_program(f"p{len(self._programs)}", positional, specs,
+            built = program.build_program(f"{self._namespace}p{len(self._programs)}",
+                                          positional, specs,
                                           jax.tree_util.tree_structure((call_args,)))
             self._set_optimizers(built)
             self._programs[key] = built
@@ -225,9 +262,46 @@ class ParameterServerStrategy:
     def reduce(self, reduce_op: Any, value: Any, axis: int | None = None) -> Any:
         """Inside a scheduled function: combines ``run`` results over the workers of a
         synchronous step (one worker's value in asynchronous mode) and along ``axis``; the
-        ``RemoteValue`` then holds the reduced numpy value."""
-        coord.recording()
+        ``RemoteValue`` then holds the reduced numpy value.
+
+        Outside ``schedule``: logs a warning once (as TensorFlow) and reduces ``value``, a
+        result of ``run`` on the chief (one replica), as ``sx.Strategy.reduce`` does.
+        """
+        if not coord.is_recording():
+            self._warn_outside_schedule("reduce")
+            return super().reduce(reduce_op, value, axis)
         return coord.reduce_outputs(reduce_op, value, axis)
+
+    def _warn_outside_schedule(self, method: str) -> None:
+        if method not in self._warned:
+            self._warned.add(method)
+            logger.warning(
+                "ParameterServerStrategy.%s was called outside ClusterCoordinator.schedule: it "
+                "runs here on the chief (one replica), not on a worker. To run on the workers, "
+                "call it inside a function given to `coordinator.schedule(fn, args=...)`.",
+                method)
+
+    @contextlib.contextmanager
+    def colocate_vars_with(self, colocate_with_variable: Any) -> Iterator[None]:
+        """Places the variables created inside on the parameter server of
+        ``colocate_with_variable`` (a ``PSVariable``, the first shard of a
+        ``ShardedVariable``, or a placed Keras variable), unpartitioned, as TensorFlow's
+        ``strategy.extended.colocate_vars_with`` (optimizer slots next to their variable).
+
+        Raises:
+          TypeError: ``colocate_with_variable`` is not a variable of this strategy.
+        """
+        target = self._on_ps(colocate_with_variable)
+        if not isinstance(target, PSVariable) or target not in self._variables:
+            raise TypeError(
+                f"colocate_vars_with needs a variable of this strategy (created by "
+                f"strategy.create_variable or a Keras variable under strategy.scope()), got "
+                f"{type(colocate_with_variable).__name__}: {colocate_with_variable!r}.")
+        self._colocate.append(target)
+        try:
+            yield
+        finally:
+            self._colocate.pop()
 
     def read(self, variables: Any) -> Any:
         """Inside ``run``: this step's values of a pytree of variables (``PSVariable`` or Keras
@@ -301,7 +375,8 @@ class ParameterServerStrategy:
             entry = self._keras.get(id(leaf))
             if entry is None:
                 ps_var = self.create_variable(np.asarray(leaf.numpy()), name=leaf.path,
-                                              trainable=bool(getattr(leaf, "trainable", True)))
+                                              trainable=bool(getattr(leaf, "trainable", True)),
+                                              aggregation=getattr(leaf, "aggregation", None))
                 entry = self._keras[id(leaf)] = (leaf, ps_var)
             return entry[1]
 
@@ -309,14 +384,25 @@ class ParameterServerStrategy:
 
     # ----- variables ------------------------------------------------------------------------
     def create_variable(self, initial_value: Any, name: str | None = None, trainable: bool = True,
-                        dtype: Any = None, shape: Sequence[int] | None = None) -> PSVariable:
+                        dtype: Any = None, shape: Sequence[int] | None = None,
+                        aggregation: Any = "none") -> PSVariable:
         """Creates a variable on the parameter servers (partitioned if the partitioner says so).
 
-        Unpartitioned variables go to the least-loaded ps (round-robin by size). An
-        ``initial_value`` callable with a ``shard_info`` parameter (``sx.partitioners.ShardInfo``)
-        is called once per shard, with ``shape`` (required) and ``dtype`` (default float32), so
-        no task ever holds the whole variable, as in TensorFlow.
+        Unpartitioned variables go to the least-loaded ps (round-robin by size); inside
+        ``colocate_vars_with(v)`` to ``v``'s ps, unpartitioned. An ``initial_value`` callable
+        with a ``shard_info`` parameter (``sx.partitioners.ShardInfo``) is called once per
+        shard, with ``shape`` (required) and ``dtype`` (default float32), so no task ever holds
+        the whole variable, as in TensorFlow.
+
+        ``aggregation`` (TensorFlow's ``VariableAggregation`` or Keras' name: ``"none"``,
+        ``"sum"``, ``"mean"``, ``"only_first_replica"``) is kept as ``variable.aggregation``.
+        As in TensorFlow with one replica per worker, it changes nothing: each step is one
+        replica's, whose updates are written as they are.
+
+        Raises:
+          ValueError: an unknown ``aggregation``, or a bad shape (named in the message).
         """
+        aggregation = aggregation_name(aggregation)
         per_shard = callable(initial_value) and takes_shard_info(initial_value)
         if per_shard:
             if shape is None:
@@ -337,18 +423,22 @@ class ParameterServerStrategy:
             full_shape, full_dtype = value.shape, value.dtype
         name = self._unique_name(name or "Variable")
         shards = [full_shape[0]] if full_shape else [1]
-        if self._partitioner is not None and len(full_shape) >= 1 and full_shape[0] > 1:
+        colocated = self._colocate[-1].placements[0].ps if self._colocate else None
+        if (self._partitioner is not None and colocated is None and len(full_shape) >= 1
+                and full_shape[0] > 1):
             shards = shard_sizes(full_shape[0],
                                  self._partition_count(name, full_shape, full_dtype))
         row_bytes = full_dtype.itemsize * int(np.prod(full_shape[1:], dtype=np.int64))
         placements = []
         for i, (start, rows) in enumerate(zip(shard_offsets(shards), shards, strict=False)):
-            ps = min(range(len(self._load)), key=lambda p: (self._load[p], p))
+            ps = colocated if colocated is not None else min(
+                range(len(self._load)), key=lambda p: (self._load[p], p))
             self._load[ps] += rows * row_bytes
-            placements.append(Placement(ps, f"{name}/part_{i}" if len(shards) > 1 else name,
-                                        start, rows))
+            key = f"{self._namespace}{name}" + (f"/part_{i}" if len(shards) > 1 else "")
+            placements.append(Placement(ps, key, start, rows))
         kind = ShardedVariable if len(placements) > 1 else PSVariable
-        var = kind(name, full_shape, full_dtype, trainable, placements, self._pull, self._assign)
+        var = kind(name, full_shape, full_dtype, trainable, placements, self._pull, self._assign,
+                   aggregation)
         if value is not None:
             self._write("create", placements, value)
         for p in placements if per_shard else ():
@@ -474,16 +564,19 @@ class ParameterServerStrategy:
                                                             "sparse_updates": sparse})
 
     def shutdown(self) -> None:
-        """Stops the coordinator and asks every worker and ps to exit (runs at exit too)."""
+        """Stops the coordinator and, for the last strategy of this process on the cluster,
+        asks every worker and ps to exit (runs at exit too). An earlier one only lets go of the
+        tasks: its variables stay on the ps until they exit."""
         if self._closed:
             return
         self._closed = True
         if self._coordinator is not None:
             self._coordinator.shutdown()
-        self._session.stop()
+        last = shared_session.sessions.leave(self._membership)
         for client in [*self._worker_clients, *self._ps.clients]:
             try:
-                client.call("shutdown", timeout=5)
+                if last:
+                    client.call("shutdown", timeout=5)
             except Exception as err:
                 logger.info("%s did not take the shutdown request: %s", client.name, err)
             client.close()

@@ -13,6 +13,25 @@ from typing import Any
 
 import numpy as np
 
+# TensorFlow's ``VariableAggregation`` names, as Keras 3 spells them.
+AGGREGATIONS = ("none", "sum", "mean", "only_first_replica")
+
+
+def aggregation_name(aggregation: Any) -> str:
+    """``aggregation`` as Keras' lower-case name: a string, ``None`` or an enum such as
+    TensorFlow's ``tf.VariableAggregation.MEAN`` (its ``name``).
+
+    Raises:
+      ValueError: not one of ``AGGREGATIONS``.
+    """
+    if aggregation is None:
+        return "none"
+    name = getattr(aggregation, "name", aggregation)
+    if isinstance(name, str) and name.lower() in AGGREGATIONS:
+        return name.lower()
+    raise ValueError(f"aggregation={aggregation!r} is not a variable aggregation; use one of "
+                     f"{AGGREGATIONS} (or tf.VariableAggregation.<NAME>).")
+
 
 @dataclasses.dataclass(frozen=True)
 class Placement:
@@ -43,11 +62,13 @@ class PSVariable:
 
     def __init__(self, name: str, shape: tuple[int, ...], dtype: np.dtype, trainable: bool,
                  placements: Sequence[Placement], pull: Callable[[PSVariable], np.ndarray],
-                 assign: Callable[[PSVariable, np.ndarray], None]) -> None:
+                 assign: Callable[[PSVariable, np.ndarray], None],
+                 aggregation: str = "none") -> None:
         self.name = name
         self.shape = tuple(shape)
         self.dtype = np.dtype(dtype)
         self.trainable = trainable
+        self.aggregation = aggregation  # TensorFlow's VariableAggregation, Keras' spelling
         self.placements = list(placements)
         self._pull = pull
         self._assign = assign
@@ -190,11 +211,12 @@ class ShardedVariable(PSVariable):
 
     def __init__(self, name: str, shape: tuple[int, ...], dtype: np.dtype, trainable: bool,
                  placements: Sequence[Placement], pull: Callable[[PSVariable], np.ndarray],
-                 assign: Callable[[PSVariable, np.ndarray], None]) -> None:
-        super().__init__(name, shape, dtype, trainable, placements, pull, assign)
+                 assign: Callable[[PSVariable, np.ndarray], None],
+                 aggregation: str = "none") -> None:
+        super().__init__(name, shape, dtype, trainable, placements, pull, assign, aggregation)
         self.variables = [
             PSVariable(f"{name}/part_{i}", (p.rows, *tuple(shape[1:])), dtype, trainable, [p],
-                       pull, assign)
+                       pull, assign, aggregation)
             for i, p in enumerate(placements)
         ]
 

@@ -77,7 +77,7 @@ class Strategy:
         self._concat_real_rows = replicated(_concat_real_rows, static_argnums=1)
         self._reduce_stacked = replicated(_reduce_stacked, static_argnums=(1, 2))
         self._reduce_copies = replicated(
-            functools.partial(_reduce_copies, copies=self.num_replicas_in_sync),
+            functools.partial(_reduce_copies, copies=self._mesh_replicas),
             static_argnums=(1, 2))
         self._gather_stacked = replicated(_gather_stacked, static_argnums=1)
         self._window = throttle.window_for(self._devices, self._num_processes)
@@ -86,6 +86,13 @@ class Strategy:
     @property
     def num_replicas_in_sync(self) -> int:
         """How many replicas run each step in lock-step (the ``"replica"`` mesh axis size)."""
+        return self._mesh_replicas
+
+    @property
+    def _mesh_replicas(self) -> int:
+        """Replicas of this process's ``run``: the ``"replica"`` mesh axis size (the values
+        this class builds and reduces have one component per mesh replica, also where a
+        subclass counts ``num_replicas_in_sync`` otherwise, as ``ParameterServerStrategy``)."""
         return self._mesh.shape[REPLICA_AXIS]
 
     @property
@@ -142,7 +149,8 @@ class Strategy:
 
     # ----------------------------------------------------------------- contexts
     def scope(self) -> contextlib.AbstractContextManager[Any]:
-        """Makes this strategy current: Keras variables created in it are mirrored on every replica.
+        """Makes this strategy current: Keras variables created in it are mirrored on every
+        replica (placed on the parameter servers under ``ParameterServerStrategy``).
 
         Raises:
             MixedStrategyError: another strategy's scope is already active.
@@ -200,7 +208,7 @@ class Strategy:
                 f"A host PerReplica value has leading size {block.shape[:1]}, but this process "
                 f"runs {local} replica(s) of {self!r}; distribute it with this strategy."
             )
-        shape = (self.num_replicas_in_sync, *block.shape[1:])
+        shape = (self._mesh_replicas, *block.shape[1:])
         return jax.make_array_from_process_local_data(self._stacked, block, shape)
 
     # ----------------------------------------------------------------- reductions
@@ -238,7 +246,7 @@ class Strategy:
         if isinstance(leaf, PerReplica):
             return self._to_global(leaf.stacked)
         base = leaf.value if isinstance(leaf, Mirrored) else jnp.asarray(leaf)
-        return jnp.broadcast_to(base, (self.num_replicas_in_sync, *base.shape))
+        return jnp.broadcast_to(base, (self._mesh_replicas, *base.shape))
 
     def _real_rows(self, leaf: PerReplica) -> jax.Array:
         """The real rows of a padded ``PerReplica``, concatenated in replica order (replicated)."""
@@ -327,7 +335,7 @@ class Strategy:
         self, value_fn: Callable[[ValueContext], Any]
     ) -> Any:
         """A ``PerReplica`` value from ``value_fn(ValueContext)``, called for each local replica."""
-        n = self.num_replicas_in_sync
+        n = self._mesh_replicas
         values = [value_fn(ValueContext(i, n)) for i in self._local_ids]
 
         def stack(*components: Any) -> PerReplica:

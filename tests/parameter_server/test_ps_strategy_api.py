@@ -1,0 +1,91 @@
+"""ParameterServerStrategy's strategy-side API, TensorFlow's cases
+(``parameter_server_strategy_v2_test``): an ``sx.Strategy``, ``run``/``reduce`` outside
+``schedule`` (a warning, then run on the chief), ``experimental_local_results``,
+``extended.colocate_vars_with`` and ``create_variable(aggregation=...)``."""
+
+import enum
+import logging
+
+import numpy as np
+import pytest
+from ps_cluster_helpers import local_cluster  # noqa: F401 - a fixture
+
+import stratax as sx
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def test_run_and_reduce_outside_schedule_warn_and_run_on_the_chief(local_cluster, caplog):  # noqa: F811
+    strategy = local_cluster()
+    assert isinstance(strategy, sx.Strategy)
+    with strategy.scope():
+        v = strategy.create_variable(np.int64(1), name="v")
+
+    def step_fn(iterator):
+        ctx = sx.get_replica_context()
+        return next(iterator) + v, ctx.replica_id_in_sync_group, sx.in_cross_replica_context()
+
+    with caplog.at_level(logging.WARNING):
+        out, replica, cross = strategy.run(step_fn, args=(iter(range(8)),))
+        assert (out, replica, cross) == (1, 0, False)   # the variable's value, read now
+        assert strategy.reduce("SUM", None, axis=None) is None
+    warnings = [r.getMessage() for r in caplog.records if "outside ClusterCoordinator" in
+                r.getMessage()]
+    assert len(warnings) == 2 and "ParameterServerStrategy.run" in warnings[0]
+    v.assign(np.int64(5))
+    assert strategy.run(lambda: v + 1) == 6                # pulled afresh on every call
+    per_example = strategy.run(lambda: np.arange(6, dtype=np.float32))
+    assert float(strategy.reduce(sx.ReduceOp.MEAN, per_example, axis=0)) == 2.5
+    assert float(strategy.reduce("SUM", np.float32(3.0))) == 3.0   # one replica: counted once
+    (local,) = strategy.experimental_local_results(per_example)
+    np.testing.assert_array_equal(local, np.arange(6))
+    # The rest of sx.Strategy's API works on the chief's one replica.
+    assert strategy.mesh.devices.size == 1 and len(strategy.devices) == 1
+    np.testing.assert_array_equal(strategy.gather(per_example, axis=0), np.arange(6))
+    values = strategy.experimental_distribute_values_from_function(
+        lambda ctx: np.float32(ctx.replica_id_in_sync_group + 7))
+    assert [float(x) for x in strategy.experimental_local_results(values)] == [7.0]
+    with strategy.scope():
+        assert sx.get_strategy() is strategy and sx.in_cross_replica_context()
+    assert repr(strategy) == "ParameterServerStrategy(num_replicas_in_sync=1)"
+
+
+def test_colocate_vars_with_places_new_variables_with_the_given_one(local_cluster):  # noqa: F811
+    strategy = local_cluster(variable_partitioner=sx.partitioners.FixedShardsPartitioner(2))
+    v1 = strategy.create_variable(np.float32(0.0), name="v1")
+    with strategy.extended.colocate_vars_with(v1):
+        v2 = strategy.create_variable(np.float32(1.0), name="v2")
+        table = strategy.create_variable(np.zeros((10, 2), np.float32), name="slots")
+    v3 = strategy.create_variable(np.float32(2.0), name="v3")
+    assert v1.device == v2.device == table.device and v1.device != v3.device
+    assert not isinstance(table, sx.ShardedVariable)       # colocated: not partitioned
+    assert isinstance(strategy.create_variable(np.zeros((10, 2), np.float32)),
+                      sx.ShardedVariable)                 # the partitioner applies again
+    assert float(v2.numpy()) == 1.0
+    with (pytest.raises(TypeError, match="colocate_vars_with needs a variable of this strategy"),
+          strategy.extended.colocate_vars_with(np.zeros(3))):
+        pass
+
+
+class VariableAggregation(enum.Enum):   # TensorFlow's enum, by name
+    NONE = 0
+    SUM = 1
+    MEAN = 2
+    ONLY_FIRST_REPLICA = 3
+
+
+def test_create_variable_takes_an_aggregation(local_cluster):  # noqa: F811
+    strategy = local_cluster(variable_partitioner=sx.partitioners.FixedShardsPartitioner(2))
+    assert strategy.create_variable(np.float32(0.0)).aggregation == "none"
+    mean = strategy.create_variable(np.zeros((4, 1), np.float32), aggregation="MEAN")
+    assert mean.aggregation == "mean" and {v.aggregation for v in mean.variables} == {"mean"}
+    first = strategy.create_variable(np.float32(0.0),
+                                     aggregation=VariableAggregation.ONLY_FIRST_REPLICA)
+    assert first.aggregation == "only_first_replica"
+    with pytest.raises(ValueError, match=r"aggregation='median' is not a variable aggregation"):
+        strategy.create_variable(np.float32(0.0), aggregation="median")
+    import keras
+
+    with strategy.scope():   # a Keras variable keeps its own aggregation on the ps
+        counter = keras.Variable(np.zeros(2, np.float32), aggregation="sum", trainable=False)
+    assert strategy.place_variables(counter).aggregation == "sum"
