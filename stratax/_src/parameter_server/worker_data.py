@@ -56,7 +56,7 @@ class ArrayData:
         """Inside a scheduled function: placeholders for the batch ``arrays[rows]`` (the worker
         cuts it). A closure reads one data source; each call is one more batch."""
         closure = coord.recording()
-        if closure.iterator is not None or (closure.data is not None and closure.data is not self):
+        if closure.iterators or (closure.data is not None and closure.data is not self):
             raise ValueError("A scheduled function may read one data source (one per-worker "
                              "iterator or one ArrayData).")
         rows = np.asarray(rows)
