@@ -33,12 +33,29 @@ def per_worker_dataset_fn():
     return strategy.distribute_datasets_from_function(tagged)
 
 
+def _shuffled():
+    import tensorflow as tf
+
+    return tf.data.Dataset.range(100).map(lambda i: tf.cast(i, tf.float32)).shuffle(100).batch(1)
+
+
+def shuffled_fn():
+    """TensorFlow's testDatasetsShuffledDifferently: experimental_distribute_dataset inside."""
+    return strategy.experimental_distribute_dataset(_shuffled())
+
+
 def identity(*batch):
     return batch
 
 
 def read_one(iterator):
     return strategy.run(identity, args=next(iterator))
+
+
+def read_tagged(tags, iterator):
+    """The worker's pipeline id (from ``tags``) and the next batch of ``iterator``."""
+    (tag, _), value = next(tags), next(iterator)
+    return strategy.run(identity, args=(tag, value))
 
 
 def read_two(first, second):
@@ -100,6 +117,18 @@ def api(coordinator):
     second = iter(coordinator.create_per_worker_dataset(tagged))
     outputs = _run_all(coordinator, read_two, (first, second), 6)
     result["two"] = [[int(v) for v in (*a1, *b1, *a2)] for a1, b1, a2 in outputs]
+
+    # Shuffled without a seed: every worker's copy has its own order (function or object).
+    tags = iter(coordinator.create_per_worker_dataset(tagged))
+    for name, source in [("shuffled_fn", shuffled_fn), ("shuffled_object", _shuffled())]:
+        iterator = iter(coordinator.create_per_worker_dataset(source))
+        orders = {}
+        for _ in range(40):
+            for tag, value in _run_all(coordinator, read_tagged, (tags, iterator), 4):
+                orders.setdefault(int(tag[0]) // 1000, []).append(float(value[0]))
+            if len(orders) == 2 and min(map(len, orders.values())) >= 5:
+                break
+        result[name] = [orders[w][:5] for w in sorted(orders)]
 
     refusals = {}
     for name, source in [

@@ -56,6 +56,10 @@ def test_guide_per_worker_data_api(cluster):  # noqa: F811 - fixture
         pairs.sort()
         assert pairs == [(2 * i, i) for i in range(len(pairs))], rows
 
+    for name in ("shuffled_fn", "shuffled_object"):  # TF's testDatasetsShuffledDifferently
+        first, second = result[name]
+        assert first != second and len(first) == 5, result[name]
+
     refusals = result["refusals"]
     assert refusals["number"].startswith("TypeError: create_per_worker_dataset takes"), refusals
     assert "runs Python" in refusals["generator"] and "def dataset_fn" in refusals["generator"]

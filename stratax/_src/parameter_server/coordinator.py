@@ -254,8 +254,7 @@ class PerWorkerDataset:
           WorkerUnavailableError: no worker answered.
         """
         if self._spec is None:
-            self._spec = self._coordinator._batch_spec(
-                self._coordinator._on_live_workers("dataset_spec", {}, self._source))
+            self._spec = self._coordinator._dataset_spec(self._source)
 
     @property
     def element_spec(self) -> Any:
@@ -503,6 +502,11 @@ class ClusterCoordinator:
                 self._workers[index].iterators.add(name)
             self._iterators.add(name, source)
         return PerWorkerIterator(name, *self._batch_spec(replies), self._iterators.released)
+
+    def _dataset_spec(self, source: dataset_source.Source) -> tuple[Any, list[Any]]:
+        """Builds ``source`` on the live workers, keeping nothing there; returns the structure
+        and leaf specs of its batches."""
+        return self._batch_spec(self._on_live_workers("dataset_spec", {}, source))
 
     def _on_live_workers(self, method: str, meta: dict[str, Any],
                          source: dataset_source.Source) -> dict[int, Any]:
