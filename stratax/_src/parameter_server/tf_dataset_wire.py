@@ -11,6 +11,7 @@ TensorFlow is imported only when such a dataset is sent.
 
 from __future__ import annotations
 
+import re
 import sys
 from typing import Any
 
@@ -49,8 +50,10 @@ def encode(dataset: Any) -> tuple[dict[str, Any], np.ndarray]:
             input_dataset=tf.data.experimental.to_variant(dataset),
             external_state_policy=_FAIL_ON_EXTERNAL_STATE, strip_device_assignment=True)
     except tf.errors.OpError as err:
+        reason = re.search(r"graph: (.*?)( \[Op|$)", err.message)
         raise ValueError(
-            f"This tf.data pipeline cannot be sent to the workers ({err.message.strip()}): it "
+            f"This tf.data pipeline cannot be sent to the workers "
+            f"({reason.group(1) if reason else err.message.strip()}): it "
             "runs Python (from_generator, py_function, ...), which only exists on the chief. "
             "Build it where it runs instead: define `def dataset_fn(input_context): ...` at the "
             "top level of the script and call coordinator.create_per_worker_dataset(dataset_fn)."
