@@ -194,14 +194,15 @@ def lifecycle(coordinator):
     # Worker 1 comes back: it is given the live iterators (two kept, one late), no others.
     _handshake("restart")
     stats = lambda: coordinator.stats()["worker 1"]  # noqa: E731
+    values = []  # every batch read from `late` from now on, by either worker
     deadline = time.monotonic() + 60
     while not stats().get("rejoined") and time.monotonic() < deadline:
-        _run_all(coordinator, read_one, (late,), 1)  # worker 1's thread notices, then waits
+        # Worker 1's thread takes one, finds the worker dead and waits for its return.
+        values += [x for x, _ in _run_all(coordinator, read_one, (late,), 1)]
         time.sleep(0.5)
     result["rebuilt"] = _held(1)
     result["live"] = sorted([*kept_names, late.name])
     before = stats().get("steps", 0)
-    values = []
     deadline = time.monotonic() + 60
     while stats().get("steps", 0) < before + 3 and time.monotonic() < deadline:
         values += [x for x, _ in _run_all(coordinator, read_one, (late,), 4)]

@@ -630,13 +630,16 @@ class ClusterCoordinator:
             if self._sync:
                 recovery.expire_sync_shares(self, worker)
             recovery.expire_when_no_worker_came_back(self)
+            try:
+                session = getattr(self.strategy, "_session", None)
+                if session is not None:  # also records its incarnation (see worker_restarted)
+                    session.refresh(worker.client, timeout=2.0)
+                else:
+                    worker.client.call("ping", timeout=2.0)
+            except StrataxError:
+                continue
             with self._iterators.lock:  # no iterator is created or released meanwhile
                 try:
-                    session = getattr(self.strategy, "_session", None)
-                    if session is not None:  # also records its incarnation (worker_restarted)
-                        session.refresh(worker.client, timeout=2.0)
-                    else:
-                        worker.client.call("ping", timeout=2.0)
                     live = self._iterators.live()
                     for name, source in live.items():
                         # Synchronous mode: skip the batches of the steps already done, so the
