@@ -114,3 +114,26 @@ def test_a_collected_iterator_is_released_on_the_live_workers_that_hold_it():
     finally:
         registry.stop()
     assert "stratax-iterator-release" not in {t.name for t in threading.enumerate()}
+
+
+def test_a_closure_records_the_iterator_of_each_batch_and_refuses_mixed_sources():
+    import jax
+
+    from stratax._src.parameter_server import coordinator as coord
+    from stratax._src.parameter_server.worker_data import ArrayData
+
+    spec = [jax.ShapeDtypeStruct((2,), np.float32)]
+    first, second = PerWorkerIterator("it0", "leaf", spec), PerWorkerIterator("it1", "leaf", spec)
+    coord._recording.closure = closure = coord._Closure(0)
+    try:
+        refs = [next(first), next(second), next(first)]
+        assert [r.batch for r in refs] == [0, 1, 2]
+        assert [it.name for it in closure.iterators] == ["it0", "it1", "it0"]
+        with pytest.raises(ValueError, match="per-worker iterators or one ArrayData, not both"):
+            ArrayData((np.zeros((4, 2)),)).batch(np.arange(2))
+        coord._recording.closure = coord._Closure(1)
+        ArrayData((np.zeros((4, 2)),)).batch(np.arange(2))
+        with pytest.raises(ValueError, match="per-worker iterators or one ArrayData, not both"):
+            next(first)
+    finally:
+        coord._recording.closure = None

@@ -202,6 +202,10 @@ class _Closure:
             program.out_treedef, [_Output(index, i) for i in range(program.out_treedef.num_leaves)])
 
 
+MIXED_SOURCES = ("A scheduled function reads per-worker iterators or one ArrayData, not both; "
+                 "schedule them in separate functions.")
+
+
 class PerWorkerIterator:
     """An iterator per worker over its own ``dataset_fn`` batches (built on the workers).
 
@@ -226,8 +230,7 @@ class PerWorkerIterator:
     def __next__(self) -> Any:
         closure = recording()
         if closure.data is not None:
-            raise ValueError("A scheduled function reads per-worker iterators or one ArrayData, "
-                             "not both.")
+            raise ValueError(MIXED_SOURCES)
         closure.iterators.append(self)
         batch = closure.batches
         closure.batches += 1
