@@ -40,7 +40,7 @@ def attack(tmp_path):
     script = tmp_path / "evil.py"
     script.write_text(_SCRIPT.format(marker=str(marker)))
     request = wire.encode({"method": "iterator", "iterator": "evil",
-                           "fn": {"name": "__main__:f", "script": str(script)}})
+                           "source": {"fn": {"name": "__main__:f", "script": str(script)}}})
     return script, marker, request
 
 

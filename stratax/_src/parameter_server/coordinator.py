@@ -30,6 +30,7 @@ import logging
 import queue
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from concurrent import futures
 from typing import Any
@@ -39,7 +40,8 @@ import numpy as np
 
 from stratax._src.core.errors import StrataxError, WorkerUnavailableError
 from stratax._src.core.reduce_op import ReduceOp
-from stratax._src.parameter_server import functions, progress, recovery, rpc, structure
+from stratax._src.parameter_server import dataset_source, progress, recovery, rpc, structure
+from stratax._src.parameter_server.iterator_registry import IteratorRegistry
 from stratax._src.parameter_server.program import Program
 from stratax._src.parameter_server.step_errors import StepCancelledError, StepError, step_error
 
@@ -179,7 +181,7 @@ def recording() -> _Closure:
 class _Closure:
     def __init__(self, ident: int) -> None:
         self.ident = ident
-        self.iterator: PerWorkerIterator | None = None
+        self.iterators: list[PerWorkerIterator] = []  # the iterator of each batch, in order
         self.batches = 0
         self.runs: list[dict[str, Any]] = []
         self.programs: list[Program] = []
@@ -209,11 +211,22 @@ class _Closure:
             program.out_treedef, [_Output(index, i) for i in range(program.out_treedef.num_leaves)])
 
 
-class PerWorkerIterator:
-    """An iterator per worker over its own ``dataset_fn`` batches (built on the workers)."""
+MIXED_SOURCES = ("A scheduled function reads per-worker iterators or one ArrayData, not both; "
+                 "schedule them in separate functions.")
 
-    def __init__(self, name: str, tree: Any, specs: list[jax.ShapeDtypeStruct]) -> None:
+
+class PerWorkerIterator:
+    """An iterator per worker over its own ``dataset_fn`` batches (built on the workers).
+
+    A scheduled function may read several (each ``next`` is one more batch of that one). When
+    it is garbage collected, ``release`` is called with its name: the workers drop it.
+    """
+
+    def __init__(self, name: str, tree: Any, specs: list[jax.ShapeDtypeStruct],
+                 release: Callable[[str], None] | None = None) -> None:
         self.name, self._tree, self._specs = name, tree, specs
+        if release is not None:
+            weakref.finalize(self, release, name).atexit = False
 
     def __iter__(self) -> PerWorkerIterator:
         return self
@@ -225,9 +238,9 @@ class PerWorkerIterator:
 
     def __next__(self) -> Any:
         closure = recording()
-        if (closure.iterator is not None and closure.iterator is not self) or closure.data:
-            raise ValueError("A scheduled function may read one per-worker iterator.")
-        closure.iterator = self
+        if closure.data is not None:
+            raise ValueError(MIXED_SOURCES)
+        closure.iterators.append(self)
         batch = closure.batches
         closure.batches += 1
         return structure.build(self._tree,
@@ -235,13 +248,36 @@ class PerWorkerIterator:
 
 
 class PerWorkerDataset:
-    """What ``create_per_worker_dataset`` returns; ``iter()`` builds an iterator on every worker."""
+    """What ``create_per_worker_dataset`` returns; ``iter()`` builds an iterator on every worker.
 
-    def __init__(self, coordinator: ClusterCoordinator, fn_ref: dict[str, Any]) -> None:
-        self._coordinator, self._fn_ref = coordinator, fn_ref
+    ``build()`` builds the dataset once on each live worker and reads the structure of its
+    batches (``element_spec``) without keeping an iterator there.
+    """
+
+    def __init__(self, coordinator: ClusterCoordinator, source: dataset_source.Source) -> None:
+        self._coordinator, self._source = coordinator, source
+        self._spec: tuple[Any, list[jax.ShapeDtypeStruct]] | None = None
+
+    def build(self) -> None:
+        """Builds the dataset on the live workers and checks they yield one batch structure.
+
+        Raises:
+          ValueError: the workers' batches differ in structure, shape or dtype.
+          WorkerUnavailableError: no worker answered.
+        """
+        if self._spec is None:
+            self._spec = self._coordinator._dataset_spec(self._source)
+
+    @property
+    def element_spec(self) -> Any:
+        """One batch's structure with ``jax.ShapeDtypeStruct`` leaves (TF's ``element_spec``);
+        builds the dataset first if needed."""
+        self.build()
+        tree, specs = self._spec
+        return structure.build(tree, specs)
 
     def __iter__(self) -> PerWorkerIterator:
-        return self._coordinator._make_iterator(self._fn_ref)
+        return self._coordinator._make_iterator(self._source)
 
 
 class _Worker:
@@ -321,7 +357,7 @@ class ClusterCoordinator:
         self._pinned: dict[int, collections.deque[_Closure]] = {
             w.index: collections.deque() for w in self._workers}
         self._last_step: str | None = None
-        self._iterator_refs: dict[str, dict[str, Any]] = {}  # name -> dataset_fn reference
+        self._iterators = IteratorRegistry(self._workers)  # the live per-worker iterators
         self._inflight = 0
         self._running: dict[int, _Closure] = {}  # worker index -> the closure it runs
         self._error: BaseException | None = None
@@ -407,10 +443,21 @@ class ClusterCoordinator:
             self.fetch, values,
             is_leaf=lambda x: isinstance(x, (RemoteValue, PerWorkerValues)))
 
-    def create_per_worker_dataset(self, dataset_fn: Callable[..., Any]) -> PerWorkerDataset:
-        """A dataset built on each worker by ``dataset_fn(input_context)``, sent by name (see
-        ``stratax._src.parameter_server.functions``)."""
-        return PerWorkerDataset(self, functions.reference(dataset_fn))
+    def create_per_worker_dataset(self, dataset_fn: Any) -> PerWorkerDataset:
+        """A dataset built on each worker, as TensorFlow's ``create_per_worker_dataset``.
+
+        Args:
+          dataset_fn: A function, run on each worker as ``dataset_fn(input_context)`` (or
+            ``dataset_fn()``) and sent by name (see ``functions``); a ``tf.data.Dataset``,
+            sent as its graph, every worker iterating a copy; or what
+            ``strategy.distribute_datasets_from_function`` / ``experimental_distribute_dataset``
+            return on the chief.
+
+        Raises:
+          TypeError: ``dataset_fn`` is none of these.
+          ValueError: a function the workers cannot import, or a dataset that runs Python.
+        """
+        return PerWorkerDataset(self, dataset_source.describe(dataset_fn, self.strategy))
 
     def data_shares(self) -> int:
         """Parts a batch of ``worker_data.array_data`` splits into: one per worker in
@@ -448,6 +495,7 @@ class ClusterCoordinator:
             thread.join(timeout=5)
         for worker in self._workers:
             worker.caller.stop()
+        self._iterators.stop()
         self.progress.stop()
 
     def worker_restarted(self, client: rpc.RpcClient) -> None:
@@ -458,22 +506,66 @@ class ClusterCoordinator:
                 worker.restarted = True
 
     # ----- internals ------------------------------------------------------------------------
-    def _make_iterator(self, fn_ref: dict[str, Any]) -> PerWorkerIterator:
+    def _make_iterator(self, source: dataset_source.Source) -> PerWorkerIterator:
+        """Builds iterator ``it<N>`` on the live workers and registers it (a worker down now
+        gets it when it is taken back, see ``_on_live_workers``)."""
         name = f"{getattr(self.strategy, '_namespace', '')}it{next(self._ids)}"
-        replies = {}
+        with self._iterators.lock:
+            replies = self._on_live_workers("iterator", {"iterator": name}, source)
+            for index in replies:
+                self._workers[index].iterators.add(name)
+            self._iterators.add(name, source)
+        return PerWorkerIterator(name, *self._batch_spec(replies), self._iterators.released)
+
+    def _dataset_spec(self, source: dataset_source.Source) -> tuple[Any, list[Any]]:
+        """Builds ``source`` on the live workers, keeping nothing there; returns the structure
+        and leaf specs of its batches."""
+        return self._batch_spec(self._on_live_workers("dataset_spec", {}, source))
+
+    def _on_live_workers(self, method: str, meta: dict[str, Any],
+                         source: dataset_source.Source) -> dict[int, Any]:
+        """Sends ``source`` with ``meta`` to every live worker; returns the replies by worker.
+
+        As in TensorFlow, a worker that does not answer (down, not yet noticed) does not fail
+        the call: it is marked dead, and its serving thread takes it back when it answers
+        again, rebuilding every registered iterator there (``_revive``).
+
+        Raises:
+          WorkerUnavailableError: no worker answered.
+        """
+        replies, lost = {}, []
         for worker in self._live_workers():
-            replies[worker.index] = worker.client.call("iterator", {"iterator": name, "fn": fn_ref})
-            worker.iterators.add(name)
-        self._iterator_refs[name] = fn_ref
-        first = next(iter(replies.values())).meta
+            try:
+                replies[worker.index] = worker.client.call(
+                    method, {**meta, "source": source.meta}, source.tensors,
+                    stream=bool(source.tensors))
+            except WorkerUnavailableError as err:
+                logger.warning("%s; it gets this dataset when it answers again", err)
+                worker.died_at = time.monotonic()
+                worker.alive = False
+                lost.append(str(err))
+        if not replies:
+            raise WorkerUnavailableError("No worker answered to build the dataset: "
+                                         + "; ".join(lost))
+        return replies
+
+    @staticmethod
+    def _batch_spec(replies: dict[int, Any]) -> tuple[Any, list[jax.ShapeDtypeStruct]]:
+        """``(structure, leaf specs)`` of the workers' batches, which must agree.
+
+        Raises:
+          ValueError: two workers' batches differ.
+        """
+        first_index, first = next(iter(replies.items()))
         for index, reply in replies.items():
-            if (reply.meta["specs"] != first["specs"]
-                    or reply.meta["structure"] != first["structure"]):
-                raise ValueError(f"Worker {index}'s dataset yields {reply.meta['specs']}, worker "
-                                 f"0's {first['specs']}; every worker's batches need one shape.")
-        specs = [jax.ShapeDtypeStruct(tuple(shape), np.dtype(dtype))
-                 for dtype, shape in first["specs"]]
-        return PerWorkerIterator(name, first["structure"], specs)
+            if (reply.meta["specs"] != first.meta["specs"]
+                    or reply.meta["structure"] != first.meta["structure"]):
+                raise ValueError(
+                    f"Worker {index}'s dataset yields {reply.meta['specs']}, worker "
+                    f"{first_index}'s {first.meta['specs']}; every worker's batches need one "
+                    "structure and shape.")
+        return first.meta["structure"], [jax.ShapeDtypeStruct(tuple(shape), np.dtype(dtype))
+                                         for dtype, shape in first.meta["specs"]]
 
     def _pending(self) -> bool:
         return bool(self._queue or self._inflight or any(self._pinned.values()))
@@ -497,6 +589,7 @@ class ClusterCoordinator:
 
     def _serve(self, worker: _Worker) -> None:
         while not self._stop.is_set():
+            closure = None  # a finished closure must not keep its iterators alive while idle
             pinned = self._pinned[worker.index]
             with self._cond:
                 # After an error no closure starts until it is reported (which cancels the
@@ -563,19 +656,25 @@ class ClusterCoordinator:
                     session.refresh(worker.client, timeout=2.0)
                 else:
                     worker.client.call("ping", timeout=2.0)
-                for name, fn_ref in list(self._iterator_refs.items()):
-                    # Synchronous mode: skip the batches of the steps already done, so the
-                    # re-run steps read the batches the dead task would have read.
-                    skip = worker.consumed[name] if self._sync else 0
-                    worker.client.call("iterator", {"iterator": name, "fn": fn_ref,
-                                                    "skip": skip})
             except StrataxError:
                 continue
-            worker.programs = set()
-            worker.restarted = False
-            worker.iterators = set(self._iterator_refs)
-            worker.stats["rejoined"] += 1
-            worker.alive = True
+            with self._iterators.lock:  # no iterator is created or released meanwhile
+                try:
+                    live = self._iterators.live()
+                    for name, source in live.items():
+                        # Synchronous mode: skip the batches of the steps already done, so the
+                        # re-run steps read the batches the dead task would have read.
+                        skip = worker.consumed[name] if self._sync else 0
+                        worker.client.call("iterator", {"iterator": name, "skip": skip,
+                                                        "source": source.meta},
+                                           source.tensors, stream=bool(source.tensors))
+                except StrataxError:
+                    continue
+                worker.programs = set()
+                worker.restarted = False
+                worker.iterators = set(live)
+                worker.stats["rejoined"] += 1
+                worker.alive = True
             logger.warning("worker %d at %s answers again; it gets work again", worker.index,
                            worker.client.address)
             return True
@@ -597,9 +696,10 @@ class ClusterCoordinator:
                     f"failed: {error}"))
 
     def _run(self, worker: _Worker, closure: _Closure) -> None:
-        if worker.restarted:
-            raise WorkerUnavailableError(f"worker {worker.index} at {worker.client.address} "
-                                         "was restarted (a new process)")
+        if worker.restarted or not worker.alive:
+            why = ("was restarted (a new process)" if worker.restarted else
+                   "did not answer when a per-worker dataset was created")
+            raise WorkerUnavailableError(f"worker {worker.index} at {worker.client.address} {why}")
         for program in closure.programs:
             if program.key not in worker.programs:
                 tensors = [np.frombuffer(program.step, np.uint8)]
@@ -607,9 +707,10 @@ class ClusterCoordinator:
                     tensors.append(np.frombuffer(program.ids, np.uint8))
                 worker.client.call("register", {"program": program.meta}, tensors, stream=True)
                 worker.programs.add(program.key)
-        iterator = closure.iterator
-        if iterator is not None and iterator.name not in worker.iterators:
-            raise StepError(f"Iterator {iterator.name} does not exist on worker {worker.index}; "
+        names = [iterator.name for iterator in closure.iterators]
+        missing = sorted(set(names) - worker.iterators)
+        if missing:
+            raise StepError(f"Iterators {missing} do not exist on worker {worker.index}; "
                             "create iterators after all workers joined.")
         data = closure.data
         if data is not None and data.name not in worker.iterators:
@@ -618,7 +719,7 @@ class ClusterCoordinator:
         start = time.perf_counter()
         sync = len(self._workers) if closure.pinned else 1
         reply = self._call_run(worker, closure, {
-            "closure": f"c{closure.ident}", "iterator": iterator.name if iterator else None,
+            "closure": f"c{closure.ident}", "iterators": names,
             "batches": closure.batches, "runs": closure.runs, "sync": sync, "after": closure.after,
             "data": data.name if data is not None else None,
         })
@@ -627,8 +728,7 @@ class ClusterCoordinator:
             outputs.append(reply.tensors[position:position + count])
             position += count
         worker.stats["closures"] += 1
-        if iterator is not None:
-            worker.consumed[iterator.name] += closure.batches
+        worker.consumed.update(names)
         worker.stats["steps"] += len(closure.runs)
         worker.stats["wall"] += time.perf_counter() - start
         for key, seconds in reply.meta.get("timing", {}).items():

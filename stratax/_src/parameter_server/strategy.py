@@ -23,10 +23,12 @@ import numpy as np
 from stratax._src.cluster.cluster_spec import ClusterSpec
 from stratax._src.cluster.resolver import ClusterResolver
 from stratax._src.core.context import replica_context_scope
+from stratax._src.data.input_context import InputContext
 from stratax._src.parameter_server import (
     checkpoint,
     cluster_check,
     compute_threads,
+    dataset_source,
     functions,
     program,
     shared_session,
@@ -364,6 +366,22 @@ class ParameterServerStrategy(Strategy):
         """This strategy's ``ClusterCoordinator`` (created on first use; the program's own, if it
         made one): ``model.fit`` schedules its steps through it."""
         return coord.ClusterCoordinator(self)  # one per strategy, as in TensorFlow
+
+    def distribute_datasets_from_function(
+            self, dataset_fn: Callable[[InputContext], Any],
+            options: Any = None) -> dataset_source.DistributedDatasetsFromFunction:
+        """A dataset built on each worker as ``dataset_fn(input_context)``, once given to
+        ``coordinator.create_per_worker_dataset`` (as in TensorFlow, it is not built on the
+        chief). Inside a per-worker dataset function, on a worker, the same call returns the
+        worker's dataset (see ``worker_input``)."""
+        return dataset_source.DistributedDatasetsFromFunction(dataset_fn, options)
+
+    def experimental_distribute_dataset(
+            self, dataset: Any, options: Any = None) -> dataset_source.DistributedDataset:
+        """``dataset`` (a ``tf.data.Dataset``) for every worker, once given to
+        ``coordinator.create_per_worker_dataset``: each worker iterates a copy of it, not a
+        shard, as in TensorFlow's parameter-server strategy."""
+        return dataset_source.DistributedDataset(dataset, options)
 
     def _on_ps(self, variables: Any) -> Any:
         """Maps Keras variables in a pytree to their parameter-server variables (creating them

@@ -54,11 +54,11 @@ class ArrayData:
 
     def batch(self, rows: Any) -> Any:
         """Inside a scheduled function: placeholders for the batch ``arrays[rows]`` (the worker
-        cuts it). A closure reads one data source; each call is one more batch."""
+        cuts it). A closure reads one ArrayData (and no iterator); each call is one more
+        batch."""
         closure = coord.recording()
-        if closure.iterator is not None or (closure.data is not None and closure.data is not self):
-            raise ValueError("A scheduled function may read one data source (one per-worker "
-                             "iterator or one ArrayData).")
+        if closure.iterators or (closure.data is not None and closure.data is not self):
+            raise ValueError(coord.MIXED_SOURCES)
         rows = np.asarray(rows)
         if rows.ndim != 1 or rows.dtype.kind not in "iu" or not rows.size:
             raise ValueError(f"Batch rows must be a non-empty 1-D integer array, got {rows!r}.")

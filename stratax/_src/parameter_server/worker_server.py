@@ -1,19 +1,19 @@
 """The worker task: runs exported steps on its own batches, pulling and pushing parameters.
 
-A closure from the coordinator names an iterator (built here, by name, from ``dataset_fn``),
-how many batches to take, and the runs: each run is an exported program and which batch
-leaves it takes. For each run the worker (1) runs the id program if the step reads embedding
-rows, (2) pulls, in one call per ps, the variables it reads and only the distinct rows of the
-tables, (3) runs the step, (4) pushes gradients with the step id ``"<closure>:<run>"`` (the
-parameter servers apply each step id once), and returns the outputs. In asynchronous mode the
-push of a run and the pull of the closure's next run travel in one call per ps (the next
-batch is already here, so its rows are known). No user Python runs to execute a step.
+A closure from the coordinator names the iterator of each batch it reads (iterators are built
+here, by name, from what ``create_per_worker_dataset`` got: see ``worker_input``) and the
+runs: each run is an exported program and which batch leaves it takes. For each run the
+worker (1) runs the id program if the step reads embedding rows, (2) pulls, in one call per
+ps, the variables it reads and only the distinct rows of the tables, (3) runs the step, (4)
+pushes gradients with the step id ``"<closure>:<run>"`` (the parameter servers apply each step
+id once), and returns the outputs. In asynchronous mode the push of a run and the pull of the
+closure's next run travel in one call per ps (the next batch is already here, so its rows are
+known). No user Python runs to execute a step.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import threading
 import time
 from collections.abc import Sequence
@@ -24,7 +24,7 @@ import numpy as np
 from jax import export as jax_export
 
 from stratax._src.data.input_context import InputContext
-from stratax._src.parameter_server import functions, rpc, structure, wire
+from stratax._src.parameter_server import rpc, structure, wire, worker_input
 from stratax._src.parameter_server.ps_client import PSClients, Push
 from stratax._src.parameter_server.worker_data import ArrayStore
 
@@ -75,7 +75,8 @@ class WorkerService(rpc.Dispatcher):
         self._arrays = ArrayStore()
         self.shutdown_requested = threading.Event()
         self._methods = {"ping": self._ping, "register": self._register,
-                         "iterator": self._iterator, "run": self._run,
+                         "iterator": self._iterator, "dataset_spec": self._dataset_spec,
+                         "drop_iterator": self._drop_iterator, "run": self._run,
                          "shutdown": self._shutdown, "arrays": self._put_arrays,
                          "drop_arrays": self._drop_arrays}
 
@@ -96,7 +97,8 @@ class WorkerService(rpc.Dispatcher):
             self._ps.set_timeout(float(timeout))
 
     def _ping(self, frame: wire.Frame) -> bytes:
-        return rpc.response({"task": self.task_index})
+        """This task's index and the names of the iterators it holds."""
+        return rpc.response({"task": self.task_index, "iterators": sorted(self._iterators)})
 
     def _shutdown(self, frame: wire.Frame) -> bytes:
         self.shutdown_requested.set()
@@ -121,26 +123,38 @@ class WorkerService(rpc.Dispatcher):
         self._arrays.drop(wire.require(frame.meta, "name", str))
         return rpc.response()
 
+    def _new_iterator(self, frame: wire.Frame) -> tuple[_Iterator, bytes]:
+        """An iterator over the dataset the request describes, and the reply giving the
+        structure, dtypes and shapes of its first batch."""
+        context = InputContext(num_input_pipelines=self.num_workers,
+                               input_pipeline_id=self.task_index, num_replicas_in_sync=1)
+        dataset = worker_input.build_dataset(wire.require(frame.meta, "source", dict),
+                                             frame.tensors, context)
+        iterator = _Iterator(dataset)
+        tree, leaves = iterator.spec()
+        specs = [[np.asarray(x).dtype.name, list(np.shape(x))] for x in leaves]
+        return iterator, rpc.response({"structure": tree, "specs": specs})
+
     def _iterator(self, frame: wire.Frame) -> bytes:
         name = wire.require(frame.meta, "iterator", str)
-        fn = functions.resolve(wire.require(frame.meta, "fn", dict))
         skip = frame.meta.get("skip", 0)
         if type(skip) is not int or skip < 0:
             raise wire.WireError(f"Field 'skip' must be a non-negative int, got {skip!r}.")
-        context = InputContext(num_input_pipelines=self.num_workers,
-                               input_pipeline_id=self.task_index, num_replicas_in_sync=1)
-        try:
-            takes_context = bool(inspect.signature(fn).parameters)
-        except (TypeError, ValueError):
-            takes_context = True
-        dataset = fn(context) if takes_context else fn()
-        iterator = _Iterator(dataset)
-        tree, leaves = iterator.spec()
+        iterator, reply = self._new_iterator(frame)
         for _ in range(skip):  # a restarted worker resumes its data where its steps ended
             iterator.next()
         self._iterators[name] = iterator
-        specs = [[np.asarray(x).dtype.name, list(np.shape(x))] for x in leaves]
-        return rpc.response({"structure": tree, "specs": specs})
+        return reply
+
+    def _dataset_spec(self, frame: wire.Frame) -> bytes:
+        """``PerWorkerDataset.build()``: builds the dataset, answers its batch structure and
+        keeps nothing."""
+        return self._new_iterator(frame)[1]
+
+    def _drop_iterator(self, frame: wire.Frame) -> bytes:
+        """Releases an iterator the chief's user no longer holds (unknown names are fine)."""
+        self._iterators.pop(wire.require(frame.meta, "iterator", str), None)
+        return rpc.response()
 
     def _run(self, frame: wire.Frame) -> bytes:
         closure = wire.require(frame.meta, "closure", str)
@@ -150,7 +164,6 @@ class WorkerService(rpc.Dispatcher):
         runs = wire.require(frame.meta, "runs", list)
         timing = {"pull": 0.0, "compute": 0.0, "push": 0.0, "data": 0.0}
         batches: list[list[np.ndarray]] = []
-        name = frame.meta.get("iterator")
         count = wire.require(frame.meta, "batches", int)
         start = time.perf_counter()
         data = frame.meta.get("data")
@@ -163,11 +176,7 @@ class WorkerService(rpc.Dispatcher):
             else:
                 batches = self._arrays.batches(data, frame.tensors)
         elif count:
-            iterator = self._iterators.get(name) if isinstance(name, str) else None
-            if iterator is None:
-                raise KeyError(f"No iterator {name!r} on worker {self.task_index}.")
-            with iterator.lock:
-                batches = iterator.take(closure, count)
+            batches = self._iterator_batches(closure, frame.meta.get("iterators"), count)
         timing["data"] += time.perf_counter() - start
         sync = wire.require(frame.meta, "sync", int)
         previous = frame.meta.get("after")
@@ -222,6 +231,22 @@ class WorkerService(rpc.Dispatcher):
             counts.append(len(result))
             outputs.extend(result)
         return rpc.response({"counts": counts, "timing": timing}, outputs)
+
+    def _iterator_batches(self, closure: str, names: Any,
+                          count: int) -> list[list[np.ndarray]]:
+        """The closure's batches: batch ``i`` is the next one of iterator ``names[i]``."""
+        if (not isinstance(names, list) or len(names) != count
+                or not all(isinstance(n, str) for n in names)):
+            raise wire.WireError(f"Field 'iterators' must name the iterator of each of the "
+                                 f"{count} batches, got {names!r}.")
+        taken = {}
+        for name in dict.fromkeys(names):
+            iterator = self._iterators.get(name)
+            if iterator is None:
+                raise KeyError(f"No iterator {name!r} on worker {self.task_index}.")
+            with iterator.lock:
+                taken[name] = iter(iterator.take(closure, names.count(name)))
+        return [next(taken[name]) for name in names]
 
     def _reads(self, program: _Program, leaves: list[np.ndarray]) -> _Reads:
         """What a step reads: its dense variables whole and, for each table read with
