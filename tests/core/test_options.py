@@ -8,7 +8,15 @@ import pytest
 
 from stratax._src.core import env
 from stratax._src.core.config import config
-from stratax._src.core.options import Choice, Directory, Integer, Number, Option, Options
+from stratax._src.core.options import (
+    Choice,
+    ChoiceOrInteger,
+    Directory,
+    Integer,
+    Number,
+    Option,
+    Options,
+)
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "options.md"
 
@@ -16,6 +24,8 @@ DOCS = Path(__file__).resolve().parents[2] / "docs" / "options.md"
 VALID = {
     Choice: lambda kind: [(f" {c.upper()} ", c) for c in (kind.choices[-1], kind.choices[0])],
     Integer: lambda kind: [(f" {kind.minimum + n} ", kind.minimum + n) for n in (3, 5)],
+    ChoiceOrInteger: lambda kind: [(" ALL ", "all"), (f"{kind.integer.minimum + 2}",
+                                                      kind.integer.minimum + 2)],
     Number: lambda kind: [(f"{kind.minimum + n}", kind.minimum + n) for n in (0.5, 1.5)],
     Directory: lambda kind: [(f"/tmp/stratax-{n}", f"/tmp/stratax-{n}") for n in ("a", "b")],
 }
@@ -91,6 +101,8 @@ def test_the_real_registry_follows_the_same_order(monkeypatch, fresh):
     ("ps_chief_timeout_seconds", 1, "a number >= 3"),
     ("ps_progress_seconds", "10", "a number >= 0"),
     ("extension_cache", "", "a non-empty path"),
+    ("ps_worker_threads", 0, r"one of 'auto', 'all' or an integer >= 1"),
+    ("ps_worker_threads", "some", r"one of 'auto', 'all' or an integer >= 1"),
 ])
 def test_a_bad_value_names_the_option_the_value_and_what_it_accepts(fresh, name, value,
                                                                      accepted):

@@ -15,7 +15,15 @@ Example::
 from __future__ import annotations
 
 from stratax._src.core import env
-from stratax._src.core.options import Choice, Directory, Integer, Number, Option, Options
+from stratax._src.core.options import (
+    Choice,
+    ChoiceOrInteger,
+    Directory,
+    Integer,
+    Number,
+    Option,
+    Options,
+)
 
 CPU_COLLECTIVES = ("auto", "gloo", "mpi", "shm")
 # Where the caller picks the default (by the devices, the cores, the runner): "decided by use".
@@ -77,4 +85,12 @@ config = Options([
     Option("ps_chief_timeout_seconds", env.STRATAX_PS_CHIEF_TIMEOUT_SECONDS,
            Number(3, "seconds a served task waits for a chief"), 120.0,
            "Seconds a served ps/worker task waits without a chief before it exits."),
+    Option("ps_worker_threads", env.STRATAX_PS_WORKER_THREADS,
+           ChoiceOrInteger(Choice(("auto", "all"), "a thread setting"),
+                           Integer(1, "XLA threads per worker, or 'all' for XLA's default",
+                                   unset="for 'auto' (the host's cores shared among its worker "
+                                         "tasks)")), "auto",
+           "XLA threads of a parameter-server worker task: 'auto' (the host's cores shared "
+           "among its worker tasks), 'all' (one per core) or a number; read before the "
+           "worker's JAX starts."),
 ])

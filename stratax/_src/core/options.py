@@ -70,6 +70,28 @@ class Integer:
         return envvars.get_int_or(name, default, self.minimum, meaning=self.meaning)
 
 
+class ChoiceOrInteger:
+    """A name of ``choice`` or an integer of ``integer`` (``"auto"``, ``"all"`` or a count)."""
+
+    def __init__(self, choice: Choice, integer: Integer) -> None:
+        self.choice = choice
+        self.integer = integer
+
+    def accepted(self) -> str:
+        return f"{self.choice.accepted()} or {self.integer.accepted()}"
+
+    def check(self, value: Any) -> str | int | None:
+        name = self.choice.check(value)
+        return name if name is not None else self.integer.check(value)
+
+    def from_env(self, name: str, default: Any) -> str | int:
+        text = os.environ.get(name, "").strip().lower() or default
+        if text in self.choice.choices:
+            return text
+        return envvars.parse_int(name, text, self.integer.minimum, meaning=self.integer.meaning,
+                                 unset=self.integer.unset)
+
+
 class Number:
     """A real number ``>= minimum`` (not NaN; ``bool`` is refused); read as ``float``."""
 
@@ -109,7 +131,7 @@ class Directory:
         return os.environ.get(name, "").strip() or default
 
 
-Kind = Choice | Integer | Number | Directory
+Kind = Choice | Integer | ChoiceOrInteger | Number | Directory
 
 
 @dataclasses.dataclass(frozen=True)
