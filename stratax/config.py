@@ -1,5 +1,30 @@
-"""``sx.config``: TensorFlow's ``tf.config`` calls that a distributed TPU program makes."""
+"""``sx.config``: stratax's options, and TensorFlow's ``tf.config`` calls of a TPU program.
 
+Options are set in code or mirrored by ``STRATAX_*`` variables for launch scripts; an explicit
+argument wins over ``update``, which wins over the variable, which wins over the default
+(docs/options.md lists them)::
+
+    import stratax as sx
+    sx.config.update("sharded_update", "off")   # or STRATAX_SHARDED_UPDATE=off
+    sx.config.sharded_update                    # "off"
+    sx.config.reset("sharded_update")
+"""
+
+from typing import Any
+
+from stratax._src.core.config import config as _config
 from stratax._src.runtime.tpu_system import experimental_connect_to_cluster
 
-__all__ = ["experimental_connect_to_cluster"]
+update = _config.update
+reset = _config.reset
+
+__all__ = ["experimental_connect_to_cluster", "reset", "update"]
+
+
+def __getattr__(name: str) -> Any:
+    """An option's value, e.g. ``sx.config.prefetch_depth``."""
+    return getattr(_config, name)
+
+
+def __dir__() -> list[str]:
+    return sorted({*__all__, *dir(_config)})

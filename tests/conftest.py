@@ -1,8 +1,8 @@
 """Test set-up: 8 forced CPU devices (before JAX starts) and hygiene checks for every test.
 
 Tier (ii) tests need several replicas in one process, so the CPU is split into 8 XLA devices
-before anything imports JAX. Every test fails if it leaks environment variables, non-daemon
-threads or child processes (Lightning's test hygiene).
+before anything imports JAX. Every test fails if it leaks environment variables, ``sx.config``
+options, non-daemon threads or child processes (Lightning's test hygiene).
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ if importlib.util.find_spec("tensorflow") is not None:  # absent at the other en
     import tensorflow  # noqa: F401
 
 import stratax  # noqa: F401  (applies STRATAX_CPU_DEVICES before JAX starts)
+from stratax._src.core.config import config
 
 atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
 
@@ -81,6 +82,10 @@ def _hygiene():
                 os.environ[key] = env_before[key]
             else:
                 os.environ.pop(key, None)
+    updated = config.updates()
+    if updated:
+        problems.append(f"sx.config options left set: {sorted(updated)}")
+        config.reset()
     leaked_threads = [
         t for t in threading.enumerate()
         if not t.daemon and t.is_alive() and t not in threads_before

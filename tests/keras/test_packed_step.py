@@ -104,6 +104,7 @@ def test_bytes_per_pack_cuts_the_buffer_into_packs():
     class Packed:  # MultiWorkerMirroredStrategy's CommunicationOptions(bytes_per_pack=1024)
         num_replicas_in_sync = 2
         mesh = mirrored.mesh
+        cross_device_ops = mirrored.cross_device_ops
         bytes_per_pack = 1024
 
     step = packed_step.compiled_packed_step(model, Packed, state)

@@ -130,6 +130,21 @@ def test_auto_picks_shm_on_one_host_and_gloo_otherwise_and_says_why(workers, tmp
             warnings[1]), output[-2000:]
 
 
+@pytest.mark.parametrize(("variable", "implementation", "configured", "ops"), [
+    ("shm", "gloo", "-", "CrossDeviceOps"),  # the argument wins over the variable
+    ("gloo", "-", "shm", "SharedMemoryAllReduce"),  # sx.config wins over the variable
+])
+def test_the_transport_is_the_argument_then_sx_config_then_the_variable(
+        workers, variable, implementation, configured, ops):
+    outputs, _ = _run(workers, ["transport_choice_program.py", implementation, configured],
+                      variable)
+    assert [p.returncode for p in workers.procs] == [0, 0], outputs[0][-3000:]
+    shared = ops == "SharedMemoryAllReduce"
+    for output in outputs:
+        assert f"ops {ops}" in output and f"shm {shared}" in output, output[-2000:]
+        assert "sum 3.0" in output and f"traced {int(shared)}" in output, output[-2000:]
+
+
 def test_a_dev_shm_too_small_falls_back_to_gloo_at_set_up(workers, tmp_path):
     """A container-sized /dev/shm (here 1 MiB, below the 2 x 1 MiB slots): the segment cannot
     be reserved, so auto uses gloo everywhere and says why; the all-reduces still work."""

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from stratax._src.runtime import distributed, shm_build, shm_collectives
+from stratax._src.runtime import cpu_collectives, distributed, shm_build, shm_collectives
 
 HAVE_COMPILER = shm_build.compiler() is not None
 
@@ -44,7 +44,7 @@ BUILD = textwrap.dedent("""\
 
 def test_shm_is_a_cpu_collectives_choice(monkeypatch):
     monkeypatch.setenv("STRATAX_CPU_COLLECTIVES", "SHM")
-    assert distributed.cpu_collectives_from_env() == "shm"
+    assert cpu_collectives.resolve() == "shm"
 
 
 def test_a_missing_compiler_is_a_clear_error(monkeypatch, tmp_path):
@@ -243,12 +243,14 @@ def test_the_shm_all_reduce_makes_values_uniform_across_replicas():
     import numpy as np
 
     from stratax._src.runtime import invariance
+    from stratax._src.strategies.transport import SharedMemoryAllReduce
 
     def body(x):
         return shm_collectives.all_reduce("sum", [x])[0], x * 2
 
     jaxpr = jax.make_jaxpr(body)(np.ones(3, np.float32))
-    assert invariance.varying_outputs(jaxpr, [True], "replica") == [False, True]
+    unifying = SharedMemoryAllReduce.unifying_calls  # what a strategy over shm passes
+    assert invariance.varying_outputs(jaxpr, [True], "replica", unifying) == [False, True]
 
 
 @pytest.mark.parametrize("problem", ["exited", "did not reach all-reduce round 7 within 3 s"])

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Sharding
 
-from stratax._src.core import env, envvars
+from stratax._src.core.config import config
 from stratax._src.keras.feed import FeedLayout, RowPass
 from stratax._src.strategies.replica_context import REPLICA_AXIS
 
@@ -99,13 +99,12 @@ def replica_batch(data: Any, num_replicas: int) -> Any:
 
 
 def budget_from_env(devices: Any) -> int:
-    """``STRATAX_RESIDENT_ARRAY_BYTES``: the most bytes of array input ``fit`` keeps on a
-    process's devices, counted once per device (0 = never). Default: 1 GiB on CPU; 0 on
-    accelerators, whose memory the model needs (there the placement ahead of the step hides
-    the copy)."""
+    """Option ``resident_array_bytes`` (``STRATAX_RESIDENT_ARRAY_BYTES``): the most bytes of
+    array input ``fit`` keeps on a process's devices, counted once per device (0 = never).
+    Default: 1 GiB on CPU; 0 on accelerators, whose memory the model needs (there the
+    placement ahead of the step hides the copy)."""
     default = _CPU_BUDGET if all(d.platform == "cpu" for d in devices) else 0
-    return envvars.get_int_or(env.STRATAX_RESIDENT_ARRAY_BYTES, default,
-                              meaning="bytes of fit's array input kept on the devices; 0 = off")
+    return config.get("resident_array_bytes", default=default)
 
 
 def fits(arrays: Any, devices: Any) -> bool:

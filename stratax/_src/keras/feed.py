@@ -45,7 +45,7 @@ import keras
 import numpy as np
 
 from stratax._src import seam
-from stratax._src.core import env, envvars
+from stratax._src.core.config import config
 from stratax._src.data import global_batch, sharding
 from stratax._src.data.distributed_dataset import (
     DistributedDataset,
@@ -367,10 +367,9 @@ class FeedEpochs(keras.callbacks.Callback):
 
 
 def prefetch_depth_from_env() -> int | None:
-    """``STRATAX_PREFETCH_DEPTH`` (batches placed ahead of the step, 0 = off), or ``None``."""
-    return envvars.get_optional_int(
-        env.STRATAX_PREFETCH_DEPTH, 0, meaning="batches fit places ahead of the step; 0 = off",
-        unset="for 2 on accelerators, 0 on CPU")
+    """Option ``prefetch_depth`` (``STRATAX_PREFETCH_DEPTH``: batches placed ahead of the
+    step, 0 = off), or ``None`` for the runner's default."""
+    return config.prefetch_depth
 
 
 def data_seed() -> int:

@@ -35,8 +35,7 @@ from jax.sharding import PartitionSpec as P
 from stratax._src import seam
 from stratax._src.core.reduce_op import ReduceOp
 from stratax._src.keras import device_rows, epoch_logs, forward_losses
-from stratax._src.strategies.packing import packed_collective
-from stratax._src.strategies.replica_context import REPLICA_AXIS, shm_reducer
+from stratax._src.strategies.replica_context import REPLICA_AXIS
 
 _MEAN_REDUCTION = "sum_over_batch_size"
 
@@ -86,6 +85,7 @@ def compiled_packed_step(model: Any, strategy: Any, state: Any) -> Callable[...,
     """
     replicas = strategy.num_replicas_in_sync
     bytes_per_pack = strategy.bytes_per_pack
+    ops = strategy.cross_device_ops
 
     def replica_step(state: Any, data: Any) -> Any:
         """One replica's step."""
@@ -94,9 +94,8 @@ def compiled_packed_step(model: Any, strategy: Any, state: Any) -> Callable[...,
         grads, non_trainable, local_metrics = seam.keras_gradients_and_metrics(
             model, trainable, non_trainable, optimizer_vars, metrics_vars, data)
         deltas = metric_deltas(local_metrics, metrics_vars)
-        summed_grads, summed_deltas = packed_collective(
-            lambda flat: jax.lax.psum(flat, REPLICA_AXIS), (grads, deltas), bytes_per_pack,
-            batched=shm_reducer(strategy, ReduceOp.SUM, only_call=True))
+        summed_grads, summed_deltas = ops.all_reduce(ReduceOp.SUM, (grads, deltas),
+                                                     bytes_per_pack, only_call=True)
         grads = jax.tree.map(lambda g: g / replicas, summed_grads)
         metrics_vars = [old + d for old, d in zip(metrics_vars, summed_deltas, strict=True)]
         trainable, optimizer_vars = model.optimizer.stateless_apply(

@@ -39,9 +39,9 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from stratax._src import seam
-from stratax._src.core import env, envvars
+from stratax._src.core import env
+from stratax._src.core.config import config
 from stratax._src.keras import device_rows, packed_step
-from stratax._src.runtime import shm_collectives
 from stratax._src.strategies.replica_context import REPLICA_AXIS
 
 # Optimizers whose update of an element reads only that element's gradient, value and slots
@@ -54,10 +54,9 @@ _PART = "stratax_update_part"
 
 
 def enabled_from_env() -> bool:
-    """``STRATAX_SHARDED_UPDATE``: ``auto`` (default: wherever :func:`why_not` allows) or
-    ``off``."""
-    return envvars.get_choice(env.STRATAX_SHARDED_UPDATE, ("auto", "off"), "auto",
-                              what="a sharded-update setting") == "auto"
+    """Option ``sharded_update`` (``STRATAX_SHARDED_UPDATE``): ``auto`` (default: wherever
+    :func:`why_not` allows) or ``off``."""
+    return config.sharded_update == "auto"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,9 +87,8 @@ def why_not(model: Any, strategy: Any, group: int) -> str | None:
         return f"{env.STRATAX_SHARDED_UPDATE}=off"
     if group < 2:
         return "steps_per_execution is 1"
-    if not shm_collectives.exchanges_cover(list(strategy.mesh.devices.flat)):
-        return "the all-reduce is not over shared memory on one host"
-    return model_problem(model)
+    exchanges = strategy.cross_device_ops.exchanges()
+    return exchanges if isinstance(exchanges, str) else model_problem(model)
 
 
 def model_problem(model: Any) -> str | None:
@@ -177,6 +175,9 @@ def group_program(model: Any, strategy: Any, layout: Plan,
     """
     world = strategy.num_replicas_in_sync
     optimizer, parts = layout.optimizer, layout.parts
+    exchanges = strategy.cross_device_ops.exchanges()
+    if isinstance(exchanges, str):
+        raise RuntimeError(f"internal: a sharded update without exchanges ({exchanges}).")
 
     def padded(value: Any, part: int) -> Any:
         """``value`` flat, padded with zeros to ``world * part`` elements."""
@@ -209,7 +210,7 @@ def group_program(model: Any, strategy: Any, layout: Plan,
                                                                        metrics_vars)]
             # The metric deltas travel as every process's part of one more operand, so the
             # same call sums them for everyone.
-            *grads, summed = shm_collectives.reduce_scatter(
+            *grads, summed = exchanges.reduce_scatter(
                 [padded(g, part) for g, part in zip(grads, parts, strict=True)]
                 + [jnp.tile(jnp.concatenate([*deltas, jnp.zeros((0,), jnp.float32)]), world)])
             metrics_vars = _plus_flat(metrics_vars, summed)
@@ -217,7 +218,7 @@ def group_program(model: Any, strategy: Any, layout: Plan,
                 sharded, [g / world for g in grads],
                 [own(v, part) for v, part in zip(trainable, parts, strict=True)])
             trainable = [whole(g, shape) for g, shape in
-                         zip(shm_collectives.all_gather(new_parts), layout.shapes, strict=True)]
+                         zip(exchanges.all_gather(new_parts), layout.shapes, strict=True)]
             return (trainable, sharded, metrics_vars), packed_step.step_logs(model, metrics_vars)
 
         (trainable, sharded, metrics_vars), logs = jax.lax.scan(
@@ -228,7 +229,7 @@ def group_program(model: Any, strategy: Any, layout: Plan,
         # for the last step's too, even if XLA unrolled the loop.
         trainable, sharded = jax.lax.optimization_barrier((trainable, sharded))
         slots = [j for j, owner in enumerate(layout.owners) if owner is not None]
-        gathered = shm_collectives.all_gather([sharded[j] for j in slots]) if slots else []
+        gathered = exchanges.all_gather([sharded[j] for j in slots]) if slots else []
         optimizer_vars = list(optimizer_vars)
         for j, (i, owner) in enumerate(zip(layout.sources, layout.owners, strict=True)):
             if owner is None:

@@ -35,14 +35,15 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from stratax._src.core import env, envvars
+from stratax._src.core import env
+from stratax._src.core.config import config
 from stratax._src.core.errors import StrataxError
 from stratax._src.parameter_server import rpc, wire
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_CHIEF_TIMEOUT_SECONDS = 120.0
-MIN_CHIEF_TIMEOUT_SECONDS = 3.0
+DEFAULT_CHIEF_TIMEOUT_SECONDS = config.option("ps_chief_timeout_seconds").default
+MIN_CHIEF_TIMEOUT_SECONDS = config.option("ps_chief_timeout_seconds").kind.minimum
 HEARTBEAT_SECONDS = 0.5
 # A chief not heard from for this long may be replaced by another chief's claim.
 LIVE_SECONDS = 5.0
@@ -61,9 +62,7 @@ def resolve_chief_timeout(seconds: float | None = None) -> float:
       ValueError: a value below 3 s or not a number, naming it.
     """
     if seconds is None:
-        return envvars.get_float_or(env.STRATAX_PS_CHIEF_TIMEOUT_SECONDS,
-                                    DEFAULT_CHIEF_TIMEOUT_SECONDS, MIN_CHIEF_TIMEOUT_SECONDS,
-                                    meaning="seconds a served task waits for a chief")
+        return config.ps_chief_timeout_seconds
     if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not (
             seconds >= MIN_CHIEF_TIMEOUT_SECONDS):
         raise ValueError(

@@ -20,8 +20,9 @@ import logging
 import os
 
 from stratax._src.cluster.cluster_spec import ClusterSpec, parse_address
-from stratax._src.core import env, envvars
+from stratax._src.core import env
 from stratax._src.core.addresses import is_loopback
+from stratax._src.core.config import config
 
 logger = logging.getLogger(__name__)
 
@@ -49,16 +50,13 @@ def colocated_workers(spec: ClusterSpec, task_index: int) -> int:
 
 
 def worker_threads(spec: ClusterSpec, task_index: int, cores: int | None = None) -> int | None:
-    """Threads worker ``task_index``'s XLA pool gets under ``STRATAX_PS_WORKER_THREADS``, or
-    None for XLA's default (one per core)."""
-    setting = os.environ.get(env.STRATAX_PS_WORKER_THREADS, "auto").strip().lower() or "auto"
+    """Threads worker ``task_index``'s XLA pool gets under option ``ps_worker_threads``
+    (``STRATAX_PS_WORKER_THREADS``), or None for XLA's default (one per core)."""
+    setting = config.ps_worker_threads
     if setting == "all":
         return None
     if setting != "auto":
-        return envvars.parse_int(
-            env.STRATAX_PS_WORKER_THREADS, setting, 1,
-            meaning="XLA threads per worker, or 'all' for XLA's default",
-            unset="for 'auto' (the host's cores shared among its worker tasks)")
+        return setting
     cores = host_cores() if cores is None else cores
     workers = colocated_workers(spec, task_index)
     return max(1, cores // workers) if workers > 1 else None

@@ -37,6 +37,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from stratax._src.core import env
+from stratax._src.core.config import config
 from stratax._src.core.errors import WorkerUnavailableError
 from stratax._src.parameter_server import shared_frames, wire
 from stratax._src.parameter_server.shared_frames import SharedFrames
@@ -60,7 +61,7 @@ def transport_mode(value: str | None = None) -> str:
       ValueError: the setting is not one of ``TRANSPORTS``.
     """
     source = "transport" if value is not None else env.STRATAX_PS_TRANSPORT
-    mode = value if value is not None else os.environ.get(env.STRATAX_PS_TRANSPORT) or "auto"
+    mode = value if value is not None else config.ps_transport
     if mode not in TRANSPORTS:
         raise ValueError(
             f"{source}={mode!r} is not a parameter-server transport; use 'auto' (a Unix socket "

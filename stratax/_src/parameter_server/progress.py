@@ -39,13 +39,13 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, TextIO
 
-from stratax._src.core import env, envvars
+from stratax._src.core.config import config
 from stratax._src.observe.record import MetricsWriter
 from stratax._src.observe.run_dir import PathLike, resolve_run_dir
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_EVERY_SECONDS = 10.0
+DEFAULT_EVERY_SECONDS = config.option("ps_progress_seconds").default
 DEFAULT_FACTOR = 1.5
 _COUNTERS = ("steps", "wall", "pull", "data", "push")
 
@@ -58,8 +58,7 @@ def resolve_every_seconds(every_seconds: float | None = None) -> float:
       ValueError: a value that is not a number >= 0, naming it.
     """
     if every_seconds is None:
-        return envvars.get_float_or(env.STRATAX_PS_PROGRESS_SECONDS, DEFAULT_EVERY_SECONDS, 0,
-                                    meaning="seconds between progress lines; 0 = off")
+        return config.ps_progress_seconds
     try:
         seconds = float(every_seconds)
     except (TypeError, ValueError):

@@ -28,7 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from stratax._src.core import env, envvars
+from stratax._src.core import env
+from stratax._src.core.config import config
 from stratax._src.core.files import remove_stale_temporaries, write_atomically
 from stratax._src.parameter_server import wire
 from stratax._src.parameter_server.optimizers import ShardOptimizer
@@ -87,12 +88,11 @@ class Snapshots:
         """Snapshots in ``directory`` every ``every`` pushes; each unset argument falls back to
         ``STRATAX_PS_SNAPSHOT_DIR`` / ``STRATAX_PS_SNAPSHOT_EVERY`` (default 100). None when no
         directory is given either way."""
-        directory = directory or os.environ.get(env.STRATAX_PS_SNAPSHOT_DIR)
+        directory = directory or config.ps_snapshot_dir
         if not directory:
             return None
         if every is None:
-            every = envvars.get_int_or(env.STRATAX_PS_SNAPSHOT_EVERY, 100, 1,
-                                       meaning="pushes between snapshots")
+            every = config.ps_snapshot_every
         return cls(directory, task_index, every)
 
     def attach(self, server: Any) -> None:

@@ -11,8 +11,8 @@ users expect around it:
   instead of aborting inside XLA;
 - every wait is bounded by ``timeout_seconds`` (start-up, collectives, shutdown); JAX's
   heartbeat check, which aborts every process when one stops answering, waits twice that, so
-  that on one host the shared-memory all-reduce's timeout comes first and names the silent peer
-  in a ``WorkerUnavailableError``;
+  that a stratax collective's own timeout (``cpu_collectives``) comes first and names the
+  silent peer in a ``WorkerUnavailableError``;
 - an uncaught exception ends the worker at once instead of in JAX's shutdown barrier, and
   SIGTERM ends it unless a preemption-aware callback is training (``worker_exit``);
 - a failed collective is reported as ``WorkerUnavailableError`` naming the processes that
@@ -22,8 +22,6 @@ users expect around it:
 from __future__ import annotations
 
 import logging
-import os
-import re
 import socket
 import threading
 import time
@@ -34,10 +32,9 @@ import jax
 
 from stratax._src import seam
 from stratax._src.cluster.process_layout import ProcessLayout
-from stratax._src.core import env, envvars
 from stratax._src.core.addresses import is_loopback
 from stratax._src.core.errors import CollectiveTimeoutError, WorkerUnavailableError
-from stratax._src.runtime import gloo_io, shm_collectives, worker_exit
+from stratax._src.runtime import cpu_collectives, gloo_io, worker_exit
 from stratax._src.runtime.devices import jax_started
 
 logger = logging.getLogger(__name__)
@@ -90,35 +87,6 @@ def wait_for_coordinator(address: str, timeout_seconds: float, name: str) -> Non
     )
 
 
-CPU_COLLECTIVES = ("auto", "gloo", "mpi", "shm")
-
-
-def cpu_collectives_from_env() -> str:
-    """The CPU collectives JAX should use between processes: ``STRATAX_CPU_COLLECTIVES``, else
-    ``auto``.
-
-    gloo (TCP, also between processes of one host) needs nothing installed; ``mpi`` is JAX's
-    MPI collectives, which need an MPI library reachable through MPItrampoline
-    (``MPITRAMPOLINE_LIB``; see docs/transport.md) and every worker started by ``mpirun``;
-    ``shm`` is gloo plus stratax's shared-memory all-reduce for the packed collectives of
-    processes on one host (``shm_collectives``); ``auto`` (the default) is ``shm`` when every
-    process is on one host with one CPU device and the library builds, else gloo, agreed by all
-    processes at start-up.
-
-    Raises:
-        ValueError: the variable names another implementation, or ``mpi`` without
-            ``MPITRAMPOLINE_LIB``.
-    """
-    raw = envvars.get_choice(env.STRATAX_CPU_COLLECTIVES, CPU_COLLECTIVES, "auto",
-                             what="a CPU collectives implementation")
-    if raw == "mpi" and not os.environ.get("MPITRAMPOLINE_LIB"):
-        raise ValueError(
-            f"{env.STRATAX_CPU_COLLECTIVES}=mpi needs MPITRAMPOLINE_LIB set to an MPIwrapper "
-            "library (libmpiwrapper.so) built against your MPI; see docs/transport.md, or "
-            "set it to gloo.")
-    return raw
-
-
 def _configure_cpu_collectives(name: str, coordinator_host: str) -> None:
     """Selects JAX's CPU collectives; MPI's must run on the thread that started MPI, so with
     ``mpi`` every computation runs on the calling thread (no asynchronous CPU dispatch)."""
@@ -147,8 +115,11 @@ def local_address_towards(host: str) -> str:
 
 
 def initialize(layout: ProcessLayout, *, timeout_seconds: float, task_names: dict[int, str],
-               cpu_collectives: str | None = None) -> None:
+               implementation: str | None = None) -> None:
     """Starts ``jax.distributed`` for ``layout`` (no-op for one process or if already started).
+
+    ``implementation``, the CPU collectives ``CommunicationOptions`` asks for, wins over option
+    ``cpu_collectives``; see ``runtime.cpu_collectives.resolve``.
 
     Raises:
         RuntimeError: JAX already started its backends in this process without a cluster.
@@ -179,7 +150,7 @@ def initialize(layout: ProcessLayout, *, timeout_seconds: float, task_names: dic
         logger.warning(
             "The jax.distributed coordinator listens on %s. JAX's coordination service has no "
             "authentication: run multi-worker jobs on a trusted private network only.", bind)
-    collectives = cpu_collectives or cpu_collectives_from_env()
+    collectives = cpu_collectives.resolve(implementation)
     gloo_priority = gloo_io.priority_from_env()
     _configure_cpu_collectives(collectives, host)
     timeout = max(int(timeout_seconds), 1)
@@ -204,11 +175,8 @@ def initialize(layout: ProcessLayout, *, timeout_seconds: float, task_names: dic
             )
     finally:
         watchdog.cancel()
-    if collectives != "mpi":
-        gloo_io.start_backend(gloo_priority)
-    if collectives in ("shm", "auto"):
-        shm_collectives.setup(layout.process_id, layout.num_processes, timeout_seconds,
-                              task_name, required=collectives == "shm")
+    cpu_collectives.start(collectives, layout.process_id, layout.num_processes,
+                          timeout_seconds, task_name, gloo_priority)
     runtime.layout = layout
 
 
@@ -249,21 +217,17 @@ def translate_collective_errors(call: Callable[[], T]) -> T:
         raise translated from error
 
 
-_SHM_PEER_FAILURE = re.compile(
-    r"stratax shared-memory all-reduce \(process \d+\): process (\d+) (.*?)\. ")
 _PEER_FAILURE_MARKS = ("Gloo", "Connection closed by peer", "NCCL", "heartbeat timeout",
                        "unhealthy")
 
 
 def _peer_error(error: Exception) -> Exception:
     text = str(error)
-    shm = _SHM_PEER_FAILURE.search(text)
-    if shm:
+    failure = cpu_collectives.describe_peer_failure(text, task_name)
+    if failure is not None:
         return WorkerUnavailableError(
-            f"The shared-memory all-reduce failed: "
-            f"{task_name(shm_collectives.state.process_of(int(shm.group(1))))} "
-            f"{shm.group(2)}. Restart the job (e.g. `stratax launch --max-restarts K`) and "
-            "resume from the last backup.")
+            f"{failure}. Restart the job (e.g. `stratax launch --max-restarts K`) and resume "
+            "from the last backup.")
     if not any(mark in text for mark in _PEER_FAILURE_MARKS):
         return error
     dead = dead_processes()

@@ -30,7 +30,8 @@ import time
 
 import jax
 
-from stratax._src.core import env, envvars
+from stratax._src.core import env
+from stratax._src.core.config import config
 
 logger = logging.getLogger(__name__)
 
@@ -41,13 +42,13 @@ _EPOLL_SYSCALLS = {"x86_64": {"232", "281", "441"}, "aarch64": {"22", "441"}}
 
 
 def priority_from_env() -> str:
-    """``STRATAX_GLOO_IO_PRIORITY``: ``idle`` (the default), ``nice`` or ``normal``.
+    """Option ``gloo_io_priority`` (``STRATAX_GLOO_IO_PRIORITY``): ``idle`` (the default),
+    ``nice`` or ``normal``.
 
     Raises:
         ValueError: another value, naming it and the choices.
     """
-    return envvars.get_choice(env.STRATAX_GLOO_IO_PRIORITY, PRIORITIES, "idle",
-                              what="a priority for gloo's I/O thread")
+    return config.gloo_io_priority
 
 
 def start_backend(priority: str = "idle") -> list[int]:

@@ -24,25 +24,32 @@ like any other operand. Analysing the body alone would miss those operands.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import dataclasses
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from jax.extend import core as jex_core
 
 from stratax._src import seam
-from stratax._src.runtime import shm_collectives
 
 # Collectives whose result is the same on every participant of the axis.
 _UNIFYING = frozenset({"psum", "pmax", "pmin", "all_gather"})
-# Custom calls that are all-reduces over every process (STRATAX_CPU_COLLECTIVES=shm).
-_UNIFYING_FFI_TARGETS = frozenset({shm_collectives.TARGET})
 # Primitives whose result differs per participant even for identical inputs.
 _DIVERSIFYING = frozenset(
     {"axis_index", "reduce_scatter", "psum_scatter", "all_to_all", "ppermute", "pbroadcast"}
 )
 
 
-def varying_outputs(jaxpr: Any, varying_inputs: Sequence[bool], axis: str) -> list[bool]:
+@dataclasses.dataclass(frozen=True)
+class _Replicas:
+    """The replicas' mesh axis, and the custom calls that are all-reduces over it."""
+
+    axis: str
+    unifying_calls: frozenset[str]
+
+
+def varying_outputs(jaxpr: Any, varying_inputs: Sequence[bool], axis: str,
+                    unifying_calls: Collection[str] = ()) -> list[bool]:
     """For each output of ``jaxpr`` (``Jaxpr`` or ``ClosedJaxpr``): does it vary over ``axis``?
 
     Args:
@@ -51,7 +58,13 @@ def varying_outputs(jaxpr: Any, varying_inputs: Sequence[bool], axis: str) -> li
         varying_inputs: one flag per input variable (not per constant): True for per-replica
             inputs.
         axis: the mesh axis name of the replicas.
+        unifying_calls: ``ffi_call`` targets whose result is the same on every replica (a
+            transport's all-reduce: ``CrossDeviceOps.unifying_calls``).
     """
+    return _varying(jaxpr, varying_inputs, _Replicas(axis, frozenset(unifying_calls)))
+
+
+def _varying(jaxpr: Any, varying_inputs: Sequence[bool], replicas: _Replicas) -> list[bool]:
     inner = getattr(jaxpr, "jaxpr", jaxpr)
     if len(varying_inputs) != len(inner.invars):
         raise ValueError(
@@ -68,7 +81,7 @@ def varying_outputs(jaxpr: Any, varying_inputs: Sequence[bool], axis: str) -> li
 
     for eqn in inner.eqns:
         flags = [is_varying(v) for v in eqn.invars]
-        out = _equation_outputs(eqn, flags, axis)
+        out = _equation_outputs(eqn, flags, replicas)
         for var, flag in zip(eqn.outvars, out, strict=True):
             varying[var] = flag
     return [is_varying(v) for v in inner.outvars]
@@ -79,26 +92,27 @@ def _axes_of(eqn: Any) -> tuple[Any, ...]:
     return axes if isinstance(axes, tuple) else (axes,)
 
 
-def _equation_outputs(eqn: Any, flags: list[bool], axis: str) -> list[bool]:
+def _equation_outputs(eqn: Any, flags: list[bool], replicas: _Replicas) -> list[bool]:
     name = eqn.primitive.name
     n_out = len(eqn.outvars)
-    if name in _UNIFYING and axis in _axes_of(eqn) and eqn.params.get("axis_index_groups") is None:
+    if (name in _UNIFYING and replicas.axis in _axes_of(eqn)
+            and eqn.params.get("axis_index_groups") is None):
         return [False] * n_out
-    if name == "ffi_call" and eqn.params.get("target_name") in _UNIFYING_FFI_TARGETS:
+    if name == "ffi_call" and eqn.params.get("target_name") in replicas.unifying_calls:
         return [False] * n_out
-    if name in _DIVERSIFYING and axis in _axes_of(eqn):
+    if name in _DIVERSIFYING and replicas.axis in _axes_of(eqn):
         return [True] * n_out
     if name in _CONTROL_FLOW:
-        return _CONTROL_FLOW[name](eqn, flags, axis)
+        return _CONTROL_FLOW[name](eqn, flags, replicas)
     sub = _same_arity_subjaxpr(eqn)
     if sub is not None:
-        return varying_outputs(sub, flags, axis)
-    any_varying = any(flags) or any(_contains_diversifying(j, axis) for j in _subjaxprs(eqn))
+        return _varying(sub, flags, replicas)
+    any_varying = any(flags) or any(_contains_diversifying(j, replicas) for j in _subjaxprs(eqn))
     return [any_varying] * n_out
 
 
 def _carried(body: Any, inputs: Callable[[list[bool]], list[bool]], carry: list[bool],
-             axis: str, steady: Callable[[list[bool]], bool] | None = None
+             replicas: _Replicas, steady: Callable[[list[bool]], bool] | None = None
              ) -> tuple[list[bool], list[bool]]:
     """A loop's carry flags at their fixed point, and the body's other output flags.
 
@@ -110,38 +124,38 @@ def _carried(body: Any, inputs: Callable[[list[bool]], list[bool]], carry: list[
     while True:
         if steady is not None and not steady(carry):
             return [True] * len(carry), []
-        out = varying_outputs(body, inputs(carry), axis)
+        out = _varying(body, inputs(carry), replicas)
         grown = [a or b for a, b in zip(carry, out[:len(carry)], strict=True)]
         if grown == carry:
             return carry, out[len(carry):]
         carry = grown
 
 
-def _scan_outputs(eqn: Any, flags: list[bool], axis: str) -> list[bool]:
+def _scan_outputs(eqn: Any, flags: list[bool], replicas: _Replicas) -> list[bool]:
     consts, carry = eqn.params["num_consts"], eqn.params["num_carry"]
     before, xs = flags[:consts], flags[consts + carry:]  # the body takes consts, carry, xs
     carry_flags, ys = _carried(eqn.params["jaxpr"], lambda c: before + c + xs,
-                               flags[consts:consts + carry], axis)
+                               flags[consts:consts + carry], replicas)
     return carry_flags + ys
 
 
-def _while_outputs(eqn: Any, flags: list[bool], axis: str) -> list[bool]:
+def _while_outputs(eqn: Any, flags: list[bool], replicas: _Replicas) -> list[bool]:
     cond_consts, body_consts = eqn.params["cond_nconsts"], eqn.params["body_nconsts"]
     cond_fixed = flags[:cond_consts]
     body_fixed = flags[cond_consts:cond_consts + body_consts]
 
     def steady(carry: list[bool]) -> bool:
-        return not any(varying_outputs(eqn.params["cond_jaxpr"], cond_fixed + carry, axis))
+        return not any(_varying(eqn.params["cond_jaxpr"], cond_fixed + carry, replicas))
 
     carry, _ = _carried(eqn.params["body_jaxpr"], lambda c: body_fixed + c,
-                        flags[cond_consts + body_consts:], axis, steady)
+                        flags[cond_consts + body_consts:], replicas, steady)
     return carry
 
 
-def _cond_outputs(eqn: Any, flags: list[bool], axis: str) -> list[bool]:
+def _cond_outputs(eqn: Any, flags: list[bool], replicas: _Replicas) -> list[bool]:
     if flags[0]:  # replicas may take different branches
         return [True] * len(eqn.outvars)
-    branches = [varying_outputs(branch, flags[1:], axis) for branch in eqn.params["branches"]]
+    branches = [_varying(branch, flags[1:], replicas) for branch in eqn.params["branches"]]
     return [any(column) for column in zip(*branches, strict=True)]
 
 
@@ -170,11 +184,11 @@ def _same_arity_subjaxpr(eqn: Any) -> Any:
     return None
 
 
-def _contains_diversifying(jaxpr: Any, axis: str) -> bool:
+def _contains_diversifying(jaxpr: Any, replicas: _Replicas) -> bool:
     inner = getattr(jaxpr, "jaxpr", jaxpr)
     for eqn in inner.eqns:
-        if eqn.primitive.name in _DIVERSIFYING and axis in _axes_of(eqn):
+        if eqn.primitive.name in _DIVERSIFYING and replicas.axis in _axes_of(eqn):
             return True
-        if any(_contains_diversifying(sub, axis) for sub in _subjaxprs(eqn)):
+        if any(_contains_diversifying(sub, replicas) for sub in _subjaxprs(eqn)):
             return True
     return False

@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from stratax._src.core import env
+from stratax._src.core.config import config
 
 logger = logging.getLogger(__name__)
 
@@ -48,8 +49,9 @@ class ExtensionBuildError(RuntimeError):
 
 
 def cache_dir() -> Path:
-    """``STRATAX_EXTENSION_CACHE``, else ``$XDG_CACHE_HOME/stratax/ext`` (``~/.cache``)."""
-    explicit = os.environ.get(env.STRATAX_EXTENSION_CACHE)
+    """Option ``extension_cache`` (``STRATAX_EXTENSION_CACHE``), else
+    ``$XDG_CACHE_HOME/stratax/ext`` (``~/.cache``)."""
+    explicit = config.extension_cache
     if explicit:
         return Path(explicit)
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")

@@ -35,7 +35,7 @@ import jax
 import numpy as np
 
 from stratax._src import seam
-from stratax._src.core import env, envvars
+from stratax._src.core.config import config
 from stratax._src.core.errors import CollectiveTimeoutError
 from stratax._src.runtime import host_groups, shm_build
 
@@ -50,7 +50,7 @@ OPS = {"sum": 0, "max": 1, "min": 2}
 DTYPES = frozenset(np.dtype(d) for d in ("float32", "float64", "int32", "int64", "uint32"))
 # Rounds of 1 MiB keep a round's data in cache, so a large all-reduce runs in several rounds
 # rather than one (docs/design/performance.md, "Numbers behind the code's choices").
-DEFAULT_SLOT_BYTES = 1 << 20
+DEFAULT_SLOT_BYTES = config.option("shm_slot_bytes").default
 # A waiting process spins this long before it sleeps on a futex. Where processes share cores:
 # long enough for a peer on another core, short enough to hand the core to a peer on this one.
 SHARED_CORES_SPIN_US = 50.0
@@ -99,26 +99,26 @@ state = _State()
 
 
 def slot_bytes_from_env() -> int:
-    """``STRATAX_SHM_SLOT_BYTES`` (default 1 MiB): larger buffers go through in chunks.
+    """Option ``shm_slot_bytes`` (``STRATAX_SHM_SLOT_BYTES``, default 1 MiB): larger buffers
+    go through in chunks.
 
     Raises:
         ValueError: not an integer >= 64.
     """
-    value = envvars.get_int_or(env.STRATAX_SHM_SLOT_BYTES, DEFAULT_SLOT_BYTES, 64,
-                               meaning="bytes per process slot")
+    value = config.shm_slot_bytes
     return value - value % 64
 
 
 def spin_seconds_from_env(own_cores: bool = False) -> float:
-    """``STRATAX_SHM_SPIN_US``: microseconds a wait spins before it sleeps. Default: 1 s when
+    """Option ``shm_spin_us`` (``STRATAX_SHM_SPIN_US``): microseconds a wait spins before it
+    sleeps. Default: 1 s when
     every process has a core of its own (:func:`own_cores`), else 50 us.
 
     Raises:
         ValueError: not a number >= 0.
     """
     default = OWN_CORES_SPIN_US if own_cores else SHARED_CORES_SPIN_US
-    microseconds = envvars.get_float_or(env.STRATAX_SHM_SPIN_US, default, 0,
-                                        meaning="microseconds a wait spins before it sleeps")
+    microseconds = config.get("shm_spin_us", default=default)
     return microseconds * 1e-6
 
 
@@ -400,12 +400,6 @@ def covers(devices: Sequence[Any]) -> bool:
         return False
     processes = sum(len(ids) for ids in state.hosts.members)
     return sorted(d.process_index for d in devices) == list(range(processes))
-
-
-def exchanges_cover(devices: Sequence[Any]) -> bool:
-    """True when :func:`all_gather` and :func:`reduce_scatter` span ``devices``: every process
-    of the job is on this host (no hierarchy)."""
-    return covers(devices) and not state.hierarchical
 
 
 def supports(dtype: Any) -> bool:

@@ -21,15 +21,15 @@ from typing import Any
 
 import jax
 
-from stratax._src.core import env, envvars
+from stratax._src.core.config import config
 
-DEFAULT_CPU_WINDOW = 2
+DEFAULT_CPU_WINDOW = config.option("max_steps_in_flight").default
 
 
 def cpu_window_from_env() -> int:
-    """``STRATAX_MAX_STEPS_IN_FLIGHT`` if set (0 = unbounded), else ``DEFAULT_CPU_WINDOW``."""
-    return envvars.get_int_or(env.STRATAX_MAX_STEPS_IN_FLIGHT, DEFAULT_CPU_WINDOW, 0,
-                              meaning="steps the host may dispatch ahead; 0 = no bound")
+    """Option ``max_steps_in_flight`` (``STRATAX_MAX_STEPS_IN_FLIGHT``; 0 = unbounded), else
+    ``DEFAULT_CPU_WINDOW``."""
+    return config.max_steps_in_flight
 
 
 def needs_bound(devices: list[jax.Device]) -> bool:

@@ -33,6 +33,8 @@ from stratax._src.data.input_context import InputContext, InputOptions, ValueCon
 from stratax._src.data.values import Mirrored, PerReplica, is_distributed_leaf
 from stratax._src.runtime import throttle
 from stratax._src.runtime.devices import local_replica_ids, place, process_rank
+from stratax._src.strategies import transport
+from stratax._src.strategies.cross_device_ops import CrossDeviceOps
 from stratax._src.strategies.replica_context import CORE_AXIS, REPLICA_AXIS, ReplicaContext
 from stratax._src.strategies.run_compiler import RunCompiler
 
@@ -56,9 +58,10 @@ class Strategy:
     _static_batch_shapes = False
 
     def __init__(self, devices: Sequence[jax.Device], cores_per_replica: int | None = None,
-                 layout_map: Any = None) -> None:
+                 layout_map: Any = None, cross_device_ops: CrossDeviceOps | None = None) -> None:
         """``devices`` in replica-major order; ``cores_per_replica`` adds a ``"core"`` mesh axis;
-        ``layout_map`` (a Keras ``LayoutMap``) lays variables out over the mesh (see ``keras``)."""
+        ``layout_map`` (a Keras ``LayoutMap``) lays variables out over the mesh (see ``keras``);
+        ``cross_device_ops`` replaces the collectives chosen for the mesh (``transport``)."""
         self._devices = list(devices)
         self._layout_map = layout_map
         cores = cores_per_replica or 1
@@ -69,6 +72,7 @@ class Strategy:
             self._mesh = Mesh(grid, (REPLICA_AXIS,))
         else:
             self._mesh = Mesh(grid.reshape(-1, cores), (REPLICA_AXIS, CORE_AXIS))
+        self._cross_device_ops = transport.choose(self._mesh, cross_device_ops)
         self._replicated = NamedSharding(self._mesh, P())
         self._stacked = NamedSharding(self._mesh, P(REPLICA_AXIS))
         self._runner = RunCompiler(self, self._mesh, self._to_global)
@@ -127,6 +131,12 @@ class Strategy:
     def is_chief(self) -> bool:
         """True on the process that writes checkpoints and logs (process 0)."""
         return self._process_rank == 0
+
+    @property
+    def cross_device_ops(self) -> CrossDeviceOps:
+        """How the replicas combine values: the one object every step and ``ReplicaContext``
+        asks, chosen when the strategy was built (``strategies.transport.choose``)."""
+        return self._cross_device_ops
 
     @property
     def bytes_per_pack(self) -> int:

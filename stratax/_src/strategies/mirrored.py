@@ -20,8 +20,8 @@ class MirroredStrategy(Strategy):
     Args:
         devices: device names (``"gpu:0"``, ``"/gpu:1"``, ``"cpu:0"``) or ``jax.Device``s.
         cross_device_ops: TensorFlow's all-reduce choice (``sx.NcclAllReduce()``,
-            ``"hierarchical_copy"``, ...); accepted for portability: XLA compiles the all-reduce
-            and picks the transport (see ``stratax._src.strategies.cross_device_ops``).
+            ``"hierarchical_copy"``, ...): the strategy's collectives, each XLA's all-reduce,
+            for which XLA picks the wire (see ``stratax._src.strategies.cross_device_ops``).
         cores_per_replica: Model parallelism: group the devices into replicas of this many
             logical cores (a ``("replica", "core")`` mesh, as ``TPUStrategy``'s).
         layout_map: A ``keras.distribution.LayoutMap`` splitting variables over the mesh axes.
@@ -50,7 +50,7 @@ class MirroredStrategy(Strategy):
                 f"MirroredStrategy devices must share one platform; received {sorted(platforms)} "
                 "devices. Pick e.g. only the GPUs."
             )
-        self._cross_device_ops = resolve_cross_device_ops(cross_device_ops)
+        requested = resolve_cross_device_ops(cross_device_ops)
         if cores_per_replica is not None and (
                 isinstance(cores_per_replica, bool) or not isinstance(cores_per_replica, int)
                 or cores_per_replica < 1 or len(resolved) % cores_per_replica):
@@ -58,8 +58,5 @@ class MirroredStrategy(Strategy):
                 f"cores_per_replica={cores_per_replica!r} must be a positive integer dividing "
                 f"the {len(resolved)} devices."
             )
-        super().__init__(resolved, cores_per_replica=cores_per_replica, layout_map=layout_map)
-
-    @property
-    def cross_device_ops(self) -> CrossDeviceOps:
-        return self._cross_device_ops
+        super().__init__(resolved, cores_per_replica=cores_per_replica, layout_map=layout_map,
+                         cross_device_ops=requested)

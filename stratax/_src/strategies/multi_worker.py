@@ -19,13 +19,30 @@ DEFAULT_TIMEOUT_SECONDS = 120.0
 
 
 class CommunicationImplementation(enum.Enum):
-    """TensorFlow's collective implementations. XLA picks the transport: gloo between CPU
-    processes, NCCL between GPUs; ``RING`` and ``AUTO`` map to gloo on CPU, ``NCCL`` requires
-    GPUs."""
+    """The transport between workers: TensorFlow's three names and stratax's CPU transports.
+
+    ``AUTO``: on CPU the shared-memory all-reduce when every process is on one host with one
+    CPU device (else gloo), on GPU NCCL. ``RING``: TensorFlow's ring all-reduce, gloo's on CPU.
+    ``NCCL``: GPUs only. ``GLOO``, ``SHM`` (gloo plus the shared-memory all-reduce; an error
+    where impossible) and ``MPI``: the CPU collectives of the same names (docs/transport.md).
+    """
 
     AUTO = "AUTO"
     RING = "RING"
     NCCL = "NCCL"
+    GLOO = "GLOO"
+    SHM = "SHM"
+    MPI = "MPI"
+
+
+# The CPU collectives (``runtime.cpu_collectives``) each implementation selects; NCCL none.
+_CPU_COLLECTIVES = {
+    CommunicationImplementation.AUTO: "auto",
+    CommunicationImplementation.RING: "gloo",
+    CommunicationImplementation.GLOO: "gloo",
+    CommunicationImplementation.SHM: "shm",
+    CommunicationImplementation.MPI: "mpi",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,18 +55,25 @@ class CommunicationOptions:
             most this many bytes and reduce each pack with one collective (XLA on CPU otherwise
             calls the transport once per tensor, each call a network round trip). 0 (default)
             = automatic: 32 MiB packs. A tensor larger than a pack travels alone. The
-            same-host shared-memory all-reduce (``STRATAX_CPU_COLLECTIVES=shm``) takes the
-            tensors it handles without that copy and packs them into its own slots
-            (``STRATAX_SHM_SLOT_BYTES``) instead (see docs/transport.md).
+            same-host shared-memory all-reduce takes the tensors it handles without that copy
+            and packs them into its own slots (option ``shm_slot_bytes``) instead (see
+            docs/transport.md).
         timeout_seconds: bound on every blocking wait between workers (start-up rendezvous,
             heartbeats that detect a dead peer, shutdown). Default 120 s; TensorFlow's default
             (no timeout) would allow a silent hang, which stratax never does.
-        implementation: a ``CommunicationImplementation`` (or its name).
+        implementation: the transport switch: a ``CommunicationImplementation`` or its name,
+            ``"auto"``, ``"gloo"``, ``"shm"``, ``"mpi"``, ``"ring"`` or ``"nccl"``, any case.
+            ``None`` (default): option ``cpu_collectives`` (``sx.config``, environment
+            variable ``STRATAX_CPU_COLLECTIVES``), else ``"auto"``.
+
+    Example:
+        >>> options = sx.CommunicationOptions(implementation="gloo", timeout_seconds=60)
+        >>> strategy = sx.MultiWorkerMirroredStrategy(communication_options=options)
     """
 
     bytes_per_pack: int = 0
     timeout_seconds: float | None = None
-    implementation: CommunicationImplementation = CommunicationImplementation.AUTO
+    implementation: CommunicationImplementation | str | None = None
 
     def __post_init__(self) -> None:
         if self.bytes_per_pack < 0:
@@ -59,19 +83,26 @@ class CommunicationOptions:
                 f"timeout_seconds must be positive; received {self.timeout_seconds}. "
                 "Use None for the default of 120 s."
             )
-        if not isinstance(self.implementation, CommunicationImplementation):
+        if self.implementation is not None and not isinstance(
+                self.implementation, CommunicationImplementation):
             try:
-                value = CommunicationImplementation(str(self.implementation).upper())
+                value = CommunicationImplementation(str(self.implementation).strip().upper())
             except ValueError:
                 raise ValueError(
                     f"Unknown implementation {self.implementation!r}; use one of "
-                    f"{[i.name for i in CommunicationImplementation]}."
+                    f"{[i.name for i in CommunicationImplementation]} (or its name in lower "
+                    "case), or None for option cpu_collectives."
                 ) from None
             object.__setattr__(self, "implementation", value)
 
     @property
     def effective_timeout(self) -> float:
         return self.timeout_seconds if self.timeout_seconds is not None else DEFAULT_TIMEOUT_SECONDS
+
+    @property
+    def cpu_collectives(self) -> str | None:
+        """The CPU collectives ``implementation`` asks for, or ``None`` (unset, or ``NCCL``)."""
+        return _CPU_COLLECTIVES.get(self.implementation)
 
 
 def _task_names(resolver: ClusterResolver, layout: ProcessLayout) -> dict[int, str]:
@@ -100,7 +131,8 @@ class MultiWorkerMirroredStrategy(Strategy):
 
     Args:
         cluster_resolver: where the cluster comes from; auto-detected when ``None``.
-        communication_options: timeouts and TensorFlow's implementation choice.
+        communication_options: timeouts, pack size and the transport
+            (``CommunicationOptions(implementation=...)``).
 
     Example:
         >>> strategy = sx.MultiWorkerMirroredStrategy()
@@ -127,6 +159,7 @@ class MultiWorkerMirroredStrategy(Strategy):
             self._layout,
             timeout_seconds=self._options.effective_timeout,
             task_names=_task_names(self._resolver, self._layout),
+            implementation=self._options.cpu_collectives,
         )
         devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
         super().__init__(devices)

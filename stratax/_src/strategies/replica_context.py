@@ -9,56 +9,10 @@ import jax
 import jax.numpy as jnp
 
 from stratax._src.core.reduce_op import ReduceOp
-from stratax._src.runtime import hier_collectives, shm_collectives
-from stratax._src.strategies.packing import Batched, packed_collective
 
 REPLICA_AXIS = "replica"
 # The logical cores of one replica (TPUStrategy, model parallelism); left to XLA inside `run`.
 CORE_AXIS = "core"
-
-_COLLECTIVES = {
-    ReduceOp.SUM: jax.lax.psum,
-    ReduceOp.MEAN: jax.lax.pmean,
-    ReduceOp.MAX: jax.lax.pmax,
-    ReduceOp.MIN: jax.lax.pmin,
-}
-
-
-_SHM_OPS = {ReduceOp.SUM: "sum", ReduceOp.MEAN: "sum", ReduceOp.MAX: "max", ReduceOp.MIN: "min"}
-
-
-def shm_reducer(strategy: Any, op: ReduceOp, *, only_call: bool = False) -> Batched | None:
-    """Reduces a list of buffers: those of dtypes it handles in one shared-memory all-reduce
-    (``STRATAX_CPU_COLLECTIVES`` ``auto`` or ``shm``, which takes them unpacked; on several
-    hosts the hierarchical one, ``hier_collectives``, for sums and means), the others with
-    XLA's collective; ``None`` when shm is off or the strategy's mesh is not one device per
-    process. ``only_call``: the program runs this reducer once and nothing else over shared
-    memory (``shm_collectives.all_reduce``)."""
-    devices = list(strategy.mesh.devices.flat)
-    if not shm_collectives.covers(devices):
-        return None
-    if shm_collectives.state.hierarchical and op not in (ReduceOp.SUM, ReduceOp.MEAN):
-        return None
-    replicas = strategy.num_replicas_in_sync
-    collective = _COLLECTIVES[op]
-
-    def shm_sum(buffers: list[jax.Array]) -> list[jax.Array]:
-        if shm_collectives.state.hierarchical:
-            return hier_collectives.all_reduce_sum(buffers, devices, REPLICA_AXIS,
-                                                   only_call=only_call)
-        return shm_collectives.all_reduce(_SHM_OPS[op], buffers, only_call=only_call)
-
-    def reduce(buffers: list[jax.Array]) -> list[jax.Array]:
-        shm = [i for i, b in enumerate(buffers) if shm_collectives.supports(b.dtype)]
-        out = [collective(b, REPLICA_AXIS) for b in buffers]
-        if shm:
-            summed = shm_sum([buffers[i] for i in shm])
-            for i, value in zip(shm, summed, strict=True):
-                out[i] = value / replicas if op is ReduceOp.MEAN else value
-        return out
-
-    return Batched(reduce=reduce, takes=shm_collectives.supports)
-
 
 @dataclasses.dataclass(frozen=True)
 class BatchRows:
@@ -76,9 +30,10 @@ class BatchRows:
 class ReplicaContext:
     """The replica's view inside ``strategy.run(fn)``: its id and collectives over all replicas.
 
-    Obtain it with ``sx.get_replica_context()`` inside the replica function. Collectives are
-    XLA's (``psum``/``pmean``/``pmax``/``pmin``/``all_gather``) over the strategy's ``"replica"``
-    mesh axis, so they compile into the step and cost no host round trip.
+    Obtain it with ``sx.get_replica_context()`` inside the replica function. Collectives run
+    over the strategy's ``"replica"`` mesh axis: ``all_reduce`` through the strategy's
+    ``cross_device_ops``, ``all_gather`` with XLA's; they compile into the step and cost no
+    host round trip.
 
     Example:
         >>> def step(x):
@@ -153,10 +108,8 @@ class ReplicaContext:
         op = ReduceOp.from_string(reduce_op)
         if not self._traced:
             return value
-        collective = _COLLECTIVES[op]
-        return packed_collective(lambda v: collective(v, REPLICA_AXIS), value,
-                                 self._strategy.bytes_per_pack,
-                                 batched=shm_reducer(self._strategy, op))
+        return self._strategy.cross_device_ops.all_reduce(op, value,
+                                                          self._strategy.bytes_per_pack)
 
     def all_gather(self, value: Any, axis: int) -> Any:
         """Concatenates every replica's ``value`` along ``axis`` in replica order (TF's meaning)."""

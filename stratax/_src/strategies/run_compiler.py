@@ -44,7 +44,7 @@ from jax.sharding import PartitionSpec as P
 
 from stratax._src.core import context
 from stratax._src.data.values import Mirrored, PerReplica, is_distributed_leaf
-from stratax._src.runtime import devices, shm_collectives
+from stratax._src.runtime import devices
 from stratax._src.runtime.invariance import varying_outputs
 from stratax._src.strategies.replica_context import (
     REPLICA_AXIS,
@@ -268,11 +268,14 @@ class RunCompiler:
                               check_vma=False)
         traced = _trace(probe, avals, fn)  # The one trace of ``fn`` for this structure.
         program = traced.jaxpr
+        ops = self._strategy.cross_device_ops
         if self._num_replicas == 1:
             out_varying = tuple(False for _ in program.jaxpr.outvars)
         else:
-            out_varying = tuple(varying_outputs(program, in_flags, REPLICA_AXIS))
-        step, variables = _replay(program, out_varying, self._mesh, _live_variables())
+            out_varying = tuple(varying_outputs(program, in_flags, REPLICA_AXIS,
+                                                ops.unifying_calls))
+        step, variables = _replay(program, out_varying, self._mesh, _live_variables(),
+                                  ops.prepare)
         return CompiledRun(jax.jit(step), jax.tree.structure(traced.out_info), out_varying,
                            variables)
 
@@ -296,7 +299,8 @@ def _trace(probe: Callable[..., Any], avals: list[Any], fn: Callable[..., Any]) 
 
 
 def _replay(
-    program: Any, out_varying: tuple[bool, ...], mesh: Mesh, live: dict[int, Any]
+    program: Any, out_varying: tuple[bool, ...], mesh: Mesh, live: dict[int, Any],
+    prepare: Callable[[Any], Any],
 ) -> tuple[Callable[..., Any], tuple[Any, ...]]:
     """The traced ``shard_map`` again, from its jaxpr, with replicated outputs where invariant.
 
@@ -304,6 +308,7 @@ def _replay(
     operands are the program's constants (values the replica function closed over, lifted by
     ``shard_map``), literals and inputs. Its body is evaluated, not re-traced from Python.
     Constants that are the current value of a variable in ``live`` become trailing inputs.
+    ``prepare`` (the strategy's ``CrossDeviceOps.prepare``) rewrites the body for its transport.
 
     Returns:
         ``(step, variables)``: ``step(*inputs, *values of variables)`` gives the flat outputs.
@@ -325,9 +330,7 @@ def _replay(
             operands.append(("value", consts[atom]))
         else:
             operands.append(("input", positions[atom]))
-    # One shared-memory all-reduce (the usual step) need not be a JAX effect, whose Python
-    # dispatch costs ~1-2.5 ms per call between processes pinned one core each.
-    body_jaxpr = shm_collectives.unordered_if_alone(eqn.params["jaxpr"])
+    body_jaxpr = prepare(eqn.params["jaxpr"])
     body = jax_core.jaxpr_as_fun(jax_core.ClosedJaxpr(body_jaxpr, ()))
 
     def per_replica(*local: Any) -> list[Any]:
