@@ -13,7 +13,10 @@ strategy changes only what its runner says. Follow a batch from ``model.fit`` to
 3. Keras compiles ``train_step`` and asks how a group of ``steps_per_execution`` steps runs;
    :meth:`~KerasRunner.make_step` answers (the mirrored runner bounds the steps in flight; a TPU
    runner loops on the device; a parameter-server runner schedules the group on a worker).
-4. Saves and ``get_weights`` first call :meth:`~KerasRunner.before_save`.
+4. Saves and ``get_weights`` first call :meth:`~KerasRunner.before_save`; a backup restored
+   inside ``fit`` calls :meth:`~KerasRunner.after_restore`, and
+   :meth:`~KerasRunner.hold_after` keeps steps that run ahead of the callbacks from passing
+   the step a backup reads.
 
 A runner is registered per strategy class with :func:`register_runner`; adding a strategy adds
 one runner and touches no other.
