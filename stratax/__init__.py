@@ -41,6 +41,7 @@ _EXPORTS = {
     "checkpoint": "stratax.checkpoint",
     "ShardedVariable": "stratax._src.parameter_server.variables",
     "PSVariable": "stratax._src.parameter_server.variables",
+    "PerWorkerVariable": "stratax._src.parameter_server.per_worker_variables",
     "Server": "stratax._src.parameter_server.server",
     "ParameterServerStrategy": "stratax._src.parameter_server.strategy",
     "AutoShardPolicy": "stratax._src.data.input_context",

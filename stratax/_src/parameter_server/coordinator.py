@@ -40,7 +40,14 @@ import numpy as np
 
 from stratax._src.core.errors import StrataxError, WorkerUnavailableError
 from stratax._src.core.reduce_op import ReduceOp
-from stratax._src.parameter_server import dataset_source, progress, recovery, rpc, structure
+from stratax._src.parameter_server import (
+    dataset_source,
+    per_worker_variables,
+    progress,
+    recovery,
+    rpc,
+    structure,
+)
 from stratax._src.parameter_server.iterator_registry import IteratorRegistry
 from stratax._src.parameter_server.program import Program
 from stratax._src.parameter_server.step_errors import StepCancelledError, StepError, step_error
@@ -286,6 +293,7 @@ class _Worker:
         self.alive = True
         self.programs: set[str] = set()
         self.iterators: set[str] = set()
+        self.per_worker: set[str] = set()  # keys of the per-worker variables it holds
         self.stats = collections.Counter()
         self.consumed = collections.Counter()  # iterator name -> batches of finished closures
         self.died_at: float | None = None
@@ -500,12 +508,17 @@ class ClusterCoordinator:
 
     def worker_restarted(self, client: rpc.RpcClient) -> None:
         """Called when the heartbeat finds ``client``'s worker answering as a new process: it
-        lost its programs and iterators, which are rebuilt before its next closure."""
+        lost its programs, iterators and per-worker variables, which are rebuilt before its
+        next closure."""
         for worker in self._workers:
             if worker.client is client and worker.alive:
                 worker.restarted = True
 
     # ----- internals ------------------------------------------------------------------------
+    def _read_per_worker(self, variable: Any) -> list[np.ndarray]:
+        """Each worker's value of a ``PerWorkerVariable`` (its ``read_all``)."""
+        return per_worker_variables.read_all(self._workers, variable)
+
     def _make_iterator(self, source: dataset_source.Source) -> PerWorkerIterator:
         """Builds iterator ``it<N>`` on the live workers and registers it (a worker down now
         gets it when it is taken back, see ``_on_live_workers``)."""
@@ -671,6 +684,7 @@ class ClusterCoordinator:
                 except StrataxError:
                     continue
                 worker.programs = set()
+                worker.per_worker = set()  # recreated from their initial values on use
                 worker.restarted = False
                 worker.iterators = set(live)
                 worker.stats["rejoined"] += 1
@@ -707,6 +721,8 @@ class ClusterCoordinator:
                     tensors.append(np.frombuffer(program.ids, np.uint8))
                 worker.client.call("register", {"program": program.meta}, tensors, stream=True)
                 worker.programs.add(program.key)
+        per_worker_variables.ensure_created(
+            worker, [v for program in closure.programs for v in program.per_worker])
         names = [iterator.name for iterator in closure.iterators]
         missing = sorted(set(names) - worker.iterators)
         if missing:

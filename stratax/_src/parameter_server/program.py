@@ -15,11 +15,15 @@ coordinator with abstract shapes:
 - ``strategy.assign(variables, values)`` -> new values of untrained state (BatchNorm
   statistics, seeds), extra outputs of the step that the worker writes after its push.
 
+``read`` and ``assign`` also take per-worker variables (``per_worker_variables``): their values
+are inputs of the step that the worker takes from its own copies, and their new values extra
+outputs it keeps there; no parameter server is involved.
+
 Three traces per distinct (function, argument shapes): one discovers what ``fn`` reads and
-pushes, one exports the step ``(dense values, rows, positions, batch) -> (gradients, outputs)``,
-and, when ``read_rows`` is used, one exports the id program ``batch -> ids`` the worker runs
-first to know which rows to pull. Rows are padded to ``ids.size`` so one program serves every
-batch of a shape.
+pushes, one exports the step ``(dense values, rows, positions, batch, per-worker values) ->
+(gradients and new values, outputs)``, and, when ``read_rows`` is used, one exports the id
+program ``batch -> ids`` the worker runs first to know which rows to pull. Rows are padded to
+``ids.size`` so one program serves every batch of a shape.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ import numpy as np
 from jax import export as jax_export
 
 from stratax._src.parameter_server.optimizers import DEFAULT_SPARSE_UPDATES, SPARSE_MODES
+from stratax._src.parameter_server.per_worker_variables import PerWorkerVariable, refuse_training
 from stratax._src.parameter_server.variables import PSVariable
 
 
@@ -61,6 +66,10 @@ class _Recorder:
     sparse_calls: int = 0
     assigns: list[PSVariable] = dataclasses.field(default_factory=list)
     assign_values: list[Any] = dataclasses.field(default_factory=list)
+    local: list[PerWorkerVariable] = dataclasses.field(default_factory=list)  # read
+    local_inputs: Sequence[Any] = ()
+    local_assigns: list[PerWorkerVariable] = dataclasses.field(default_factory=list)
+    local_assign_values: list[Any] = dataclasses.field(default_factory=list)
 
 
 def _recorder(what: str) -> _Recorder:
@@ -74,11 +83,15 @@ def _recorder(what: str) -> _Recorder:
 
 
 def read(variables: Any) -> Any:
-    """Values of a pytree of ``PSVariable`` for this step (see the module docstring)."""
+    """Values of a pytree of ``PSVariable`` and ``PerWorkerVariable`` for this step (see the
+    module docstring)."""
     recorder = _recorder("read")
     leaves, treedef = jax.tree_util.tree_flatten(variables)
     values = []
     for var in leaves:
+        if isinstance(var, PerWorkerVariable):
+            values.append(_read_local(recorder, var))
+            continue
         if not isinstance(var, PSVariable):
             raise TypeError(f"strategy.read expects variables created under the strategy, got "
                             f"{type(var).__name__}.")
@@ -93,9 +106,20 @@ def read(variables: Any) -> Any:
     return jax.tree_util.tree_unflatten(treedef, values)
 
 
+def _read_local(recorder: _Recorder, var: PerWorkerVariable) -> Any:
+    """The running worker's copy of ``var`` (a step input the worker fills in)."""
+    if recorder.mode == "step":
+        return recorder.local_inputs[_index(recorder.local, var)]
+    if not any(var is v for v in recorder.local):
+        recorder.local.append(var)
+    return jnp.zeros(var.shape, var.dtype)
+
+
 def read_rows(table: PSVariable, ids: Any) -> tuple[Any, Any]:
     """``(rows, positions)`` for the rows of ``table`` named by integer ``ids``."""
     recorder = _recorder("read_rows")
+    if isinstance(table, PerWorkerVariable):
+        raise refuse_training(table, "strategy.read_rows")
     if not isinstance(table, PSVariable) or len(table.shape) < 1:
         raise TypeError(f"read_rows needs a variable of rank >= 1, got {table!r}.")
     if any(table is v for v in recorder.dense) or any(table is v for v, _ in recorder.sparse
@@ -128,6 +152,8 @@ def apply_gradients(grads_and_vars: Any, optimizer: Any,
         raise ValueError(f"sparse_updates must be one of {SPARSE_MODES}, got {sparse_updates!r}.")
     spec = {**optimizer_spec(optimizer), "sparse_updates": sparse_updates}
     for grad, var in list(grads_and_vars):
+        if isinstance(var, PerWorkerVariable):
+            raise refuse_training(var, "strategy.apply_gradients")
         if not isinstance(var, PSVariable):
             raise TypeError(f"apply_gradients expects (gradient, variable) pairs with variables "
                             f"created under the strategy, got {type(var).__name__}.")
@@ -139,22 +165,26 @@ def apply_gradients(grads_and_vars: Any, optimizer: Any,
 
 def assign(variables: Any, values: Any) -> None:
     """Records new values for variables (e.g. BatchNorm statistics, a dropout seed); the
-    worker writes them to the parameter servers after the step's push, before its next pull."""
+    worker writes them to the parameter servers after the step's push, before its next pull,
+    and those of per-worker variables to its own copies right after the step's compute."""
     recorder = _recorder("assign")
     targets, new = jax.tree_util.tree_leaves(variables), jax.tree_util.tree_leaves(values)
     if len(targets) != len(new):
         raise ValueError(f"strategy.assign got {len(targets)} variables and {len(new)} values.")
     for var, value in zip(targets, new, strict=True):
-        if not isinstance(var, PSVariable):
+        if not isinstance(var, (PSVariable, PerWorkerVariable)):
             raise TypeError(f"strategy.assign expects variables created under the strategy, got "
                             f"{type(var).__name__}.")
         if tuple(np.shape(value)) != tuple(var.shape):
             raise ValueError(f"strategy.assign: {var.name!r} has shape {var.shape}, the value "
                              f"{tuple(np.shape(value))}.")
-        if any(var is v for v in recorder.assigns):
+        local = isinstance(var, PerWorkerVariable)
+        assigned = recorder.local_assigns if local else recorder.assigns
+        if any(var is v for v in assigned):
             raise ValueError(f"{var.name!r} is assigned twice in one step; assign it once.")
-        recorder.assigns.append(var)
-        recorder.assign_values.append(jnp.asarray(value, var.dtype))
+        assigned.append(var)
+        (recorder.local_assign_values if local else recorder.assign_values).append(
+            jnp.asarray(value, var.dtype))
 
 
 def optimizer_spec(optimizer: Any) -> dict[str, Any]:
@@ -195,6 +225,7 @@ class Program:
     out_treedef: Any
     variables: list[PSVariable]
     optimizers: dict[str, tuple[dict[str, Any], list[PSVariable]]]
+    per_worker: list[PerWorkerVariable]  # read or assigned: created on a worker before use
 
 
 def build_program(key: str, fn: Callable[..., Any], arg_specs: Sequence[jax.ShapeDtypeStruct],
@@ -213,21 +244,28 @@ def build_program(key: str, fn: Callable[..., Any], arg_specs: Sequence[jax.Shap
                  for v, s in discover.sparse]
     pos_specs = [jax.ShapeDtypeStruct(s.shape, jnp.int32) for _, s in discover.sparse]
 
-    def step(dense_values, rows, positions, leaves):
+    local_specs = [jax.ShapeDtypeStruct(v.shape, v.dtype) for v in discover.local]
+
+    def step(dense_values, rows, positions, leaves, local_values):
         recorder = _Recorder("step", dense=discover.dense, sparse=discover.sparse,
                              dense_inputs=dense_values, row_inputs=rows,
-                             position_inputs=positions)
+                             position_inputs=positions, local=discover.local,
+                             local_inputs=local_values)
         outputs = _with(recorder, lambda: call(leaves))
         if [id(v) for v, _ in recorder.pushes] != [id(v) for v, _ in discover.pushes]:
             raise ValueError("The replica function pushed different variables on two traces; "
                              "it must not branch on Python state.")
-        if [id(v) for v in recorder.assigns] != [id(v) for v in discover.assigns]:
+        if ([id(v) for v in [*recorder.assigns, *recorder.local_assigns]]
+                != [id(v) for v in [*discover.assigns, *discover.local_assigns]]):
             raise ValueError("The replica function assigned different variables on two traces; "
                              "it must not branch on Python state.")
-        # New values of assigned variables follow the gradients (meta "assigns" names them).
-        return [*recorder.grads, *recorder.assign_values], jax.tree_util.tree_leaves(outputs)
+        # New values of assigned variables follow the gradients, those of the parameter
+        # servers' first (meta "assigns" and "local_assigns" name them).
+        return ([*recorder.grads, *recorder.assign_values, *recorder.local_assign_values],
+                jax.tree_util.tree_leaves(outputs))
 
-    step_exp = jax_export.export(jax.jit(step))(dense_specs, row_specs, pos_specs, list(arg_specs))
+    step_exp = jax_export.export(jax.jit(step))(dense_specs, row_specs, pos_specs,
+                                                list(arg_specs), local_specs)
     ids_bytes = None
     if sparse_vars:
         def ids_fn(leaves):
@@ -260,10 +298,13 @@ def build_program(key: str, fn: Callable[..., Any], arg_specs: Sequence[jax.Shap
         "sparse": [v.name for v in sparse_vars],
         "pushes": pushes,
         "assigns": [v.name for v in discover.assigns],
+        "locals": [v.key for v in discover.local],
+        "local_assigns": [v.key for v in discover.local_assigns],
         "num_outputs": out_treedef.num_leaves,
     }
+    per_worker = list({id(v): v for v in [*discover.local, *discover.local_assigns]}.values())
     return Program(key, bytes(step_exp.serialize()), ids_bytes, meta, out_treedef, variables,
-                   optimizers)
+                   optimizers, per_worker)
 
 
 def _with(recorder: _Recorder, body: Callable[[], Any]) -> Any:

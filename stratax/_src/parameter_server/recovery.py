@@ -23,13 +23,14 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from stratax._src.core.errors import WorkerUnavailableError
+from stratax._src.parameter_server import per_worker_variables
 from stratax._src.parameter_server.rpc import RemoteError
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
-# What a worker answers when asked for an iterator or program it does not have: it was
-# restarted (the coordinator checks both exist before sending a closure).
-_LOST_STATE = ("No iterator", "is not registered on worker")
+# What a worker answers when asked for an iterator, program or per-worker variable it does not
+# have: it was restarted (the coordinator makes sure all exist before sending a closure).
+_LOST_STATE = ("No iterator", "is not registered on worker", per_worker_variables.MISSING)
 _SYNC_WAIT = "still waiting for gradients"  # the ps' error when a synchronous pull gives up
 
 
@@ -122,8 +123,9 @@ def raise_if_no_worker_came_back(coordinator: Any) -> None:
 
 def run_detecting_restart(run: Callable[[Any, Any], None], worker: Any, closure: Any) -> None:
     """``run(worker, closure)``, turning the error of a worker restarted since the coordinator
-    last saw it (it lost its iterators or programs) into ``WorkerUnavailableError``, so the
-    closure is re-queued and the task taken back like a worker that died visibly."""
+    last saw it (it lost its iterators, programs or per-worker variables) into
+    ``WorkerUnavailableError``, so the closure is re-queued and the task taken back like a
+    worker that died visibly."""
     try:
         run(worker, closure)
     except RemoteError as err:

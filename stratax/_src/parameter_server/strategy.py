@@ -41,6 +41,7 @@ from stratax._src.parameter_server.partitioners import (
     shard_sizes,
     takes_shard_info,
 )
+from stratax._src.parameter_server.per_worker_variables import PerWorkerVariable
 from stratax._src.parameter_server.ps_client import PSClients
 from stratax._src.parameter_server.rpc import RpcClient
 from stratax._src.parameter_server.server import SERVED_JOBS, Server
@@ -307,7 +308,8 @@ class ParameterServerStrategy(Strategy):
 
     def read(self, variables: Any) -> Any:
         """Inside ``run``: this step's values of a pytree of variables (``PSVariable`` or Keras
-        variables, placed on the parameter servers the first time a step uses them)."""
+        variables, placed on the parameter servers the first time a step uses them; a
+        ``PerWorkerVariable`` gives the running worker's copy)."""
         return program.read(self._on_ps(variables))
 
     def read_rows(self, table: Any, ids: Any) -> tuple[Any, Any]:
@@ -327,7 +329,8 @@ class ParameterServerStrategy(Strategy):
     def assign(self, variables: Any, values: Any) -> None:
         """Inside ``run``: new values for a pytree of variables (state that is not trained by
         gradients: BatchNorm statistics, a dropout seed); the worker writes them to the
-        parameter servers after the step's gradients, so its next step reads them."""
+        parameter servers after the step's gradients, so its next step reads them (a
+        ``PerWorkerVariable``: to its own copy, right after the step's compute)."""
         program.assign(self._on_ps(variables), values)
 
     def refresh_keras_variables(self) -> None:
@@ -403,8 +406,15 @@ class ParameterServerStrategy(Strategy):
     # ----- variables ------------------------------------------------------------------------
     def create_variable(self, initial_value: Any, name: str | None = None, trainable: bool = True,
                         dtype: Any = None, shape: Sequence[int] | None = None,
-                        aggregation: Any = "none") -> PSVariable:
+                        aggregation: Any = "none",
+                        per_worker: bool = False) -> PSVariable | PerWorkerVariable:
         """Creates a variable on the parameter servers (partitioned if the partitioner says so).
+
+        With ``per_worker=True`` (TensorFlow's ``per_worker_variable=True``): a
+        ``PerWorkerVariable``, one unsynchronized copy on each worker, on no parameter server,
+        never trained (``trainable`` and ``aggregation`` do not apply); a scheduled step reads
+        and assigns its worker's copy with ``strategy.read``/``strategy.assign``, and
+        ``variable.read_all()`` gives each worker's value (see ``per_worker_variables``).
 
         Unpartitioned variables go to the least-loaded ps (round-robin by size); inside
         ``colocate_vars_with(v)`` to ``v``'s ps, unpartitioned. An ``initial_value`` callable
@@ -422,6 +432,17 @@ class ParameterServerStrategy(Strategy):
         """
         aggregation = aggregation_name(aggregation)
         per_shard = callable(initial_value) and takes_shard_info(initial_value)
+        if per_worker:
+            if per_shard:
+                raise ValueError(
+                    f"create_variable({name!r}, per_worker=True) got an initializer taking "
+                    "shard_info; a per-worker variable is not partitioned: pass its value or "
+                    "a callable without arguments.")
+            value = self._initial_array(initial_value, name, dtype, shape)
+            name = self._unique_name(name or "Variable")
+            return PerWorkerVariable(
+                name, f"{self._namespace}{name}", value,
+                lambda var: coord.ClusterCoordinator(self)._read_per_worker(var))
         if per_shard:
             if shape is None:
                 raise ValueError(
@@ -430,14 +451,7 @@ class ParameterServerStrategy(Strategy):
             value = None
             full_shape, full_dtype = tuple(int(d) for d in shape), np.dtype(dtype or "float32")
         else:
-            if callable(initial_value):
-                initial_value = initial_value()
-            value = np.asarray(initial_value, dtype=dtype)  # no copy: tables may be large
-            if value.dtype == np.float64 and dtype is None:
-                value = value.astype(np.float32)
-            if shape is not None and tuple(shape) != value.shape:
-                raise ValueError(f"create_variable({name!r}): shape={tuple(shape)} but the "
-                                 f"initial value has shape {value.shape}.")
+            value = self._initial_array(initial_value, name, dtype, shape)
             full_shape, full_dtype = value.shape, value.dtype
         name = self._unique_name(name or "Variable")
         shards = [full_shape[0]] if full_shape else [1]
@@ -464,6 +478,21 @@ class ParameterServerStrategy(Strategy):
                                                          full_dtype))
         self._variables.append(var)
         return var
+
+    @staticmethod
+    def _initial_array(initial_value: Any, name: str | None, dtype: Any,
+                       shape: Sequence[int] | None) -> np.ndarray:
+        """``initial_value`` (called first if callable) as an array of ``dtype`` (float32 for
+        Python floats), checked against ``shape``."""
+        if callable(initial_value):
+            initial_value = initial_value()
+        value = np.asarray(initial_value, dtype=dtype)  # no copy: tables may be large
+        if value.dtype == np.float64 and dtype is None:
+            value = value.astype(np.float32)
+        if shape is not None and tuple(shape) != value.shape:
+            raise ValueError(f"create_variable({name!r}): shape={tuple(shape)} but the "
+                             f"initial value has shape {value.shape}.")
+        return value
 
     @staticmethod
     def _shard_value(initializer: Callable[..., Any], name: str, placement: Placement,

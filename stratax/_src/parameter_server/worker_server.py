@@ -8,7 +8,9 @@ ps, the variables it reads and only the distinct rows of the tables, (3) runs th
 pushes gradients with the step id ``"<closure>:<run>"`` (the parameter servers apply each step
 id once), and returns the outputs. In asynchronous mode the push of a run and the pull of the
 closure's next run travel in one call per ps (the next batch is already here, so its rows are
-known). No user Python runs to execute a step.
+known). No user Python runs to execute a step. A step's per-worker variables
+(``per_worker_variables``) are read from this worker's copies and written back right after
+its compute.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from jax import export as jax_export
 
 from stratax._src.data.input_context import InputContext
 from stratax._src.parameter_server import rpc, structure, wire, worker_input
+from stratax._src.parameter_server.per_worker_variables import WorkerCopies
 from stratax._src.parameter_server.ps_client import PSClients, Push
 from stratax._src.parameter_server.worker_data import ArrayStore
 
@@ -73,21 +76,26 @@ class WorkerService(rpc.Dispatcher):
         self._programs: dict[str, _Program] = {}
         self._iterators: dict[str, _Iterator] = {}
         self._arrays = ArrayStore()
+        self._copies = WorkerCopies(task_index)
         self.shutdown_requested = threading.Event()
         self._methods = {"ping": self._ping, "register": self._register,
                          "iterator": self._iterator, "dataset_spec": self._dataset_spec,
                          "drop_iterator": self._drop_iterator, "run": self._run,
                          "shutdown": self._shutdown, "arrays": self._put_arrays,
-                         "drop_arrays": self._drop_arrays}
+                         "drop_arrays": self._drop_arrays,
+                         "create_per_worker": self._create_per_worker,
+                         "read_per_worker": self._read_per_worker}
 
     def close(self) -> None:
         self._ps.close()
 
     def reset(self) -> None:
-        """Forgets programs, iterators and arrays (a new chief session took over)."""
+        """Forgets programs, iterators, arrays and per-worker variables (a new chief session
+        took over)."""
         self._programs.clear()
         self._iterators.clear()
         self._arrays = ArrayStore()
+        self._copies.clear()
 
     def adopt(self, meta: dict[str, Any]) -> None:
         """Takes the chief's ``timeout_seconds`` for this worker's calls to the parameter
@@ -122,6 +130,27 @@ class WorkerService(rpc.Dispatcher):
     def _drop_arrays(self, frame: wire.Frame) -> bytes:
         self._arrays.drop(wire.require(frame.meta, "name", str))
         return rpc.response()
+
+    def _create_per_worker(self, frame: wire.Frame) -> bytes:
+        """Creates this worker's copies of per-worker variables from their initial values
+        (one tensor per name; copies already here are kept)."""
+        names = self._per_worker_names(frame)
+        if len(frame.tensors) != len(names):
+            raise wire.WireError(f"create_per_worker needs one tensor per name, got "
+                                 f"{len(frame.tensors)} for {len(names)}.")
+        self._copies.create(names, frame.tensors)
+        return rpc.response()
+
+    def _read_per_worker(self, frame: wire.Frame) -> bytes:
+        """This worker's current values of the named per-worker variables."""
+        return rpc.response({}, self._copies.read(self._per_worker_names(frame)))
+
+    @staticmethod
+    def _per_worker_names(frame: wire.Frame) -> list[str]:
+        names = wire.require(frame.meta, "names", list)
+        if not all(isinstance(n, str) for n in names):
+            raise wire.WireError(f"Field 'names' must list variable names, got {names!r}.")
+        return names
 
     def _new_iterator(self, frame: wire.Frame) -> tuple[_Iterator, bytes]:
         """An iterator over the dataset the request describes, and the reply giving the
@@ -200,7 +229,12 @@ class WorkerService(rpc.Dispatcher):
                 after = (f"{closure}:{index - 1}" if index else previous) if sync > 1 else None
                 values = self._ps.pull(reads.variables, reads.rows, after, session)
             t1 = time.perf_counter()
-            grads, result = self._compute(program, reads, values, leaves)
+            grads, result = self._compute(program, reads, values, leaves,
+                                          self._copies.read(program.meta["locals"]))
+            local_keys = program.meta["local_assigns"]
+            if local_keys:  # this worker's copies: written before the next step reads them
+                self._copies.write(local_keys, grads[len(grads) - len(local_keys):])
+                grads = grads[:len(grads) - len(local_keys)]
             t2 = time.perf_counter()
             pushes = self._pushes(program, reads, grads)
             step_id = f"{closure}:{index}"
@@ -270,15 +304,18 @@ class WorkerService(rpc.Dispatcher):
 
     @staticmethod
     def _compute(program: _Program, reads: _Reads, values: list[np.ndarray],
-                 leaves: list[np.ndarray]) -> tuple[list[np.ndarray], list[np.ndarray]]:
-        """Runs the compiled step on the pulled values; returns (gradients, outputs)."""
+                 leaves: list[np.ndarray],
+                 local_values: list[np.ndarray]) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """Runs the compiled step on the pulled values and this worker's copies of its
+        per-worker variables; returns (gradients and new values, outputs)."""
         num_dense = len(program.meta["dense"])
         rows = []
         for position, row_values in zip(reads.positions, values[num_dense:], strict=False):
             padded = np.zeros((max(position.size, 1), *row_values.shape[1:]), row_values.dtype)
             padded[:row_values.shape[0]] = row_values
             rows.append(padded)
-        grads, outputs = program.step(values[:num_dense], rows, reads.positions, leaves)
+        grads, outputs = program.step(values[:num_dense], rows, reads.positions, leaves,
+                                      local_values)
         return [np.asarray(g) for g in grads], [np.asarray(o) for o in outputs]
 
     @staticmethod
