@@ -191,9 +191,13 @@ def summarize_runs(runs: list[dict[str, Any]], systems: list[str]) -> list[dict[
                 row[key] = summarize([r[key] for r in ok]).median
         rows.append(row)
     base = next((r for r in rows if r["system"] == BASELINE and "examples_per_s" in r), None)
+    base_runs = {r["rep"]: r for r in runs if r["system"] == BASELINE and "error" not in r}
     for row in rows:
         if base and "examples_per_s" in row:
             row["ratio"] = row["examples_per_s"].median / base["examples_per_s"].median
+            row["rep_ratios"] = [r["examples_per_s"] / base_runs[r["rep"]]["examples_per_s"]
+                                 for r in runs if r["system"] == row["system"]
+                                 and "error" not in r and r["rep"] in base_runs]
     return rows
 
 
@@ -226,6 +230,11 @@ def table(rows: list[dict[str, Any]], skipped: dict[str, str], header: list[str]
             f"| {ratio} | {auc.median:.4f} ({auc.min:.4f}-{auc.max:.4f}) | {row['examples']:,} "
             f"| {row['train_loss'].median:.4f} | {_bytes(row)} | {peaks} |")
     lines += [f"| {system} | {why} | - | - | - | - | - | - |" for system, why in skipped.items()]
+    paired = [f"{r['system']} {', '.join(f'{x:.2f}' for x in r['rep_ratios'])}"
+              for r in rows if r.get("rep_ratios") and r["system"] != BASELINE]
+    if paired:
+        lines += ["", f"examples/s over {BASELINE}'s in the same repetition: "
+                  + "; ".join(paired) + "."]
     return "\n".join(lines) + "\n"
 
 

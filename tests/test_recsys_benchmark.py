@@ -93,6 +93,7 @@ def test_report_table_ratios_and_plot(tmp_path, monkeypatch):
     assert "| tf-ps | 11,000 (10,000-12,000) | 1.00 |" in text
     assert "0.90 MB to and from the ps" in text and "20.00 MB of gradients" in text
     assert "| sx-mwms | 3,150 (3,000-3,300) |" in text      # medians of its 2 good reps
+    assert "same repetition: sx-ps 2.50, 2.50, 2.50; sx-mwms 0.30, 0.30." in text
     assert json.loads(written[1].read_text())["runs"][-1]["error"] == "boom"
     rows = bench.summarize_runs([{"system": "sx-ps", "error": "x"}], ["sx-ps"])
     assert rows == [{"system": "sx-ps", "reps": 0, "status": "x"}]
@@ -101,7 +102,7 @@ def test_report_table_ratios_and_plot(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_smallest_configuration_trains_on_stratax_systems(tmp_path, monkeypatch):
-    """Real clusters (chief + 2 workers + 2 ps; 2 MWMS processes), ~3 min on 2 busy cores."""
+    """Real clusters (chief + 2 workers + 2 ps; 2 MWMS processes): 3-5 min on 2 busy cores."""
     monkeypatch.setattr(bench, "RESULTS", tmp_path)
     assert bench.main(["--size", "smoke", "--systems", "sx-ps,sx-mwms", "--batch", "256",
                        "--warm-steps", "2", "--timeout", "400"]) == 0
