@@ -27,15 +27,13 @@ import argparse
 import json
 import os
 import resource
-import signal
-import socket
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
+
+from benchmarks.cluster import cluster_spec, run_cluster
 
 HERE = Path(__file__).parent
 BATCH, IDS_PER_EXAMPLE, HEAD = 256, 20, 16
@@ -150,12 +148,6 @@ def task_main() -> None:
 
 
 # ----- the launcher --------------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _capped(limit: int):
     def apply() -> None:
         # RLIMIT_DATA counts reserved private memory, thread stacks included: with glibc's
@@ -166,62 +158,15 @@ def _capped(limit: int):
     return apply
 
 
-def _reap(pid: int, deadline: float) -> tuple[int, float] | None:
-    """``(exit status, peak RSS MiB)`` of child ``pid`` via ``wait4``; None past ``deadline``."""
-    while time.monotonic() < deadline:
-        done, status, usage = os.wait4(pid, os.WNOHANG)
-        if done:
-            return os.waitstatus_to_exitcode(status), usage.ru_maxrss / 1024
-        time.sleep(0.05)
-    return None
-
-
 def launch(args: argparse.Namespace, argv: list[str]) -> dict:
     """Runs the cluster once; returns the chief's result plus every task's peak RSS."""
-    spec = {"chief": [f"127.0.0.1:{_free_port()}"],
-            "worker": [f"127.0.0.1:{_free_port()}" for _ in range(2)],
-            "ps": [f"127.0.0.1:{_free_port()}" for _ in range(2)]}
-    base = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
-    log_dir = Path(tempfile.mkdtemp(prefix="ps_big_table_"))
-    procs: dict[str, subprocess.Popen] = {}
-    logs = []
-    try:
-        for job, addresses in spec.items():
-            for index in range(len(addresses)):
-                name = f"{job}{index}"
-                env = dict(base, PYTHONUNBUFFERED="1", TF_CONFIG=json.dumps(
-                    {"cluster": spec, "task": {"type": job, "index": index}}))
-                log = open(log_dir / f"ps_big_table_{name}.log", "w")  # noqa: SIM115
-                logs.append(log)
-                procs[name] = subprocess.Popen(
-                    [sys.executable, str(Path(__file__).resolve()), *argv], env=env,
-                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                    preexec_fn=_capped(args.worker_mib << 20) if job == "worker" else None)
-        deadline = time.monotonic() + args.timeout
-        peaks, codes = {}, {}
-        for name in ["chief0", *(n for n in procs if n != "chief0")]:
-            reaped = _reap(procs[name].pid, deadline if name == "chief0" else
-                           min(deadline, time.monotonic() + 60))
-            if reaped is None:
-                raise TimeoutError(f"{name} (pid {procs[name].pid}) did not exit in time; see "
-                                   f"{log_dir}/ps_big_table_{name}.log")
-            procs[name].returncode = codes[name] = reaped[0]
-            peaks[name] = round(reaped[1], 1)
-    finally:
-        for proc in procs.values():
-            if proc.returncode is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                os.waitpid(proc.pid, 0)
-                proc.returncode = -9
-        for log in logs:
-            log.close()
-    out = (log_dir / "ps_big_table_chief0.log").read_text()
-    lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
-    if not lines:
-        raise RuntimeError(f"the chief printed no result (exit {codes['chief0']}):\n{out[-3000:]}")
-    result = json.loads(lines[-1][len("RESULT "):])
-    result.update(worker_cap_mib=args.worker_mib, peak_rss_mib=peaks, exit_codes=codes,
-                  load_average=os.getloadavg(), logs=str(log_dir))
+    run = run_cluster([sys.executable, str(Path(__file__).resolve()), *argv],
+                      cluster_spec(workers=2, ps=2), args.timeout,
+                      preexec={"worker": _capped(args.worker_mib << 20)},
+                      log_prefix="ps_big_table_")
+    result = run.result()
+    result.update(worker_cap_mib=args.worker_mib, peak_rss_mib=run.peak_rss_mib,
+                  exit_codes=run.exit_codes, load_average=os.getloadavg(), logs=str(run.log_dir))
     return result
 
 

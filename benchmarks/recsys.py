@@ -1,0 +1,359 @@
+"""DLRM-shaped recommender benchmark: TF's ParameterServerStrategy against stratax's strategies.
+
+    python -m benchmarks.recsys --quick            # 100k-row largest table, 1 repetition
+    python -m benchmarks.recsys                    # 2M-row largest table, 3 repetitions
+    python -m benchmarks.recsys --quick --dry-run  # print the plan, run nothing
+
+Data: synthetic Criteo-shaped clicks with a hidden model behind the labels
+(``recsys_data.py``): 13 dense features, 26 categorical ones with Zipf ids over tables from 10
+rows to ``largest``, a held-out set. Model: DLRM (``recsys_model.py``: bottom MLP, one
+``Embedding`` per feature, pairwise dot interaction, top MLP, sigmoid), plain SGD, the same
+initial weights everywhere. Systems, side by side in one run, repetitions interleaved
+(rep-major), each repetition a fresh cluster on 127.0.0.1:
+
+- ``tf-ps``: TensorFlow's ParameterServerStrategy, tf-keras ``fit`` (``recsys_tf_program.py``,
+  from ``benchmarks/.venvs/tf-cpu``, made by ``envs.py``), chief + 2 workers + 2 ps; the anchor.
+- ``sx-ps``: stratax ParameterServerStrategy, Keras 3 ``fit`` (``recsys_program.py``), chief +
+  2 workers + 2 ps; the tables take the row-sparse path.
+- ``sx-mwms``: stratax MultiWorkerMirroredStrategy, 2 processes of ``stratax launch``, every
+  table replicated; run only while the tables fit ``--replicated-limit-mib``.
+
+Each trains on the same examples (a few warm-up batches that compile, then the training set
+once, timed) and reports examples/s of the timed ``fit``, the held-out AUC, bytes per step
+where the system exposes them, and each task's peak RSS. Results:
+``benchmarks/results/recsys[_quick].{md,json,png}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as dt
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks import CACHE_DIR, REPO_ROOT, RESULTS_DIR, cluster, envs, recsys_data
+from benchmarks.stats import summarize
+
+SYSTEMS = ("tf-ps", "sx-ps", "sx-mwms")
+BASELINE = "tf-ps"
+RESULTS = RESULTS_DIR
+SIZES = {
+    # the test's configuration: seconds of training, the clusters' start-up dominates
+    "smoke": recsys_data.DataConfig(smallest=10, largest=1_000, train=32_768, held_out=8_192),
+    "quick": recsys_data.DataConfig(smallest=10, largest=100_000, train=131_072,
+                                    held_out=32_768),
+    "full": recsys_data.DataConfig(smallest=10, largest=2_000_000, train=1_048_576,
+                                   held_out=131_072),
+}
+PROGRAM = Path(__file__).with_name("recsys_program.py")
+TF_PROGRAM = Path(__file__).with_name("recsys_tf_program.py")
+RESULT_LINE = re.compile(r"^\[worker (\d+)\] RESULT (.*)$", re.MULTILINE)
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """One invocation: the data, the systems (with why any is left out), the options every
+    program gets, repetitions and the result files' stem."""
+
+    size: str
+    data: recsys_data.DataConfig
+    systems: tuple[str, ...]
+    skipped: dict[str, str]
+    options: dict[str, int]
+    reps: int
+    name: str
+
+
+def replicated_mib(data: recsys_data.DataConfig) -> float:
+    """MiB of the 26 tables (float32, the model's embedding width): what every MWMS worker
+    holds, and all-reduces as a dense gradient each step."""
+    from benchmarks.recsys_model import EMBEDDING_DIM
+
+    return sum(data.table_sizes()) * EMBEDDING_DIM * 4 / 2**20
+
+
+def make_plan(args: argparse.Namespace) -> Plan:
+    """The plan of ``args``; raises ``ValueError`` naming a bad option."""
+    size = args.size or ("quick" if args.quick else "full")
+    data = SIZES[size]
+    systems = tuple(args.systems.split(","))
+    unknown = sorted(set(systems) - set(SYSTEMS))
+    if unknown:
+        raise ValueError(f"--systems takes {','.join(SYSTEMS)}, got {unknown}.")
+    skipped = {}
+    if "sx-mwms" in systems and replicated_mib(data) > args.replicated_limit_mib:
+        skipped["sx-mwms"] = (f"skipped: tables of {replicated_mib(data):.0f} MiB exceed "
+                              f"--replicated-limit-mib {args.replicated_limit_mib}")
+    reps = args.reps or (1 if args.quick or size == "smoke" else 3)
+    if reps < 1 or (size == "full" and reps < 3):
+        raise ValueError(f"--reps {reps}: a full run needs at least 3 repetitions.")
+    options = {"batch": args.batch, "warm_steps": args.warm_steps, "spe": args.spe}
+    name = "recsys" if size == "full" else f"recsys_{size}"
+    return Plan(size, data, tuple(s for s in systems if s not in skipped), skipped, options,
+                reps, args.name or name)
+
+
+def describe(plan: Plan) -> str:
+    """The plan in words (what ``--dry-run`` prints)."""
+    sizes = plan.data.table_sizes()
+    lines = [f"recsys, size {plan.size}: 26 tables of {sizes[0]:,}..{sizes[-1]:,} rows "
+             f"({sum(sizes):,} in all, {replicated_mib(plan.data):.0f} MiB), "
+             f"{plan.data.train:,} training and {plan.data.held_out:,} held-out examples, "
+             f"global batch {plan.options['batch']}, {plan.options['warm_steps']} warm-up "
+             f"batches, steps_per_execution {plan.options['spe']}, {plan.reps} repetition(s)"]
+    lines += [f"  {s}" for s in plan.systems]
+    lines += [f"  {s}: {why}" for s, why in plan.skipped.items()]
+    lines.append(f"results: {RESULTS / plan.name}.{{md,json,png}}")
+    return "\n".join(lines)
+
+
+def _run_ps(system: str, root: Path, plan: Plan, timeout: float, python: str) -> dict[str, Any]:
+    """One chief + 2 workers + 2 ps cluster of ``sx-ps`` or ``tf-ps``."""
+    options = json.dumps(plan.options)
+    argv = ([python, str(TF_PROGRAM), str(root), options] if system == "tf-ps"
+            else [python, str(PROGRAM), "ps", str(root), options])
+    run = cluster.run_cluster(argv, cluster.cluster_spec(workers=2, ps=2), timeout,
+                              servers_exit=system != "tf-ps", log_prefix=f"{system}_")
+    result = run.result()
+    result["peak_rss_mib"] = run.peak_rss_mib
+    return result
+
+
+def _run_mwms(root: Path, plan: Plan, timeout: float) -> dict[str, Any]:
+    """Two processes of ``stratax launch`` running ``recsys_program.py mwms``."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    argv = [sys.executable, "-m", "stratax", "launch", "--nproc-per-node", "2", "--timeout",
+            str(int(timeout)), str(PROGRAM), "mwms", str(root), json.dumps(plan.options)]
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout + 30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    found = {int(rank): json.loads(text) for rank, text in RESULT_LINE.findall(out)}
+    if proc.returncode or sorted(found) != [0, 1]:
+        raise RuntimeError(f"stratax launch exited {proc.returncode} with results from "
+                           f"workers {sorted(found)}:\n{out[-3000:]}")
+    result = found[0]
+    result["peak_rss_mib"] = {f"worker{r}": round(found[r]["peak_rss_mib"], 1) for r in found}
+    return result
+
+
+def run_system(system: str, root: Path, plan: Plan, timeout: float, python: str
+               ) -> dict[str, Any]:
+    """One repetition of ``system``, retried once (a free port may be taken in between)."""
+    def once() -> dict[str, Any]:
+        if system == "sx-mwms":
+            return _run_mwms(root, plan, timeout)
+        return _run_ps(system, root, plan, timeout, python)
+
+    try:
+        return once()
+    except (RuntimeError, TimeoutError, subprocess.TimeoutExpired) as err:
+        print(f"{system} failed, running it again once: {str(err)[-400:]}", flush=True)
+    return once()
+
+
+def summarize_runs(runs: list[dict[str, Any]], systems: list[str]) -> list[dict[str, Any]]:
+    """One row per system: medians (and ranges) over its successful repetitions, or its
+    failure; ``ratio`` is its median examples/s over the baseline's."""
+    rows = []
+    for system in systems:
+        mine = [r for r in runs if r["system"] == system]
+        ok = [r for r in mine if "error" not in r]
+        row: dict[str, Any] = {"system": system, "reps": len(ok)}
+        if not ok:
+            row["status"] = next((r["error"] for r in mine), "not run")
+            rows.append(row)
+            continue
+        row["examples_per_s"] = summarize([r["examples_per_s"] for r in ok])
+        row["auc"] = summarize([r["auc"] for r in ok])
+        row["examples"] = ok[0]["examples"]
+        row["train_loss"] = summarize([r["train_loss"] for r in ok])
+        peaks: dict[str, list[float]] = {}
+        for r in ok:
+            for task, mib in r["peak_rss_mib"].items():
+                peaks.setdefault(task, []).append(mib)
+        row["peak_rss_mib"] = {task: summarize(v).median for task, v in peaks.items()}
+        for key in ("ps_bytes_per_step", "allreduce_bytes_per_step"):
+            if key in ok[0]:
+                row[key] = summarize([r[key] for r in ok]).median
+        rows.append(row)
+    base = next((r for r in rows if r["system"] == BASELINE and "examples_per_s" in r), None)
+    base_runs = {r["rep"]: r for r in runs if r["system"] == BASELINE and "error" not in r}
+    for row in rows:
+        if base and "examples_per_s" in row:
+            row["ratio"] = row["examples_per_s"].median / base["examples_per_s"].median
+            row["rep_ratios"] = [r["examples_per_s"] / base_runs[r["rep"]]["examples_per_s"]
+                                 for r in runs if r["system"] == row["system"]
+                                 and "error" not in r and r["rep"] in base_runs]
+    return rows
+
+
+def _bytes(row: dict[str, Any]) -> str:
+    if "ps_bytes_per_step" in row:
+        return f"{row['ps_bytes_per_step'] / 1e6:.2f} MB to and from the ps (ps counters)"
+    if "allreduce_bytes_per_step" in row:
+        return (f"{row['allreduce_bytes_per_step'] / 1e6:.2f} MB of gradients all-reduced "
+                "(computed)")
+    return "not measured (no counter)"
+
+
+def table(rows: list[dict[str, Any]], skipped: dict[str, str], header: list[str]) -> str:
+    """The markdown table of ``rows`` under ``header``."""
+    lines = [*header, "",
+             "| system | examples/s median (min-max) | x tf-ps | held-out AUC median (min-max) "
+             "| examples seen | final train loss | bytes per step | peak RSS MiB per task |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | --- | --- |"]
+    for row in rows:
+        if "examples_per_s" not in row:
+            lines.append(f"| {row['system']} | failed: {row['status'][-200:]} | - | - | - | - "
+                         "| - | - |".replace("\n", " "))
+            continue
+        speed, auc = row["examples_per_s"], row["auc"]
+        flag = " (!)" if speed.flagged else ""
+        ratio = f"{row['ratio']:.2f}" if "ratio" in row else "-"
+        peaks = ", ".join(f"{t} {m:.0f}" for t, m in row["peak_rss_mib"].items())
+        lines.append(
+            f"| {row['system']} | {speed.median:,.0f} ({speed.min:,.0f}-{speed.max:,.0f}){flag} "
+            f"| {ratio} | {auc.median:.4f} ({auc.min:.4f}-{auc.max:.4f}) | {row['examples']:,} "
+            f"| {row['train_loss'].median:.4f} | {_bytes(row)} | {peaks} |")
+    lines += [f"| {system} | {why} | - | - | - | - | - | - |" for system, why in skipped.items()]
+    paired = [f"{r['system']} {', '.join(f'{x:.2f}' for x in r['rep_ratios'])}"
+              for r in rows if r.get("rep_ratios") and r["system"] != BASELINE]
+    if paired:
+        lines += ["", f"examples/s over {BASELINE}'s in the same repetition: "
+                  + "; ".join(paired) + "."]
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    """Two panels: examples/s and held-out AUC per system (bars: median, whiskers: range)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    done = [r for r in rows if "examples_per_s" in r]
+    figure, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, key, label in ((axes[0], "examples_per_s", "examples/s (timed fit)"),
+                           (axes[1], "auc", "held-out AUC")):
+        values = [r[key] for r in done]
+        names = [r["system"] for r in done]
+        ax.bar(names, [v.median for v in values],
+               yerr=[[v.median - v.min for v in values], [v.max - v.median for v in values]],
+               capsize=4, color=["tab:gray" if n == BASELINE else "tab:blue" for n in names])
+        ax.set(ylabel=label, title=label)
+        ax.grid(axis="y", alpha=0.3)
+    if done:
+        low = min(r["auc"].min for r in done)
+        axes[1].set_ylim(min(0.5, low - 0.02), max(r["auc"].max for r in done) + 0.02)
+    figure.tight_layout()
+    figure.savefig(path, dpi=90)
+    plt.close(figure)
+
+
+def write_report(runs: list[dict[str, Any]], plan: Plan, meta: dict[str, Any]) -> list[Path]:
+    """Writes ``<name>.md`` (table), ``<name>.json`` (every repetition, machine, versions)
+    and ``<name>.png`` under ``RESULTS``."""
+    rows = summarize_runs(runs, list(plan.systems))
+    loads = meta["loads"]
+    header = [f"# DLRM-shaped recommender: TF ParameterServerStrategy vs stratax ({plan.size})",
+              "", f"Command: `{meta['command']}`  ",
+              f"{meta['finished']}; machine {meta['machine']['cpu_model']}, "
+              f"{meta['machine']['cpu_count']} cores, {meta['machine']['mem_total_gib']} GiB; "
+              f"1-min load average {min(loads):.1f}-{max(loads):.1f} before the repetitions "
+              "(a machine shared with other work: compare the ratios of one run).  ",
+              describe(plan).splitlines()[0] + ".  ",
+              "Every system: the same data, model, initial weights (checksum "
+              f"{meta['checksums']}), SGD and number of examples; clusters on 127.0.0.1 "
+              "(PS: chief + 2 workers + 2 ps; MWMS: 2 processes of `stratax launch`). "
+              "Peak RSS: `ru_maxrss` of every task (wait4; MWMS: each process's own). PS bytes "
+              "per step: values the parameter servers sent (their counters: whole shards and "
+              "row-sparse rows) times 2 for the gradients pushed back. TF exposes no transport "
+              "counter."]
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    stem = RESULTS / plan.name
+    written = [stem.with_suffix(".md"), stem.with_suffix(".json"), stem.with_suffix(".png")]
+    written[0].write_text(table(rows, plan.skipped, header))
+    written[1].write_text(json.dumps({"meta": meta, "plan": dataclasses.asdict(plan),
+                                      "runs": runs}, indent=1, default=str) + "\n")
+    plot(rows, written[2])
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.recsys", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="quick size, 1 repetition")
+    parser.add_argument("--size", choices=sorted(SIZES), help="data size (overrides --quick's)")
+    parser.add_argument("--reps", type=int, default=None, help="default 3; quick 1")
+    parser.add_argument("--systems", default=",".join(SYSTEMS))
+    parser.add_argument("--batch", type=int, default=512, help="global batch")
+    parser.add_argument("--warm-steps", type=int, default=4)
+    parser.add_argument("--spe", type=int, default=1, help="steps_per_execution")
+    parser.add_argument("--replicated-limit-mib", type=float, default=64,
+                        help="largest total of tables MWMS replicates")
+    parser.add_argument("--timeout", type=float, default=900, help="per cluster, seconds")
+    parser.add_argument("--name", default="", help="stem of the result files")
+    parser.add_argument("--dry-run", action="store_true", help="print the plan, run nothing")
+    args = parser.parse_args(argv)
+    try:
+        plan = make_plan(args)
+    except ValueError as err:
+        parser.error(str(err))
+    print(describe(plan), flush=True)
+    pythons = {s: sys.executable for s in plan.systems}
+    if "tf-ps" in plan.systems:
+        found = envs.tf_interpreter("cpu", install=not args.dry_run,
+                                    say=lambda line: print(line, flush=True))
+        pythons["tf-ps"] = found.python
+        if found.python is None:
+            print(f"tf-ps: not installed: {found.reason}", flush=True)
+    if args.dry_run:
+        return 0
+    root = recsys_data.ensure(plan.data, CACHE_DIR / "recsys")
+    runs, loads = [], []
+    for rep in range(plan.reps):
+        for system in plan.systems:
+            if pythons[system] is None:
+                if rep == 0:
+                    runs.append({"system": system, "rep": rep, "error": "not installed"})
+                continue
+            loads.append(os.getloadavg()[0])
+            start = time.perf_counter()
+            try:
+                result = run_system(system, root, plan, args.timeout, pythons[system])
+            except (RuntimeError, TimeoutError, subprocess.TimeoutExpired) as err:
+                result = {"system": system, "error": str(err).splitlines()[0][:300]}
+            result.update(rep=rep, loadavg_before=loads[-1],
+                          cluster_s=time.perf_counter() - start)
+            runs.append(result)
+            print(f"rep {rep} {system}: " + (f"{result['examples_per_s']:,.0f} examples/s, "
+                  f"AUC {result['auc']:.4f}" if "error" not in result else result["error"]),
+                  flush=True)
+    meta = {"command": "python -m benchmarks.recsys " + " ".join(sys.argv[1:] if argv is None
+                                                                 else argv),
+            "finished": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+            "machine": envs.machine_info(), "loads": loads or [os.getloadavg()[0]],
+            "checksums": sorted({r["weights_checksum"] for r in runs if "weights_checksum" in r}),
+            "versions": {s: envs.package_versions(p) for s, p in pythons.items() if p}}
+    for path in write_report(runs, plan, meta):
+        print("wrote", path)
+    print((RESULTS / f"{plan.name}.md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
