@@ -1,4 +1,5 @@
-"""Checkpoints that change shape (see docs/parameter_server.md, Checkpoints).
+"""Checkpoints that change shape (see docs/parameter_server.md, Failures: "Checkpoints that
+change shape").
 
 ``ParameterServerStrategy.save_checkpoint`` / ``restore_checkpoint`` write and read them on the
 parameter servers; these functions do the same for Keras variables under any strategy.

@@ -1,11 +1,10 @@
 """Shared memory under a local-socket connection: frames move by one memcpy each way.
 
 A frame sent over a Unix socket is copied by the kernel on both sides inside large system
-calls; with a shared buffer the sender copies the frame in and the receiver copies it out (10
-us each for the MLP's 400 KB on the benchmark box) and the socket carries only an 8-byte
-marker, which keeps the call's deadline and failure handling as they are. Measured on the MLP's
-push-and-pull: about 15% less CPU per call on the client, 7% on the server
-(docs/parameter_server.md, "Issue 9's last speed goal").
+calls; with a shared buffer the sender copies the frame in and the receiver copies it out, and
+the socket carries only an 8-byte marker, which keeps the call's deadline and failure handling
+as they are. What it saves per call is measured in docs/design/parameter_server.md, "The
+same-host socket".
 
 The client of a connection creates the buffer (an anonymous ``memfd``, sealed against shrinking
 and growing, so the server can never fault on a truncated mapping), maps it, and passes its
