@@ -43,6 +43,8 @@ parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--epochs", type=int, default=3, help="training epochs (default: 3)")
 parser.add_argument("--steps-per-epoch", type=int, default=70,
                     help="steps per epoch (default: 70, as the guide)")
+parser.add_argument("--seed", type=int, default=None,
+                    help="seed of the model's initial weights (added: reproducible runs)")
 parser.add_argument("--workdir", default=None,
                     help="where the backup and the saved model go; use a folder all workers "
                          "share (default: one temp folder per run of the chief)")
@@ -84,6 +86,8 @@ print(f"Number of replicas in sync: {strategy.num_replicas_in_sync}")
 global_batch_size = per_worker_batch_size * num_workers
 multi_worker_dataset = mnist_dataset(global_batch_size)
 
+if flags.seed is not None:
+    keras.utils.set_random_seed(flags.seed)
 with strategy.scope():
     # Model building/compiling need to be within `strategy.scope()`.
     multi_worker_model = build_and_compile_cnn_model()

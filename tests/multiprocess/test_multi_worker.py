@@ -192,12 +192,15 @@ def test_multi_worker_guide_example_via_stratax_launch(tmp_path):
     example = HERE.parent.parent / "examples" / "multi_worker_keras.py"
     done = subprocess.run(
         [sys.executable, "-m", "stratax._src.cli", "launch", "--nproc-per-node", "2",
-         "--timeout", "240", str(example), "--epochs", "2", "--workdir", str(tmp_path)],
+         "--timeout", "240", str(example), "--epochs", "2", "--seed", "0",
+         "--workdir", str(tmp_path)],
         capture_output=True, text=True, timeout=280, env=worker_env(), start_new_session=True)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "[worker 0] Chief saved the model" in done.stdout
     (accuracy,) = re.findall(r"test accuracy: ([0-9.]+)", done.stdout)
-    assert float(accuracy) > 0.6  # 2 epochs of 70 steps of the guide's tf.data pipeline
+    # 2 epochs of 70 steps of the guide's tf.data pipeline; seeded, since with random initial
+    # weights one CI run ended at 0.579
+    assert float(accuracy) > 0.6
     assert "Number of replicas in sync: 2" in done.stdout
     assert (tmp_path / "keras-model.keras").exists()
     assert not list(tmp_path.glob("workertemp_*"))  # the non-chief removed its copy
