@@ -79,6 +79,7 @@ class Trial:
     restarts: int | None = None
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
+    run_dir: str = ""                    # the trial's program output (weights, result, logs)
 
     @property
     def nothing_lost(self) -> bool:
@@ -184,6 +185,7 @@ def run_trial(trial: Trial, work_dir: Path, reference: dict[str, np.ndarray] | N
     """Runs one launch, strikes, waits, checks; fills in ``trial`` and returns it."""
     out_dir = work_dir / f"{trial.mode}-{trial.role}-{trial.action}-{time.monotonic_ns()}"
     out_dir.mkdir(parents=True)
+    trial.run_dir = str(out_dir)
     tag = out_dir.name
     env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
     env.update({TAG: tag, "STRATAX_PS_SNAPSHOT_DIR": str(out_dir / "snapshots"),
@@ -247,8 +249,7 @@ def reference_weights(mode: str, work_dir: Path) -> dict[str, np.ndarray]:
     trial = run_trial(Trial(mode, None, None, 0), work_dir, None)
     if not trial.completed or trial.lost_updates or trial.extra_updates:
         raise RuntimeError(f"the uninterrupted {mode} run failed: {trial}")
-    runs = sorted(work_dir.glob(f"{mode}-None-None-*"))
-    with np.load(runs[-1] / "weights.npz") as weights:
+    with np.load(Path(trial.run_dir) / "weights.npz") as weights:
         return {k: weights[k].copy() for k in weights.files}
 
 
