@@ -82,6 +82,14 @@ config = Options([
     Option("ps_snapshot_every", env.STRATAX_PS_SNAPSHOT_EVERY,
            Integer(1, "pushes between snapshots"), 100,
            "Pushes between a parameter server's snapshots."),
+    Option("ps_dense_variables", env.STRATAX_PS_DENSE_VARIABLES,
+           Choice(("ps", "workers"), "a ParameterServerStrategy placement"), "ps",
+           "Where ParameterServerStrategy keeps the variables no step reads row-sparse: 'ps', "
+           "or 'workers' (hybrid mode); its dense_variables argument wins."),
+    Option("ps_max_staleness", env.STRATAX_PS_MAX_STALENESS,
+           Integer(0, "steps a row update may lag"), 0,
+           "Hybrid mode with mode='async': steps a worker's row updates may lag its reads; "
+           "ParameterServerStrategy(max_staleness=) wins."),
     Option("ps_progress_seconds", env.STRATAX_PS_PROGRESS_SECONDS,
            Number(0, "seconds between progress lines; 0 = off"), 10.0,
            "Seconds between the ClusterCoordinator's progress lines; 0 turns them off."),

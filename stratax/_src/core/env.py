@@ -151,6 +151,9 @@ STRATAX_PS_SNAPSHOT_EVERY = "STRATAX_PS_SNAPSHOT_EVERY"
 # Seconds between the ClusterCoordinator's progress lines (per-worker steps/s, the slowest
 # worker); default 10, 0 turns them off (stratax._src.parameter_server.progress).
 STRATAX_PS_PROGRESS_SECONDS = "STRATAX_PS_PROGRESS_SECONDS"
+# ParameterServerStrategy's hybrid mode (options ps_dense_variables, ps_max_staleness).
+STRATAX_PS_DENSE_VARIABLES = "STRATAX_PS_DENSE_VARIABLES"
+STRATAX_PS_MAX_STALENESS = "STRATAX_PS_MAX_STALENESS"
 # Seconds a served ps/worker task waits without hearing from a chief before it exits (status
 # 1); default 120 (stratax._src.parameter_server.chief_session; Server(chief_timeout_seconds=)).
 STRATAX_PS_CHIEF_TIMEOUT_SECONDS = "STRATAX_PS_CHIEF_TIMEOUT_SECONDS"

@@ -31,7 +31,12 @@ import numpy as np
 
 from stratax._src.keras import feed as feed_lib
 from stratax._src.keras.dataset_creator import DatasetCreator
-from stratax._src.keras.ps_fit import BatchRef, GroupPipeline, check_additive_metrics
+from stratax._src.keras.ps_fit import (
+    BatchRef,
+    GroupPipeline,
+    check_additive_metrics,
+    sparse_tables,
+)
 from stratax._src.keras.runner import KerasRunner
 from stratax._src.parameter_server import worker_data
 
@@ -162,12 +167,14 @@ class ParameterServerRunner(KerasRunner):
             self._release(self._calls.pop())
 
     def before_save(self, model: Any) -> None:
+        self.strategy.cluster_coordinator().flush_replicas()
         self.strategy.refresh_keras_variables()
         if (id(model), "train") in self._pipelines:
             _set_iterations(self.strategy, model)
             self.strategy.pull_optimizer_state(model.optimizer, model.trainable_variables)
 
     def after_restore(self, model: Any) -> None:
+        self.strategy.cluster_coordinator().drop_replicas()
         self.strategy.push_optimizer_state(model.optimizer, model.trainable_variables)
         for variable in model.non_trainable_variables:
             self.strategy.place_variables(variable).assign(np.asarray(variable.numpy()))
@@ -289,6 +296,11 @@ def _set_iterations(strategy: Any, model: Any) -> None:
     variables = list(getattr(model, "trainable_variables", ()))
     if optimizer is None or not variables:
         return
+    if getattr(strategy, "hybrid", None) is not None:
+        # Hybrid mode: the replicated variables take one update per step; a table's shards
+        # take one per worker per step when its updates are asynchronous.
+        tables = {id(t) for t in sparse_tables(model)}
+        variables = [v for v in variables if id(v) not in tables] or variables
     counts = {}
     for variable in strategy.place_variables(variables):  # placed already: by the train step
         for placement, count in zip(variable.placements,

@@ -98,7 +98,7 @@ def import_shards(server: Any, frame: wire.Frame) -> bytes:
 
 
 # ----- on the coordinator -----------------------------------------------------------------
-def _export(strategy: Any, variables: Sequence[Any]
+def export_variables(strategy: Any, variables: Sequence[Any]
             ) -> dict[str, tuple[dict[str, Any], list[np.ndarray]]]:
     """Every shard of ``variables`` (``PSVariable``s): its state (optimizer key, slot names,
     iterations) and its tensors (value, then the slots), one ``export`` call per ps."""
@@ -106,7 +106,7 @@ def _export(strategy: Any, variables: Sequence[Any]
     for var in variables:
         for p in var.placements:
             by_ps[p.ps].append(p.key)
-    replies = strategy._ps.each({ps: _call("export", {"names": names})
+    replies = strategy._ps.each({ps: call("export", {"names": names})
                                  for ps, names in by_ps.items()})
     shards: dict[str, tuple[dict[str, Any], list[np.ndarray]]] = {}
     for ps, names in by_ps.items():
@@ -125,7 +125,7 @@ def pull_keras_optimizer(strategy: Any, optimizer: Any,
     that ``model.save`` and ``get_weights`` of the optimizer hold the trained state. Shards
     without an optimizer (never trained) leave the Keras slots as they are."""
     _, slots_of = _keras_optimizer(optimizer, [keras_var for keras_var, _ in pairs])
-    shards = _export(strategy, [ps_var for _, ps_var in pairs])
+    shards = export_variables(strategy, [ps_var for _, ps_var in pairs])
     for keras_var, ps_var in pairs:
         parts = [shards[p.key] for p in ps_var.placements]
         if parts[0][0]["optimizer"] is None:
@@ -154,7 +154,7 @@ def push_keras_optimizer(strategy: Any, optimizer: Any,
 
 def save(strategy: Any, path: str | os.PathLike, variables: Sequence[Any]) -> None:
     """Writes ``variables`` (``PSVariable``s) with their optimizer state to ``path``."""
-    shards = _export(strategy, variables)
+    shards = export_variables(strategy, variables)
     entries, arrays = [], {}
     for i, var in enumerate(variables):
         parts = [shards[p.key] for p in var.placements]
@@ -210,7 +210,7 @@ class _ShardImports:
             tensors += [value[rows], *(slot[rows] for slot in slots.values())]
 
     def send(self, strategy: Any) -> None:
-        strategy._ps.each({ps: _call("import", {"names": names, "shards": states}, tensors)
+        strategy._ps.each({ps: call("import", {"names": names, "shards": states}, tensors)
                            for ps, (names, states, tensors) in self._calls.items()})
 
 
@@ -292,7 +292,8 @@ def _keras_optimizer(optimizer: Any, variables: Sequence[Any]) -> tuple[str, Any
     return json.dumps({"spec": spec, "sparse": sparse}, sort_keys=True), slots_of
 
 
-def _call(method: str, meta: dict[str, Any], tensors: Sequence[np.ndarray] = ()) -> Any:
+def call(method: str, meta: dict[str, Any], tensors: Sequence[np.ndarray] = ()) -> Any:
+    """A ``PSClients.each`` call of ``method`` (streamed: shards may be large)."""
     return lambda client: client.call(method, meta, list(tensors), stream=True)
 
 

@@ -294,6 +294,7 @@ class _Worker:
         self.programs: set[str] = set()
         self.iterators: set[str] = set()
         self.per_worker: set[str] = set()  # keys of the per-worker variables it holds
+        self.resident: set[str] = set()  # hybrid mode: shard keys its replica holds
         self.stats = collections.Counter()
         self.consumed = collections.Counter()  # iterator name -> batches of finished closures
         self.died_at: float | None = None
@@ -359,7 +360,7 @@ class ClusterCoordinator:
         self.strategy = strategy
         strategy._coordinator = self
         self._workers = [_Worker(i, c) for i, c in enumerate(strategy._worker_clients)]
-        self._sync = getattr(strategy, "mode", "async") == "sync"
+        self._sync = getattr(strategy, "synchronous", getattr(strategy, "mode", "") == "sync")
         self._queue: collections.deque[_Closure] = collections.deque()
         # Synchronous mode: each closure is queued once per worker, for that worker.
         self._pinned: dict[int, collections.deque[_Closure]] = {
@@ -420,11 +421,38 @@ class ClusterCoordinator:
         return closure.remote
 
     def join(self) -> None:
-        """Waits until every scheduled closure is done; raises the first error of a step."""
+        """Waits until every scheduled closure is done; raises the first error of a step.
+        Hybrid mode: the workers' replicas of the dense variables go back to the parameter
+        servers (see ``residency``)."""
         with self._cond:
             while self._pending() and self._error is None:
                 self._cond.wait(1.0)
+            failed = self._error is not None
+        residency = getattr(self.strategy, "_residency", None)
+        if residency is not None:
+            try:
+                residency.end(self._workers)
+            except Exception as err:
+                if not failed:
+                    raise
+                logger.warning("could not copy the workers' replicas back after a failed "
+                               "step: %s", err)
+        with self._cond:
             self._raise_error_once()
+
+    def flush_replicas(self) -> None:
+        """Hybrid mode: copies the workers' replicas of the dense variables to the parameter
+        servers, where saves and the chief's reads find them (no-op otherwise)."""
+        residency = getattr(self.strategy, "_residency", None)
+        if residency is not None:
+            residency.flush(self._workers)
+
+    def drop_replicas(self) -> None:
+        """Hybrid mode: the workers forget their replicas; the next steps copy them again
+        from the parameter servers (after a restore wrote new values there)."""
+        residency = getattr(self.strategy, "_residency", None)
+        if residency is not None:
+            residency.drop(self._workers)
 
     def done(self) -> bool:
         """True when nothing is queued or running (raises a pending error like ``join``)."""
@@ -685,6 +713,7 @@ class ClusterCoordinator:
                     continue
                 worker.programs = set()
                 worker.per_worker = set()  # recreated from their initial values on use
+                worker.resident = set()  # a live worker's replica, before its next step
                 worker.restarted = False
                 worker.iterators = set(live)
                 worker.stats["rejoined"] += 1
@@ -723,6 +752,9 @@ class ClusterCoordinator:
                 worker.programs.add(program.key)
         per_worker_variables.ensure_created(
             worker, [v for program in closure.programs for v in program.per_worker])
+        residency = getattr(self.strategy, "_residency", None)
+        if residency is not None:
+            residency.ensure(worker, self._workers, closure.programs)
         names = [iterator.name for iterator in closure.iterators]
         missing = sorted(set(names) - worker.iterators)
         if missing:
@@ -738,6 +770,7 @@ class ClusterCoordinator:
             "closure": f"c{closure.ident}", "iterators": names,
             "batches": closure.batches, "runs": closure.runs, "sync": sync, "after": closure.after,
             "data": data.name if data is not None else None,
+            "hybrid": getattr(self.strategy, "hybrid", None),
         })
         outputs, position = [], 0
         for count in reply.meta["counts"]:

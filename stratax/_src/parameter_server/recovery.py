@@ -30,8 +30,11 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 # What a worker answers when asked for an iterator, program or per-worker variable it does not
 # have: it was restarted (the coordinator makes sure all exist before sending a closure).
-_LOST_STATE = ("No iterator", "is not registered on worker", per_worker_variables.MISSING)
-_SYNC_WAIT = "still waiting for gradients"  # the ps' error when a synchronous pull gives up
+MISSING_REPLICA = "No resident variable"  # a worker lacks its hybrid-mode replica
+_LOST_STATE = ("No iterator", "is not registered on worker", per_worker_variables.MISSING,
+               MISSING_REPLICA)
+# The error of a synchronous pull (a ps) or gradient exchange (a worker) that gave up.
+SYNC_WAIT = "still waiting for gradients"
 
 
 def _rejoin_limit(coordinator: Any) -> float:
@@ -43,7 +46,7 @@ def _rejoin_limit(coordinator: Any) -> float:
 def retry_sync_share(coordinator: Any, worker: Any, closure: Any, error: BaseException) -> bool:
     """Re-queues a survivor's synchronous share that failed waiting for a worker that died
     recently (within the rejoin limit); returns False when the error is another one."""
-    if not closure.pinned or _SYNC_WAIT not in str(error):
+    if not closure.pinned or SYNC_WAIT not in str(error):
         return False
     now = time.monotonic()
     with coordinator._cond:

@@ -105,7 +105,7 @@ class Server:
         else:
             from stratax._src.parameter_server.worker_server import WorkerService
 
-            self._service = WorkerService(self.task_index, self.cluster_spec.num_tasks("worker"),
+            self._service = WorkerService(self.task_index, self.cluster_spec.job_tasks("worker"),
                                           self.cluster_spec.job_tasks("ps"), self._timeout)
         self._watch = chief_session.ChiefWatch(name, self._chief_timeout, self._service.reset,
                                                getattr(self._service, "adopt", lambda m: None))

@@ -22,6 +22,7 @@ import numpy as np
 
 from stratax._src.cluster.cluster_spec import ClusterSpec
 from stratax._src.cluster.resolver import ClusterResolver
+from stratax._src.core.config import config
 from stratax._src.core.context import replica_context_scope
 from stratax._src.data.input_context import InputContext
 from stratax._src.parameter_server import (
@@ -43,6 +44,7 @@ from stratax._src.parameter_server.partitioners import (
 )
 from stratax._src.parameter_server.per_worker_variables import PerWorkerVariable
 from stratax._src.parameter_server.ps_client import PSClients
+from stratax._src.parameter_server.residency import Residency
 from stratax._src.parameter_server.rpc import RpcClient
 from stratax._src.parameter_server.server import SERVED_JOBS, Server
 from stratax._src.parameter_server.variables import (
@@ -81,6 +83,16 @@ class ParameterServerStrategy(Strategy):
         worker's restart (synchronous mode) and the return of any worker when all are lost.
       step_timeout_seconds: Deadline of one scheduled call on a worker that keeps answering
         (a long step); default 600.
+      dense_variables: Where the variables that no step reads row-sparse live: ``"ps"``
+        (default, as in TensorFlow: every variable on the parameter servers) or ``"workers"``
+        (hybrid mode, for recommenders: the embedding tables stay on the parameter servers,
+        every other variable is replicated on the workers and updated from the sum of the
+        workers' gradients, as MultiWorkerMirrored does; every step runs on every worker).
+        ``mode`` then says how the tables are updated. Default: ``sx.config`` option
+        ``ps_dense_variables`` (``STRATAX_PS_DENSE_VARIABLES``).
+      max_staleness: Hybrid mode with ``mode="async"``: a worker's row updates may be this many
+        steps behind its reads (0: every step reads every earlier step's rows; within one
+        closure of ``steps_per_execution`` steps). Default: option ``ps_max_staleness``.
 
     Example:
       >>> strategy = sx.ParameterServerStrategy(sx.cluster_resolver.TFConfigClusterResolver())
@@ -92,10 +104,12 @@ class ParameterServerStrategy(Strategy):
     def __init__(self, cluster_resolver: ClusterResolver | None = None,
                  variable_partitioner: Callable[..., Sequence[int]] | None = None,
                  mode: str = "async", timeout_seconds: float = 60.0,
-                 step_timeout_seconds: float = 600.0) -> None:
+                 step_timeout_seconds: float = 600.0, dense_variables: str | None = None,
+                 max_staleness: int | None = None) -> None:
         if mode not in MODES:
             raise ValueError(f"mode={mode!r} is not a ParameterServerStrategy mode; use one of "
                              f"{MODES}.")
+        self.hybrid = _hybrid_settings(mode, dense_variables, max_staleness)
         if cluster_resolver is None:
             from stratax._src.cluster.tfconfig import TFConfigClusterResolver
 
@@ -150,6 +164,7 @@ class ParameterServerStrategy(Strategy):
         # id(Keras variable) -> (that variable, its PSVariable); the variable is kept alive.
         self._keras: dict[int, tuple[Any, PSVariable]] = {}
         self._optimizers_set: set[tuple[str, str]] = set()
+        self._residency = Residency(self) if self.hybrid is not None else None
         self._warned: set[str] = set()
         self._colocate: list[PSVariable] = []
         self._closed = False
@@ -191,10 +206,16 @@ class ParameterServerStrategy(Strategy):
 
     # ----- TF API ---------------------------------------------------------------------------
     @property
+    def synchronous(self) -> bool:
+        """Whether every step runs on every worker, each on its own part of the batch:
+        ``mode="sync"`` or hybrid mode (``dense_variables="workers"``)."""
+        return self.mode == "sync" or self.hybrid is not None
+
+    @property
     def num_replicas_in_sync(self) -> int:
         """1 in asynchronous mode (each worker's step stands alone); the number of workers in
-        synchronous mode (one update sums one gradient from each)."""
-        return len(self._worker_clients) if self.mode == "sync" else 1
+        synchronous and hybrid mode (one update sums one gradient from each)."""
+        return len(self._worker_clients) if self.synchronous else 1
 
     @property
     def is_chief(self) -> bool:
@@ -258,6 +279,9 @@ class ParameterServerStrategy(Strategy):
             built = program.build_program(f"{self._namespace}p{len(self._programs)}",
                                           positional, specs,
                                           jax.tree_util.tree_structure((call_args,)))
+            if self._residency is not None:
+                _require_tables(built)
+                self._residency.track(built)
             self._set_optimizers(built)
             self._programs[key] = built
         return closure.add_run(built, leaves)
@@ -630,6 +654,40 @@ class ParameterServerStrategy(Strategy):
         self._ps.close()
 
 
+def _hybrid_settings(mode: str, dense_variables: str | None,
+                     max_staleness: int | None) -> dict[str, Any] | None:
+    """The workers' hybrid-mode settings (``None``: every variable on the ps), from the
+    arguments, else the ``sx.config`` options."""
+    if dense_variables is None:
+        dense_variables = config.ps_dense_variables
+    if dense_variables not in ("ps", "workers"):
+        raise ValueError(f"dense_variables={dense_variables!r}: use 'ps' (every variable on the "
+                         "parameter servers) or 'workers' (hybrid mode).")
+    if max_staleness is not None and (dense_variables != "workers" or mode != "async"):
+        raise ValueError(
+            f"max_staleness={max_staleness!r} bounds the asynchronous table updates of hybrid "
+            f"mode; it needs dense_variables='workers' and mode='async', got "
+            f"dense_variables={dense_variables!r}, mode={mode!r}.")
+    if dense_variables == "ps":
+        return None
+    staleness = config.ps_max_staleness if max_staleness is None else max_staleness
+    if isinstance(staleness, bool) or not isinstance(staleness, int) or staleness < 0:
+        raise ValueError(f"max_staleness must be an integer >= 0, got {staleness!r}.")
+    return {"tables": mode, "max_staleness": staleness if mode == "async" else 0}
+
+
+def _require_tables(built: program.Program) -> None:
+    """Hybrid mode is for models with tables read row-sparse: refuses a training step that
+    reads none."""
+    if built.meta["pushes"] and not built.meta["sparse"]:
+        raise ValueError(
+            "ParameterServerStrategy(dense_variables='workers') keeps the embedding tables read "
+            "row-sparse on the parameter servers and replicates the rest, but this training "
+            f"step reads no table by rows (it trains {len(built.meta['pushes'])} variables read "
+            "whole). For a model without keras.layers.Embedding tables, use "
+            "MultiWorkerMirroredStrategy (every variable replicated) or dense_variables='ps'.")
+
+
 def _function_key(fn: Callable[..., Any]) -> Any:
     """Identity of a replica function for the program cache: its code and what it closes over
     (a nested function re-created per call maps to the same programs)."""
@@ -654,7 +712,7 @@ class _WorkerReplicaContext(ReplicaContext):
         super().__init__(strategy, traced=False)
 
     def _refuse_in_sync_mode(self, what: str) -> None:
-        if self.strategy.mode == "sync":
+        if self.strategy.synchronous:
             raise ValueError(
                 f"{what} inside a synchronous ParameterServerStrategy step is not available: "
                 "each worker's step runs alone and the parameter servers sum the workers' "

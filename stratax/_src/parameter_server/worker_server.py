@@ -15,10 +15,12 @@ its compute.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import threading
 import time
 from collections.abc import Sequence
+from concurrent import futures
 from typing import Any
 
 import jax
@@ -29,6 +31,7 @@ from stratax._src.data.input_context import InputContext
 from stratax._src.parameter_server import rpc, structure, wire, worker_input
 from stratax._src.parameter_server.per_worker_variables import WorkerCopies
 from stratax._src.parameter_server.ps_client import PSClients, Push
+from stratax._src.parameter_server.resident import ResidentReplica, averaged, summed
 from stratax._src.parameter_server.worker_data import ArrayStore
 
 
@@ -63,16 +66,21 @@ class _Program:
         self.step = jax.jit(jax_export.deserialize(bytearray(step)).call)
         self.ids = jax.jit(jax_export.deserialize(bytearray(ids)).call) if ids else None
         self.variables = {v["name"]: v for v in meta["variables"]}
+        # Hybrid mode: the variables this worker's replica holds (see ``resident``).
+        self.resident = frame_names(meta.get("resident", []))
 
 
 class WorkerService(rpc.Dispatcher):
     """State and request handler of one ``worker`` task."""
 
-    def __init__(self, task_index: int, num_workers: int, ps_addresses: Sequence[str],
-                 timeout: float = 60.0) -> None:
+    def __init__(self, task_index: int, worker_addresses: Sequence[str],
+                 ps_addresses: Sequence[str], timeout: float = 60.0) -> None:
         self.task_index = task_index
-        self.num_workers = num_workers
+        self.num_workers = len(worker_addresses)
         self._ps = PSClients(ps_addresses, timeout)
+        self._replica = ResidentReplica(task_index, worker_addresses, timeout)
+        self._row_pushes = futures.ThreadPoolExecutor(1, thread_name_prefix="stratax-rows")
+        self._rows_in_flight: collections.deque[futures.Future] = collections.deque()
         self._programs: dict[str, _Program] = {}
         self._iterators: dict[str, _Iterator] = {}
         self._arrays = ArrayStore()
@@ -84,9 +92,15 @@ class WorkerService(rpc.Dispatcher):
                          "shutdown": self._shutdown, "arrays": self._put_arrays,
                          "drop_arrays": self._drop_arrays,
                          "create_per_worker": self._create_per_worker,
-                         "read_per_worker": self._read_per_worker}
+                         "read_per_worker": self._read_per_worker,
+                         "resident_load": self._replica.load,
+                         "resident_export": self._replica.export,
+                         "resident_clear": self._resident_clear,
+                         "contribution": self._replica.contribution}
 
     def close(self) -> None:
+        self._row_pushes.shutdown(wait=True)
+        self._replica.close()
         self._ps.close()
 
     def reset(self) -> None:
@@ -96,6 +110,7 @@ class WorkerService(rpc.Dispatcher):
         self._iterators.clear()
         self._arrays = ArrayStore()
         self._copies.clear()
+        self._replica.clear()
 
     def adopt(self, meta: dict[str, Any]) -> None:
         """Takes the chief's ``timeout_seconds`` for this worker's calls to the parameter
@@ -103,6 +118,7 @@ class WorkerService(rpc.Dispatcher):
         timeout = meta.get("timeout_s")
         if isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and timeout > 0:
             self._ps.set_timeout(float(timeout))
+            self._replica.set_timeout(float(timeout))
 
     def _ping(self, frame: wire.Frame) -> bytes:
         """This task's index and the names of the iterators it holds."""
@@ -110,6 +126,10 @@ class WorkerService(rpc.Dispatcher):
 
     def _shutdown(self, frame: wire.Frame) -> bytes:
         self.shutdown_requested.set()
+        return rpc.response()
+
+    def _resident_clear(self, frame: wire.Frame) -> bytes:
+        self._replica.clear()
         return rpc.response()
 
     def _register(self, frame: wire.Frame) -> bytes:
@@ -191,7 +211,10 @@ class WorkerService(rpc.Dispatcher):
         if session is not None and not isinstance(session, str):
             raise wire.WireError(f"Field 'session' must be a string, got {session!r}.")
         runs = wire.require(frame.meta, "runs", list)
-        timing = {"pull": 0.0, "compute": 0.0, "push": 0.0, "data": 0.0}
+        timing = {"pull": 0.0, "compute": 0.0, "push": 0.0, "data": 0.0, "exchange": 0.0}
+        hybrid = _hybrid(frame.meta.get("hybrid"))
+        while self._rows_in_flight:  # left by a failed run: its error was reported then
+            self._rows_in_flight.popleft().exception()
         batches: list[list[np.ndarray]] = []
         count = wire.require(frame.meta, "batches", int)
         start = time.perf_counter()
@@ -227,7 +250,9 @@ class WorkerService(rpc.Dispatcher):
                 # Synchronous mode: read what the previous step of this closure wrote, once
                 # every worker's gradient for it is applied.
                 after = (f"{closure}:{index - 1}" if index else previous) if sync > 1 else None
-                values = self._ps.pull(reads.variables, reads.rows, after, session)
+                if hybrid is not None and hybrid["tables"] == "async":
+                    after = None
+                values = self._pull(program, reads, after, session)
             t1 = time.perf_counter()
             grads, result = self._compute(program, reads, values, leaves,
                                           self._copies.read(program.meta["locals"]))
@@ -241,7 +266,11 @@ class WorkerService(rpc.Dispatcher):
             # New values of non-trained state (BatchNorm statistics, seeds) are written after
             # the push, so a step that has some does not fuse the next step's pull into it.
             assigned = grads[len(program.meta["pushes"]):]
-            if sync == 1 and index + 1 < len(steps) and not assigned:
+            if hybrid is not None:
+                timing["exchange"] += self._hybrid_update(program, step_id, pushes, assigned,
+                                                          hybrid, sync, session)
+                values = None
+            elif sync == 1 and index + 1 < len(steps) and not assigned:
                 # Asynchronous: push this step and pull the next one's values in one call per
                 # ps (the next step's rows are known: its batch is already here).
                 try:
@@ -255,7 +284,7 @@ class WorkerService(rpc.Dispatcher):
             else:
                 self._ps.push(step_id, pushes, sync, self.task_index, session=session)
                 values = None
-            if assigned:
+            if assigned and hybrid is None:
                 self._ps.assign([program.variables[n] for n in program.meta.get("assigns", [])],
                                 assigned, session)
             t3 = time.perf_counter()
@@ -264,7 +293,68 @@ class WorkerService(rpc.Dispatcher):
             timing["push"] += t3 - t2
             counts.append(len(result))
             outputs.extend(result)
+        self._drain_row_pushes(0)  # a closure returns once its updates are applied
         return rpc.response({"counts": counts, "timing": timing}, outputs)
+
+    def _pull(self, program: _Program, reads: _Reads, after: str | None,
+              session: str | None) -> list[np.ndarray]:
+        """The step's values: resident variables from this worker's replica (hybrid mode),
+        the rest from the parameter servers."""
+        local = [i for i, v in enumerate(reads.variables) if v["name"] in program.resident]
+        if not local:
+            return self._ps.pull(reads.variables, reads.rows, after, session)
+        remote = [i for i in range(len(reads.variables)) if i not in set(local)]
+        values: list[Any] = [None] * len(reads.variables)
+        for i, value in zip(local, self._replica.read([reads.variables[i] for i in local]),
+                            strict=True):
+            values[i] = value
+        if remote:
+            pulled = self._ps.pull([reads.variables[i] for i in remote],
+                                   [reads.rows[i] for i in remote], after, session)
+            for i, value in zip(remote, pulled, strict=True):
+                values[i] = value
+        return values
+
+    def _hybrid_update(self, program: _Program, step_id: str, pushes: list[Push],
+                       assigned: list[np.ndarray], hybrid: dict[str, Any], sync: int,
+                       session: str | None) -> float:
+        """Hybrid mode, after a step's compute: pushes the tables' rows to the parameter
+        servers (synchronous: summed there over the workers; asynchronous: this worker's own
+        update, at most ``max_staleness`` steps in flight), then exchanges the resident
+        variables' gradients and new values with the other workers and applies their sum to
+        this worker's replica. Returns the seconds spent in the exchange."""
+        resident = program.resident
+        trained = [(var, grad) for var, _, grad in pushes if var["name"] in resident]
+        rows = [push for push in pushes if push[0]["name"] not in resident]
+        assigns = [program.variables[n] for n in program.meta.get("assigns", [])]
+        local = [(var, value) for var, value in zip(assigns, assigned, strict=True)
+                 if var["name"] in resident]
+        if hybrid["tables"] == "sync":
+            self._ps.push(step_id, rows, sync, self.task_index, session=session)
+        elif rows:
+            self._rows_in_flight.append(self._row_pushes.submit(
+                self._ps.push, f"{step_id}/w{self.task_index}", rows, 1, self.task_index,
+                session=session))
+            self._drain_row_pushes(hybrid["max_staleness"])
+        remote = [(var, value) for var, value in zip(assigns, assigned, strict=True)
+                  if var["name"] not in resident]
+        if remote:
+            self._ps.assign([v for v, _ in remote], [x for _, x in remote], session)
+        if not trained and not local:
+            return 0.0
+        start = time.perf_counter()
+        if trained and self._replica.applied(step_id, [v for v, _ in trained]):
+            return 0.0  # a re-sent step this replica applied (or got in a copy) already
+        got = self._replica.exchange(step_id, [g for _, g in trained] + [x for _, x in local])
+        self._replica.update(step_id, [v for v, _ in trained], summed(got, len(trained)),
+                             [v for v, _ in local], averaged(got, len(trained)))
+        return time.perf_counter() - start
+
+    def _drain_row_pushes(self, keep: int) -> None:
+        """Waits until at most ``keep`` asynchronous row pushes are in flight (raising the
+        first one's error)."""
+        while len(self._rows_in_flight) > keep:
+            self._rows_in_flight.popleft().result()
 
     def _iterator_batches(self, closure: str, names: Any,
                           count: int) -> list[list[np.ndarray]]:
@@ -331,6 +421,23 @@ class WorkerService(rpc.Dispatcher):
             else:
                 pushes.append((var, None, grad))
         return pushes
+
+
+def frame_names(names: Any) -> frozenset[str]:
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise wire.WireError(f"Field 'resident' must list variable names, got {names!r}.")
+    return frozenset(names)
+
+
+def _hybrid(meta: Any) -> dict[str, Any] | None:
+    """The run's hybrid-mode settings (``tables``: "sync"/"async", ``max_staleness``)."""
+    if meta is None:
+        return None
+    if (not isinstance(meta, dict) or meta.get("tables") not in ("sync", "async")
+            or type(meta.get("max_staleness")) is not int or meta["max_staleness"] < 0):
+        raise wire.WireError(f"Field 'hybrid' must be {{'tables': 'sync'|'async', "
+                             f"'max_staleness': int >= 0}}, got {meta!r}.")
+    return meta
 
 
 @dataclasses.dataclass

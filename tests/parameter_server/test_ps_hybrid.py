@@ -1,0 +1,85 @@
+"""Hybrid mode (``ParameterServerStrategy(dense_variables="workers")``): chief + 2 workers + 2 ps."""
+
+import time
+
+import pytest
+from ps_cluster_helpers import cluster, wait_all  # noqa: F401 - `cluster` is a fixture
+
+import stratax as sx
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def _run(cluster, scenario, kill=None):  # noqa: F811 - fixture
+    """Runs ``scenario``; with ``kill``, SIGKILLs that task when the chief prints KILL_NOW and
+    starts it again at its address a second later."""
+    cluster.start("ps_hybrid_program.py", {"chief": 1, "worker": 2, "ps": 2}, args=(scenario,),
+                  generic=("ps0",))
+    if kill:
+        deadline = time.monotonic() + 200
+        while "KILL_NOW" not in cluster.output("chief0"):
+            assert time.monotonic() < deadline and cluster.procs["chief0"].poll() is None, \
+                cluster.output("chief0")[-3000:]
+            time.sleep(0.05)
+        cluster.kill(kill)
+        time.sleep(1.0)
+        cluster.restart(kill)
+    code, out = cluster.wait("chief0", timeout=240)
+    assert code == 0, out[-4000:]
+    result = cluster.result()
+    assert set(wait_all(cluster, timeout=30).values()) == {0}
+    return result, out
+
+
+def test_sync_tables_equal_one_process_and_dense_updates_stay_on_the_workers(cluster):  # noqa: F811
+    result, _ = _run(cluster, "sync")
+    assert result["replicas"] == 2
+    # One process on the same global batches, to float rounding; and exactly what mode="sync"
+    # with every variable on the servers computes.
+    assert result["weights_err"] < 5e-5 and result["history_err"] < 1e-5, result
+    assert result["evaluate_err"] < 1e-5 and result["predict_err"] < 1e-5, result
+    assert result["servers_err"] == 0.0, result
+    assert result["iterations"] == 12, result                 # 6 global batches x 2 epochs
+    assert result["optimizer_err"] < 1e-5, result             # Adam's moments came back
+    assert result["resumed_err"] == 0.0, result             # resumed = uninterrupted, exactly
+    # The dense kernel (2 shards) was updated 12 times, by the workers' replicas alone.
+    assert result["dense_iterations"] == [12, 12] and result["dense_ledger"] == 0, result
+    assert result["table_ledger"] == [12, 12], result         # the table's updates: on the ps
+    assert all(steps > 0 for steps in result["worker_steps"].values()), result
+
+
+def test_async_tables_apply_each_workers_rows_once_and_dense_stays_synchronous(cluster):  # noqa: F811
+    result, _ = _run(cluster, "async")
+    # Each worker's rows are an update of their own (two Adam steps where synchronous tables
+    # take one), applied when they arrive: another rule than one process, which it does not
+    # equal; it learns. Every update counts once: two per step on each table shard (both
+    # workers' batches touch both halves of the vocabulary), one per step on the replicas.
+    assert result["losses"][1] < result["losses"][0], result
+    assert result["table_ledger"] == [24, 24], result
+    assert result["iterations"] == 12, result
+    assert result["dense_iterations"] == [12, 12] and result["dense_ledger"] == 0, result
+
+
+def test_a_killed_worker_restarts_and_the_run_equals_one_process(cluster):  # noqa: F811
+    result, out = _run(cluster, "kill", kill="worker1")
+    assert "re-queueing" in out, out[-3000:]
+    assert result["rejoined"] == 1, result
+    assert result["weights_err"] < 5e-5 and result["iterations"] == 96, result
+    assert result["dense_iterations"] == [96, 96] and result["table_ledger"] == [96, 96], result
+
+
+def test_a_model_without_tables_is_refused(cluster):  # noqa: F811
+    result, _ = _run(cluster, "no_tables")
+    assert "reads no table by rows" in result["error"], result
+    assert "MultiWorkerMirroredStrategy" in result["error"], result
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"dense_variables": "gpu"}, "dense_variables='gpu'"),
+    ({"dense_variables": "workers", "mode": "sync", "max_staleness": 2}, "max_staleness=2"),
+    ({"max_staleness": 1}, "needs dense_variables='workers'"),
+    ({"dense_variables": "workers", "max_staleness": -1}, "max_staleness must be"),
+])
+def test_bad_hybrid_settings_name_the_value(kwargs, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+        sx.ParameterServerStrategy(**kwargs)
