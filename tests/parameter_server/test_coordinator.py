@@ -55,12 +55,14 @@ def test_replica_context_of_a_synchronous_step_refuses_collectives_across_worker
 
     from stratax._src.parameter_server.strategy import _WorkerReplicaContext
 
-    sync = _WorkerReplicaContext(types.SimpleNamespace(mode="sync", num_replicas_in_sync=2))
+    sync = _WorkerReplicaContext(types.SimpleNamespace(mode="sync", synchronous=True,
+                                                        num_replicas_in_sync=2))
     assert sync.num_replicas_in_sync == 2
     for use in (lambda: sync.all_reduce("sum", 1.0), lambda: sync.all_gather(1.0, 0),
                 lambda: sync.replica_id_in_sync_group):
         with pytest.raises(ValueError, match=r"synchronous ParameterServerStrategy step.*"
                                              r"strategy\.reduce"):
             use()
-    lone = _WorkerReplicaContext(types.SimpleNamespace(mode="async", num_replicas_in_sync=1))
+    lone = _WorkerReplicaContext(types.SimpleNamespace(mode="async", synchronous=False,
+                                                        num_replicas_in_sync=1))
     assert (lone.replica_id_in_sync_group, lone.all_reduce("sum", 3.0)) == (0, 3.0)
