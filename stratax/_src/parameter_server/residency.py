@@ -66,7 +66,7 @@ class Residency:
             if source is not None:
                 reply = source.client.call("resident_export", {"names": keys}, stream=True)
                 meta = {"names": keys, "shards": reply.meta["shards"],
-                        "ledgers": reply.meta["ledgers"]}
+                        "ledgers": reply.meta["ledgers"], "previous": reply.meta["previous"]}
                 tensors = reply.tensors
             else:
                 shards = checkpoint.export_variables(self._strategy, missing)

@@ -10,11 +10,19 @@ rule and exactly-once ledger as a ps). A step's dense gradients are summed over 
 same bits) and applied locally; the replicas stay identical as in MultiWorkerMirrored.
 
 The exchange is pull-based and idempotent: a worker *posts* its contribution for a step id and
-*fetches* the others' from their outboxes, which keep the last ``OUTBOX_STEPS`` steps. A worker
-restarted in the middle of a step gets a live worker's replica (values, slots and ledger, under
-the replica's lock) and fetches the contributions it is missing, so whichever side of the step
-the copy was taken, both replicas end the step equal; a step already in the ledger is neither
-exchanged nor applied again.
+*fetches* the others' from their outboxes, which keep the last ``OUTBOX_STEPS`` steps.
+
+A step on a worker: compute (from the replica and the tables' rows), post, fetch every other
+worker's contribution, apply the sum to the replica, and only then push the tables' rows
+(synchronous tables: the servers apply a step's rows once every worker pushed them). So when
+the servers have applied step *s*, every replica has too, and the one step a replica may have
+applied that the servers have not is its last. A worker restarted in the middle of a step gets
+a live worker's replica, under the replica's lock: values, slots, the ledger of applied step
+ids, and the values before its last step. Re-running the steps of the dead worker's closure, it
+reads, for that last step, the values before it, and the servers still hold that step's rows
+as they were (they wait for its push): it computes what the dead worker computed, bit for bit.
+Steps in the ledger are neither exchanged nor applied again, and a re-sent row push is applied
+once; so the run equals the one without the failure.
 """
 
 from __future__ import annotations
@@ -52,6 +60,9 @@ class ResidentReplica:
         self.timeout = timeout
         self._store = ParameterServer()
         self._lock = threading.Lock()        # an update and a copy of the replica exclude
+        # The last step applied and every shard's value before it: what a re-run of that step
+        # reads (see the module docstring).
+        self._previous: tuple[str, dict[str, np.ndarray]] | None = None
         self._outbox: collections.OrderedDict[str, list[np.ndarray]] = collections.OrderedDict()
         self._posted = threading.Condition()
         self._peers = {j: rpc.RpcClient(f"worker {j}", address, timeout)
@@ -73,6 +84,7 @@ class ResidentReplica:
         """Drops the replica and the outbox (the chief ended hybrid training of a call)."""
         with self._lock:
             self._store.reset()
+            self._previous = None
         with self._posted:
             self._outbox.clear()
 
@@ -89,18 +101,27 @@ class ResidentReplica:
         if len(ledgers) != len(names) or len(states) != len(names):
             raise wire.WireError(f"resident_load got {len(names)} names, {len(states)} states "
                                  f"and {len(ledgers)} ledgers.")
+        previous = frame.meta.get("previous")
+        if previous is not None and not isinstance(previous, str):
+            raise wire.WireError(f"Field 'previous' must be a step id, got {previous!r}.")
         values, position = [], 0
         for state in states:
             values.append(frame.tensors[position])
             position += 1 + len(wire.require(state, "slots", list))
+        before = frame.tensors[position:]
+        if len(before) != (len(names) if previous is not None else 0):
+            raise wire.WireError(f"resident_load with previous step {previous!r} needs one "
+                                 f"value per name before it, got {len(before)}.")
         with self._lock:
             for name in names:
                 self._store._shards.pop(name, None)
             self._store.handle(wire.Frame({"method": "create", "names": names}, values))
             self._store.handle(wire.Frame({"method": "import", "names": names,
-                                           "shards": states}, frame.tensors))
+                                           "shards": states}, frame.tensors[:position]))
             for name, ledger in zip(names, ledgers, strict=True):
                 self._store._shard(name).ledger = set(ledger)
+            self._previous = None if previous is None else (
+                previous, {n: np.array(v) for n, v in zip(names, before, strict=True)})
         return rpc.response()
 
     def export(self, frame: wire.Frame) -> bytes:
@@ -111,15 +132,22 @@ class ResidentReplica:
             self._require(names)
             reply = wire.decode(checkpoint.export_shards(self._store, frame))
             ledgers = [sorted(self._store._shard(n).ledger) for n in names]
-        return rpc.response({"shards": reply.meta["shards"], "ledgers": ledgers}, reply.tensors)
+            previous, before = None, []
+            if self._previous is not None and all(n in self._previous[1] for n in names):
+                previous, before = self._previous[0], [self._previous[1][n] for n in names]
+        return rpc.response({"shards": reply.meta["shards"], "ledgers": ledgers,
+                             "previous": previous}, [*reply.tensors, *before])
 
-    def read(self, variables: Sequence[dict[str, Any]]) -> list[np.ndarray]:
-        """The replica's values of ``variables`` (descriptions), whole."""
+    def read(self, variables: Sequence[dict[str, Any]], step: str) -> list[np.ndarray]:
+        """The replica's values of ``variables`` (descriptions), whole, for step ``step``: the
+        values before it when it is the last step applied (a re-run), else the current ones."""
         with self._lock:
             self._require([s[1] for var in variables for s in var["shards"]])
+            before = self._previous[1] if self._previous and self._previous[0] == step else {}
             values = []
             for var in variables:
-                parts = [self._store._shard(key).value.copy() for _, key, _, _ in var["shards"]]
+                parts = [before[key].copy() if key in before else
+                         self._store._shard(key).value.copy() for _, key, _, _ in var["shards"]]
                 values.append(parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0))
         return values
 
@@ -141,6 +169,8 @@ class ResidentReplica:
         with self._lock:
             if keys and all(step in self._store._shard(k).ledger for k in keys):
                 return
+            self._previous = (step, {key: shard.value.copy()
+                                     for key, shard in self._store._shards.items()})
             self._store.handle(wire.Frame({"method": "push", "step": step, "dense": keys,
                                            "sparse": [], "sync": 1,
                                            "worker": self.task_index}, tensors))

@@ -252,7 +252,7 @@ class WorkerService(rpc.Dispatcher):
                 after = (f"{closure}:{index - 1}" if index else previous) if sync > 1 else None
                 if hybrid is not None and hybrid["tables"] == "async":
                     after = None
-                values = self._pull(program, reads, after, session)
+                values = self._pull(program, reads, after, session, f"{closure}:{index}")
             t1 = time.perf_counter()
             grads, result = self._compute(program, reads, values, leaves,
                                           self._copies.read(program.meta["locals"]))
@@ -297,16 +297,16 @@ class WorkerService(rpc.Dispatcher):
         return rpc.response({"counts": counts, "timing": timing}, outputs)
 
     def _pull(self, program: _Program, reads: _Reads, after: str | None,
-              session: str | None) -> list[np.ndarray]:
-        """The step's values: resident variables from this worker's replica (hybrid mode),
-        the rest from the parameter servers."""
+              session: str | None, step: str) -> list[np.ndarray]:
+        """Step ``step``'s values: resident variables from this worker's replica (hybrid
+        mode), the rest from the parameter servers."""
         local = [i for i, v in enumerate(reads.variables) if v["name"] in program.resident]
         if not local:
             return self._ps.pull(reads.variables, reads.rows, after, session)
         remote = [i for i in range(len(reads.variables)) if i not in set(local)]
         values: list[Any] = [None] * len(reads.variables)
-        for i, value in zip(local, self._replica.read([reads.variables[i] for i in local]),
-                            strict=True):
+        for i, value in zip(local, self._replica.read([reads.variables[i] for i in local],
+                                                      step), strict=True):
             values[i] = value
         if remote:
             pulled = self._ps.pull([reads.variables[i] for i in remote],
@@ -318,17 +318,26 @@ class WorkerService(rpc.Dispatcher):
     def _hybrid_update(self, program: _Program, step_id: str, pushes: list[Push],
                        assigned: list[np.ndarray], hybrid: dict[str, Any], sync: int,
                        session: str | None) -> float:
-        """Hybrid mode, after a step's compute: pushes the tables' rows to the parameter
-        servers (synchronous: summed there over the workers; asynchronous: this worker's own
-        update, at most ``max_staleness`` steps in flight), then exchanges the resident
-        variables' gradients and new values with the other workers and applies their sum to
-        this worker's replica. Returns the seconds spent in the exchange."""
+        """Hybrid mode, after a step's compute: exchanges the resident variables' gradients
+        and new values with the other workers and applies their sum to this worker's replica,
+        then pushes the tables' rows to the parameter servers (synchronous: summed there over
+        the workers; asynchronous: this worker's own update, at most ``max_staleness`` steps
+        in flight). Returns the seconds spent in the exchange. The order is what makes a
+        re-run exact (see ``resident``)."""
         resident = program.resident
         trained = [(var, grad) for var, _, grad in pushes if var["name"] in resident]
         rows = [push for push in pushes if push[0]["name"] not in resident]
         assigns = [program.variables[n] for n in program.meta.get("assigns", [])]
         local = [(var, value) for var, value in zip(assigns, assigned, strict=True)
                  if var["name"] in resident]
+        start = time.perf_counter()
+        if (trained or local) and not (
+                trained and self._replica.applied(step_id, [v for v, _ in trained])):
+            got = self._replica.exchange(step_id,
+                                         [g for _, g in trained] + [x for _, x in local])
+            self._replica.update(step_id, [v for v, _ in trained], summed(got, len(trained)),
+                                 [v for v, _ in local], averaged(got, len(trained)))
+        seconds = time.perf_counter() - start
         if hybrid["tables"] == "sync":
             self._ps.push(step_id, rows, sync, self.task_index, session=session)
         elif rows:
@@ -340,15 +349,7 @@ class WorkerService(rpc.Dispatcher):
                   if var["name"] not in resident]
         if remote:
             self._ps.assign([v for v, _ in remote], [x for _, x in remote], session)
-        if not trained and not local:
-            return 0.0
-        start = time.perf_counter()
-        if trained and self._replica.applied(step_id, [v for v, _ in trained]):
-            return 0.0  # a re-sent step this replica applied (or got in a copy) already
-        got = self._replica.exchange(step_id, [g for _, g in trained] + [x for _, x in local])
-        self._replica.update(step_id, [v for v, _ in trained], summed(got, len(trained)),
-                             [v for v, _ in local], averaged(got, len(trained)))
-        return time.perf_counter() - start
+        return seconds
 
     def _drain_row_pushes(self, keep: int) -> None:
         """Waits until at most ``keep`` asynchronous row pushes are in flight (raising the
