@@ -1,4 +1,5 @@
-"""DLRM-shaped recommender benchmark: TF's ParameterServerStrategy against stratax's strategies.
+"""DLRM-shaped recommender benchmark: TF's ParameterServerStrategy against stratax's strategies,
+stratax's hybrid parameter-server mode among them, and a one-process reference.
 
     python -m benchmarks.recsys --quick            # 100k-row largest table, 1 repetition
     python -m benchmarks.recsys                    # 2M-row largest table, 3 repetitions
@@ -14,13 +15,24 @@ initial weights everywhere. Systems, side by side in one run, repetitions interl
 - ``tf-ps``: TensorFlow's ParameterServerStrategy, tf-keras ``fit`` (``recsys_tf_program.py``,
   from ``benchmarks/.venvs/tf-cpu``, made by ``envs.py``), chief + 2 workers + 2 ps; the anchor.
 - ``sx-ps``: stratax ParameterServerStrategy, Keras 3 ``fit`` (``recsys_program.py``), chief +
-  2 workers + 2 ps; the tables take the row-sparse path.
+  2 workers + 2 ps, every variable on the ps, asynchronous; the tables take the row-sparse
+  path.
+- ``sx-hybrid``: the same cluster and partitioner in hybrid mode (``mode="sync",
+  dense_variables="workers"``): the tables stay on the ps (row-sparse, updated
+  synchronously), every other variable is replicated on the 2 workers, which sum their
+  gradients among themselves (the exchange) and apply them locally.
 - ``sx-mwms``: stratax MultiWorkerMirroredStrategy, 2 processes of ``stratax launch``, every
   table replicated; run only while the tables fit ``--replicated-limit-mib``.
+- ``sx-one``: the same model in one process, plain Keras 3 ``fit`` with no strategy, the same
+  global batch: the synchronous one-process run that is the AUC reference (its table
+  gradients are dense, so it is no speed peer for large tables).
 
 Each trains on the same examples (a few warm-up batches that compile, then the training set
 once, timed) and reports examples/s of the timed ``fit``, the held-out AUC, bytes per step
-where the system exposes them, and each task's peak RSS. Results:
+where the system exposes them (the ps' counters; hybrid's exchange among the workers and
+MWMS's all-reduce computed from the variables' sizes), and each task's peak RSS. The report
+ends with issue 38's goals for the hybrid mode: examples/s >= 3x ``tf-ps``'s and >= 1.5x
+``sx-ps``'s, held-out AUC within 0.002 of ``sx-one``'s. Results:
 ``benchmarks/results/recsys[_quick].{md,json,png}``.
 """
 
@@ -35,6 +47,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -42,8 +55,12 @@ from typing import Any
 from benchmarks import CACHE_DIR, REPO_ROOT, RESULTS_DIR, cluster, envs, recsys_data
 from benchmarks.stats import summarize
 
-SYSTEMS = ("tf-ps", "sx-ps", "sx-mwms")
+SYSTEMS = ("tf-ps", "sx-ps", "sx-hybrid", "sx-mwms", "sx-one")
 BASELINE = "tf-ps"
+REFERENCE = "sx-one"   # the AUC reference: synchronous, one process
+HYBRID = "sx-hybrid"
+# Issue 38's goals for the hybrid mode.
+GOAL_OVER_BASELINE, GOAL_OVER_PS, GOAL_AUC_GAP = 3.0, 1.5, 0.002
 RESULTS = RESULTS_DIR
 SIZES = {
     # the test's configuration: seconds of training, the clusters' start-up dominates
@@ -109,17 +126,19 @@ def describe(plan: Plan) -> str:
              f"{plan.data.train:,} training and {plan.data.held_out:,} held-out examples, "
              f"global batch {plan.options['batch']}, {plan.options['warm_steps']} warm-up "
              f"batches, steps_per_execution {plan.options['spe']}, {plan.reps} repetition(s)"]
-    lines += [f"  {s}" for s in plan.systems]
+    lines += [f"  {s}" + (" (AUC reference; dense table gradients of "
+                          f"{replicated_mib(plan.data):.0f} MiB a step)" if s == REFERENCE else "")
+              for s in plan.systems]
     lines += [f"  {s}: {why}" for s, why in plan.skipped.items()]
     lines.append(f"results: {RESULTS / plan.name}.{{md,json,png}}")
     return "\n".join(lines)
 
 
 def _run_ps(system: str, root: Path, plan: Plan, timeout: float, python: str) -> dict[str, Any]:
-    """One chief + 2 workers + 2 ps cluster of ``sx-ps`` or ``tf-ps``."""
+    """One chief + 2 workers + 2 ps cluster of ``tf-ps``, ``sx-ps`` or ``sx-hybrid``."""
     options = json.dumps(plan.options)
     argv = ([python, str(TF_PROGRAM), str(root), options] if system == "tf-ps"
-            else [python, str(PROGRAM), "ps", str(root), options])
+            else [python, str(PROGRAM), system.removeprefix("sx-"), str(root), options])
     run = cluster.run_cluster(argv, cluster.cluster_spec(workers=2, ps=2), timeout,
                               servers_exit=system != "tf-ps", log_prefix=f"{system}_")
     result = run.result()
@@ -150,12 +169,37 @@ def _run_mwms(root: Path, plan: Plan, timeout: float) -> dict[str, Any]:
     return result
 
 
+def _run_one(root: Path, plan: Plan, timeout: float) -> dict[str, Any]:
+    """``recsys_program.py one``: one process, no strategy; its peak RSS reaped by ``wait4``."""
+    env = dict(os.environ)
+    env.pop("TF_CONFIG", None)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    log_dir = Path(tempfile.mkdtemp(prefix="sx-one_"))
+    with open(log_dir / "process0.log", "w") as log:
+        proc = subprocess.Popen([sys.executable, str(PROGRAM), "one", str(root),
+                                 json.dumps(plan.options)], env=env, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    reaped = cluster.reap(proc.pid, time.monotonic() + timeout)
+    if reaped is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        os.waitpid(proc.pid, 0)
+        raise TimeoutError(f"sx-one (pid {proc.pid}) did not exit in time; see {log_dir}")
+    proc.returncode = reaped[0]
+    run = cluster.ClusterRun((log_dir / "process0.log").read_text(), {"chief0": reaped[0]},
+                             {"process0": round(reaped[1], 1)}, log_dir)
+    result = run.result()
+    result["peak_rss_mib"] = run.peak_rss_mib
+    return result
+
+
 def run_system(system: str, root: Path, plan: Plan, timeout: float, python: str
                ) -> dict[str, Any]:
     """One repetition of ``system``, retried once (a free port may be taken in between)."""
     def once() -> dict[str, Any]:
         if system == "sx-mwms":
             return _run_mwms(root, plan, timeout)
+        if system == REFERENCE:
+            return _run_one(root, plan, timeout)
         return _run_ps(system, root, plan, timeout, python)
 
     try:
@@ -186,39 +230,98 @@ def summarize_runs(runs: list[dict[str, Any]], systems: list[str]) -> list[dict[
             for task, mib in r["peak_rss_mib"].items():
                 peaks.setdefault(task, []).append(mib)
         row["peak_rss_mib"] = {task: summarize(v).median for task, v in peaks.items()}
-        for key in ("ps_bytes_per_step", "allreduce_bytes_per_step"):
+        for key in ("ps_bytes_per_step", "allreduce_bytes_per_step", "exchange_bytes_per_step",
+                    "exchange_bytes_per_worker_step", "exchange_s_per_step"):
             if key in ok[0]:
                 row[key] = summarize([r[key] for r in ok]).median
         rows.append(row)
     base = next((r for r in rows if r["system"] == BASELINE and "examples_per_s" in r), None)
-    base_runs = {r["rep"]: r for r in runs if r["system"] == BASELINE and "error" not in r}
     for row in rows:
         if base and "examples_per_s" in row:
             row["ratio"] = row["examples_per_s"].median / base["examples_per_s"].median
-            row["rep_ratios"] = [r["examples_per_s"] / base_runs[r["rep"]]["examples_per_s"]
-                                 for r in runs if r["system"] == row["system"]
-                                 and "error" not in r and r["rep"] in base_runs]
+            row["rep_ratios"] = paired(runs, row["system"], BASELINE, "examples_per_s")
     return rows
 
 
+def paired(runs: list[dict[str, Any]], system: str, other: str, key: str,
+           gap: bool = False) -> list[float]:
+    """Per repetition that both ran: ``system``'s ``key`` over ``other``'s (``gap``: the
+    absolute difference instead)."""
+    theirs = {r["rep"]: r[key] for r in runs if r["system"] == other and "error" not in r}
+    return [abs(r[key] - theirs[r["rep"]]) if gap else r[key] / theirs[r["rep"]]
+            for r in runs if r["system"] == system and "error" not in r and r["rep"] in theirs]
+
+
+def goals(rows: list[dict[str, Any]], runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Issue 38's goals for ``sx-hybrid``: each one's measured median value (ratios of
+    medians; the AUC gap between medians), its per-repetition values, the goal and whether it
+    is met; a goal whose systems did not both run says so."""
+    done = {r["system"]: r for r in rows if "examples_per_s" in r}
+    out = []
+    for other, key, goal, what in (
+            (BASELINE, "examples_per_s", GOAL_OVER_BASELINE, f"examples/s over {BASELINE}'s"),
+            ("sx-ps", "examples_per_s", GOAL_OVER_PS, "examples/s over sx-ps's"),
+            (REFERENCE, "auc", GOAL_AUC_GAP, f"held-out AUC gap to {REFERENCE}'s")):
+        gap = key == "auc"
+        entry: dict[str, Any] = {"goal": what, "target": goal, "gap": gap}
+        if HYBRID not in done or other not in done:
+            entry["missing"] = ", ".join(s for s in (HYBRID, other) if s not in done)
+        else:
+            mine, theirs = done[HYBRID][key].median, done[other][key].median
+            entry["value"] = abs(mine - theirs) if gap else mine / theirs
+            entry["reps"] = paired(runs, HYBRID, other, key, gap=gap)
+            entry["met"] = entry["value"] <= goal if gap else entry["value"] >= goal
+        out.append(entry)
+    return out
+
+
+def goals_text(entries: list[dict[str, Any]]) -> list[str]:
+    """The goals as a markdown table."""
+    lines = ["", f"Issue 38's goals for {HYBRID} (medians; per repetition in brackets):", "",
+             "| goal | target | measured | per repetition | met |",
+             "| --- | ---: | ---: | --- | --- |"]
+    for e in entries:
+        fmt = (lambda x: f"{x:.5f}") if e["gap"] else (lambda x: f"{x:.2f}x")
+        target = f"<= {e['target']:.3f}" if e["gap"] else f">= {e['target']:.1f}x"
+        if "missing" in e:
+            lines.append(f"| {e['goal']} | {target} | not measured ({e['missing']} did not "
+                         "run) | - | - |")
+            continue
+        lines.append(f"| {e['goal']} | {target} | {fmt(e['value'])} | "
+                     f"[{', '.join(fmt(x) for x in e['reps'])}] | "
+                     f"{'yes' if e['met'] else 'no'} |")
+    return lines
+
+
 def _bytes(row: dict[str, Any]) -> str:
+    if "exchange_bytes_per_step" in row:
+        seconds = row.get("exchange_s_per_step")
+        return (f"{row['ps_bytes_per_step'] / 1e6:.2f} MB to and from the ps (ps counters: "
+                f"rows) + {row['exchange_bytes_per_step'] / 1e6:.2f} MB exchanged among the "
+                f"workers ({row['exchange_bytes_per_worker_step'] / 1e6:.2f} MB fetched per "
+                "worker, computed)" + (f"; exchange {seconds * 1e3:.1f} ms per worker-step"
+                                       if seconds is not None else ""))
     if "ps_bytes_per_step" in row:
         return f"{row['ps_bytes_per_step'] / 1e6:.2f} MB to and from the ps (ps counters)"
     if "allreduce_bytes_per_step" in row:
         return (f"{row['allreduce_bytes_per_step'] / 1e6:.2f} MB of gradients all-reduced "
                 "(computed)")
+    if row["system"] == REFERENCE:
+        return "none (one process)"
     return "not measured (no counter)"
 
 
-def table(rows: list[dict[str, Any]], skipped: dict[str, str], header: list[str]) -> str:
-    """The markdown table of ``rows`` under ``header``."""
+def table(rows: list[dict[str, Any]], skipped: dict[str, str], header: list[str],
+          goal_lines: list[str] = ()) -> str:
+    """The markdown table of ``rows`` under ``header``, then ``goal_lines``."""
     lines = [*header, "",
              "| system | examples/s median (min-max) | x tf-ps | held-out AUC median (min-max) "
              "| examples seen | final train loss | bytes per step | peak RSS MiB per task |",
              "| --- | ---: | ---: | ---: | ---: | ---: | --- | --- |"]
     for row in rows:
+        name = row["system"] + (" (AUC reference)" if row["system"] == REFERENCE else "")
         if "examples_per_s" not in row:
-            lines.append(f"| {row['system']} | failed: {row['status'][-200:]} | - | - | - | - "
+            lines.append(f"| {name} | failed: {row['status'][-200:]} | - | - | - | - "
                          "| - | - |".replace("\n", " "))
             continue
         speed, auc = row["examples_per_s"], row["auc"]
@@ -226,15 +329,16 @@ def table(rows: list[dict[str, Any]], skipped: dict[str, str], header: list[str]
         ratio = f"{row['ratio']:.2f}" if "ratio" in row else "-"
         peaks = ", ".join(f"{t} {m:.0f}" for t, m in row["peak_rss_mib"].items())
         lines.append(
-            f"| {row['system']} | {speed.median:,.0f} ({speed.min:,.0f}-{speed.max:,.0f}){flag} "
+            f"| {name} | {speed.median:,.0f} ({speed.min:,.0f}-{speed.max:,.0f}){flag} "
             f"| {ratio} | {auc.median:.4f} ({auc.min:.4f}-{auc.max:.4f}) | {row['examples']:,} "
             f"| {row['train_loss'].median:.4f} | {_bytes(row)} | {peaks} |")
     lines += [f"| {system} | {why} | - | - | - | - | - | - |" for system, why in skipped.items()]
-    paired = [f"{r['system']} {', '.join(f'{x:.2f}' for x in r['rep_ratios'])}"
+    pairs = [f"{r['system']} {', '.join(f'{x:.2f}' for x in r['rep_ratios'])}"
               for r in rows if r.get("rep_ratios") and r["system"] != BASELINE]
-    if paired:
+    if pairs:
         lines += ["", f"examples/s over {BASELINE}'s in the same repetition: "
-                  + "; ".join(paired) + "."]
+                  + "; ".join(pairs) + "."]
+    lines += goal_lines
     return "\n".join(lines) + "\n"
 
 
@@ -253,9 +357,16 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
         names = [r["system"] for r in done]
         ax.bar(names, [v.median for v in values],
                yerr=[[v.median - v.min for v in values], [v.max - v.median for v in values]],
-               capsize=4, color=["tab:gray" if n == BASELINE else "tab:blue" for n in names])
+               capsize=4, color=[{BASELINE: "tab:gray", HYBRID: "tab:orange",
+                                  REFERENCE: "tab:green"}.get(n, "tab:blue") for n in names])
         ax.set(ylabel=label, title=label)
+        ax.tick_params(axis="x", labelrotation=20)
         ax.grid(axis="y", alpha=0.3)
+    reference = next((r for r in done if r["system"] == REFERENCE), None)
+    if reference is not None:
+        axes[1].axhline(reference["auc"].median, color="tab:green", linestyle="--", linewidth=1,
+                        label=f"{REFERENCE} (reference)")
+        axes[1].legend(loc="lower right", fontsize=8)
     if done:
         low = min(r["auc"].min for r in done)
         axes[1].set_ylim(min(0.5, low - 0.02), max(r["auc"].max for r in done) + 0.02)
@@ -278,15 +389,19 @@ def write_report(runs: list[dict[str, Any]], plan: Plan, meta: dict[str, Any]) -
               describe(plan).splitlines()[0] + ".  ",
               "Every system: the same data, model, initial weights (checksum "
               f"{meta['checksums']}), SGD and number of examples; clusters on 127.0.0.1 "
-              "(PS: chief + 2 workers + 2 ps; MWMS: 2 processes of `stratax launch`). "
-              "Peak RSS: `ru_maxrss` of every task (wait4; MWMS: each process's own). PS bytes "
-              "per step: values the parameter servers sent (their counters: whole shards and "
-              "row-sparse rows) times 2 for the gradients pushed back. TF exposes no transport "
-              "counter."]
+              "(PS and hybrid: chief + 2 workers + 2 ps; MWMS: 2 processes of `stratax "
+              f"launch`; {REFERENCE}: one process, plain Keras, no strategy, the AUC "
+              "reference). Peak RSS: `ru_maxrss` of every task (wait4; MWMS: each process's "
+              "own). PS bytes per step: values the parameter servers sent (their counters: "
+              "whole shards and row-sparse rows) times 2 for the gradients pushed back; in "
+              "hybrid mode only the tables' rows cross to the ps, and each worker fetches every "
+              "other worker's gradients of the replicated (non-table) variables each step "
+              "(W(W-1) x their bytes in all, computed; the seconds from the coordinator's "
+              "`exchange` timing). TF exposes no transport counter."]
     RESULTS.mkdir(parents=True, exist_ok=True)
     stem = RESULTS / plan.name
     written = [stem.with_suffix(".md"), stem.with_suffix(".json"), stem.with_suffix(".png")]
-    written[0].write_text(table(rows, plan.skipped, header))
+    written[0].write_text(table(rows, plan.skipped, header, goals_text(goals(rows, runs))))
     written[1].write_text(json.dumps({"meta": meta, "plan": dataclasses.asdict(plan),
                                       "runs": runs}, indent=1, default=str) + "\n")
     plot(rows, written[2])
