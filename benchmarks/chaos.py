@@ -9,7 +9,8 @@ Each trial is one ``stratax launch`` of ``chaos_program.py`` (``fit`` with
 
 * ``mwms``: 2 MultiWorkerMirrored workers; the launcher restarts the group after a failure and
   the backup resumes it.
-* ``ps-sync`` / ``ps-async``: chief + 2 workers + 1 ps; a failed worker or ps is restarted
+* ``ps-sync`` / ``ps-async`` / ``hybrid`` (``dense_variables="workers"``, synchronous tables,
+  a model with an ``Embedding``): chief + 2 workers + 1 ps; a failed worker or ps is restarted
   alone (the ps reloads its snapshot, written every ``SNAPSHOT_EVERY`` updates), a failed chief
   restarts the whole group, which resumes from the backup.
 
@@ -18,7 +19,7 @@ step: ``kill`` is SIGKILL, ``freeze`` is SIGSTOP for 1.5 x the strategy's timeou
 After the launch ends the trial checks: the run completed; no update lost or applied twice
 (``optimizer.iterations`` and every parameter-server shard's update count against the steps
 trained); the final weights against an uninterrupted run where the mode promises equality
-(``mwms`` and ``ps-sync``); no process of the trial left and every port of its cluster free.
+(``mwms``, ``ps-sync``, ``hybrid``); no process of the trial left and every port of its cluster free.
 Writes ``benchmarks/results/chaos.{json,md}``.
 """
 
@@ -48,15 +49,16 @@ from benchmarks.report import run_meta, write_table
 HERE = Path(__file__).parent
 RESULTS = HERE / "results"
 PROGRAM = HERE / "chaos_program.py"
-MODES = ("mwms", "ps-sync", "ps-async")
+MODES = ("mwms", "ps-sync", "ps-async", "hybrid")
 ROLES = {"mwms": ("worker0", "worker1"),
          "ps-sync": ("chief0", "worker0", "worker1", "ps0"),
-         "ps-async": ("chief0", "worker0", "worker1", "ps0")}
+         "ps-async": ("chief0", "worker0", "worker1", "ps0"),
+         "hybrid": ("chief0", "worker0", "worker1", "ps0")}
 ACTIONS = ("kill", "freeze")
 EXPECTED_STEPS = 48            # chaos_program: 4 epochs x 12 steps
 TIMEOUT_SECONDS = 10.0         # chaos_program's timeout_seconds
 SNAPSHOT_EVERY = 5             # ps snapshot every N updates
-WEIGHTS_EQUAL = 1e-5           # the promise of mwms and ps-sync: the uninterrupted run's weights
+WEIGHTS_EQUAL = 1e-5           # the promise of mwms, ps-sync and hybrid: the uninterrupted run's
 TRIAL_LIMIT_S = 420.0
 TAG = "STRATAX_CHAOS_TRIAL"    # marks every process of a trial (inherited by the launch's tasks)
 

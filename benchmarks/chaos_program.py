@@ -1,5 +1,6 @@
 """One chaos trial's training program: ``fit`` with ``sx.BackupAndRestore``, under
-``MultiWorkerMirroredStrategy`` or ``ParameterServerStrategy`` (sync or async).
+``MultiWorkerMirroredStrategy`` or ``ParameterServerStrategy`` (sync, async, or hybrid: sync
+tables on the servers, the dense layers replicated on the workers).
 
 Usage (every task of the launch runs it)::
 
@@ -22,7 +23,7 @@ import numpy as np
 
 import stratax as sx
 
-EPOCHS, STEPS_PER_EPOCH, GLOBAL_BATCH, FEATURES = 4, 12, 32, 16
+EPOCHS, STEPS_PER_EPOCH, GLOBAL_BATCH, FEATURES, VOCAB = 4, 12, 32, 16, 50
 BACKUP_EVERY = 4          # steps between backups
 TIMEOUT_SECONDS = 10.0    # every wait on a peer (the strategy's timeout_seconds)
 
@@ -31,15 +32,38 @@ def _strategy(mode: str):
     if mode == "mwms":
         return sx.MultiWorkerMirroredStrategy(
             communication_options=sx.CommunicationOptions(timeout_seconds=TIMEOUT_SECONDS))
+    if mode == "hybrid":
+        return sx.ParameterServerStrategy(mode="sync", dense_variables="workers",
+                                          timeout_seconds=TIMEOUT_SECONDS)
     return sx.ParameterServerStrategy(mode=mode.removeprefix("ps-"),
                                       timeout_seconds=TIMEOUT_SECONDS)
 
 
-def _data() -> tuple[np.ndarray, np.ndarray]:
+def _data(mode: str) -> tuple[object, np.ndarray]:
     rng = np.random.default_rng(0)
     x = rng.normal(size=(STEPS_PER_EPOCH * GLOBAL_BATCH, FEATURES)).astype(np.float32)
     teacher = rng.normal(size=(FEATURES, 1)).astype(np.float32)
-    return x, np.tanh(x @ teacher) + 0.1 * x[:, :1]
+    y = np.tanh(x @ teacher) + 0.1 * x[:, :1]
+    if mode != "hybrid":
+        return x, y
+    # Hybrid mode keeps a table on the servers: ids that carry part of the signal.
+    ids = (np.abs(x[:, :2]) * 20).astype(np.int32) % VOCAB
+    return {"ids": ids, "features": x}, y
+
+
+def _model(mode: str):
+    import keras
+
+    if mode != "hybrid":
+        return keras.Sequential([keras.Input((FEATURES,)),
+                                 keras.layers.Dense(32, activation="relu"),
+                                 keras.layers.Dense(1)])
+    ids = keras.Input((2,), dtype="int32", name="ids")
+    features = keras.Input((FEATURES,), name="features")
+    rows = keras.layers.Flatten()(keras.layers.Embedding(VOCAB, 4)(ids))
+    hidden = keras.layers.Dense(32, activation="relu")(
+        keras.layers.Concatenate()([rows, features]))
+    return keras.Model({"ids": ids, "features": features}, keras.layers.Dense(1)(hidden))
 
 
 def _write_atomically(path: str, text: str) -> None:
@@ -68,12 +92,10 @@ def main() -> None:
             if is_chief:
                 _write_atomically(os.path.join(out_dir, "progress"), str(self.step))
 
-    x, y = _data()
+    x, y = _data(mode)
     keras.utils.set_random_seed(7)
     with strategy.scope():
-        model = keras.Sequential([keras.Input((FEATURES,)),
-                                  keras.layers.Dense(32, activation="relu"),
-                                  keras.layers.Dense(1)])
+        model = _model(mode)
         model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
     backup = sx.BackupAndRestore(os.path.join(out_dir, "backup"), save_freq=BACKUP_EVERY,
                                  delete_checkpoint=False)

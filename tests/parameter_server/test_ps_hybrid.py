@@ -3,7 +3,7 @@
 import time
 
 import pytest
-from ps_cluster_helpers import cluster, wait_all  # noqa: F401 - `cluster` is a fixture
+from ps_cluster_helpers import Cluster, cluster, wait_all  # noqa: F401 - `cluster` is a fixture
 
 import stratax as sx
 
@@ -31,8 +31,18 @@ def _run(cluster, scenario, kill=None):  # noqa: F811 - fixture
     return result, out
 
 
-def test_sync_tables_equal_one_process_and_dense_updates_stay_on_the_workers(cluster):  # noqa: F811
-    result, _ = _run(cluster, "sync")
+@pytest.fixture(scope="module")
+def scenarios(tmp_path_factory):
+    """The ``all`` scenario's results: one cluster for the tests below."""
+    group = Cluster(tmp_path_factory.mktemp("hybrid"))
+    try:
+        yield _run(group, "all")[0]
+    finally:
+        group.kill_all()
+
+
+def test_sync_tables_equal_one_process_and_dense_updates_stay_on_the_workers(scenarios):
+    result = scenarios["sync"]
     assert result["replicas"] == 2
     # One process on the same global batches, to float rounding; and exactly what mode="sync"
     # with every variable on the servers computes.
@@ -48,8 +58,8 @@ def test_sync_tables_equal_one_process_and_dense_updates_stay_on_the_workers(clu
     assert all(steps > 0 for steps in result["worker_steps"].values()), result
 
 
-def test_async_tables_apply_each_workers_rows_once_and_dense_stays_synchronous(cluster):  # noqa: F811
-    result, _ = _run(cluster, "async")
+def test_async_tables_apply_each_workers_rows_once_and_dense_stays_synchronous(scenarios):
+    result = scenarios["async"]
     # Each worker's rows are an update of their own (two Adam steps where synchronous tables
     # take one), applied when they arrive: another rule than one process, which it does not
     # equal; it learns. Every update counts once: two per step on each table shard (both
@@ -60,18 +70,17 @@ def test_async_tables_apply_each_workers_rows_once_and_dense_stays_synchronous(c
     assert result["dense_iterations"] == [12, 12] and result["dense_ledger"] == 0, result
 
 
+def test_a_model_without_tables_is_refused(scenarios):
+    error = scenarios["no_tables"]["error"]
+    assert "reads no table by rows" in error and "MultiWorkerMirroredStrategy" in error, error
+
+
 def test_a_killed_worker_restarts_and_the_run_equals_one_process(cluster):  # noqa: F811
     result, out = _run(cluster, "kill", kill="worker1")
     assert "re-queueing" in out, out[-3000:]
     assert result["rejoined"] == 1, result
     assert result["weights_err"] < 5e-5 and result["iterations"] == 96, result
     assert result["dense_iterations"] == [96, 96] and result["table_ledger"] == [96, 96], result
-
-
-def test_a_model_without_tables_is_refused(cluster):  # noqa: F811
-    result, _ = _run(cluster, "no_tables")
-    assert "reads no table by rows" in result["error"], result
-    assert "MultiWorkerMirroredStrategy" in result["error"], result
 
 
 @pytest.mark.parametrize("kwargs, message", [

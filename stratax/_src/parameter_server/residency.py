@@ -111,7 +111,7 @@ class Residency:
         with self._lock:
             for worker in workers:
                 if worker.resident and worker.alive and not worker.restarted:
-                    worker.client.call("resident_clear")
+                    worker.client.call("resident_clear", {"names": sorted(worker.resident)})
                 worker.resident.clear()
 
     def end(self, workers: Sequence[Any]) -> None:

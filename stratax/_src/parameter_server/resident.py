@@ -81,17 +81,25 @@ class ResidentReplica:
             client.timeout = timeout
 
     def clear(self) -> None:
-        """Drops the replica and the outbox (the chief ended hybrid training of a call)."""
+        """Drops the replica and the outbox (a new chief session took over)."""
         with self._lock:
             self._store.reset()
             self._previous = None
         with self._posted:
             self._outbox.clear()
 
-    # ----- the replica -----------------------------------------------------------------------
-    def holds(self, names: Sequence[str]) -> bool:
-        return all(name in self._store._shards for name in names)
+    def drop(self, frame: wire.Frame) -> bytes:
+        """Worker method ``resident_clear``: forgets the named shards (their strategy's chief
+        ended a training call; another strategy of the session may hold others)."""
+        names = wire.require(frame.meta, "names", list)
+        with self._lock:
+            for name in names:
+                self._store._shards.pop(name, None)
+                if self._previous is not None:
+                    self._previous[1].pop(name, None)
+        return rpc.response()
 
+    # ----- the replica -----------------------------------------------------------------------
     def load(self, frame: wire.Frame) -> bytes:
         """Worker method ``resident_load``: takes shards (values, optimizer state, ledger) as
         ``resident_export`` or a ps' ``export`` gives them, replacing what it holds."""

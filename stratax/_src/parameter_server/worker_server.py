@@ -95,7 +95,7 @@ class WorkerService(rpc.Dispatcher):
                          "read_per_worker": self._read_per_worker,
                          "resident_load": self._replica.load,
                          "resident_export": self._replica.export,
-                         "resident_clear": self._resident_clear,
+                         "resident_clear": self._replica.drop,
                          "contribution": self._replica.contribution}
 
     def close(self) -> None:
@@ -128,9 +128,6 @@ class WorkerService(rpc.Dispatcher):
         self.shutdown_requested.set()
         return rpc.response()
 
-    def _resident_clear(self, frame: wire.Frame) -> bytes:
-        self._replica.clear()
-        return rpc.response()
 
     def _register(self, frame: wire.Frame) -> bytes:
         meta = wire.require(frame.meta, "program", dict)
@@ -333,7 +330,8 @@ class WorkerService(rpc.Dispatcher):
         start = time.perf_counter()
         if (trained or local) and not (
                 trained and self._replica.applied(step_id, [v for v, _ in trained])):
-            got = self._replica.exchange(step_id,
+            # Keyed by the program too: two strategies of one chief number closures alike.
+            got = self._replica.exchange(f"{program.meta['key']}@{step_id}",
                                          [g for _, g in trained] + [x for _, x in local])
             self._replica.update(step_id, [v for v, _ in trained], summed(got, len(trained)),
                                  [v for v, _ in local], averaged(got, len(trained)))
