@@ -19,7 +19,8 @@ step: ``kill`` is SIGKILL, ``freeze`` is SIGSTOP for 1.5 x the strategy's timeou
 After the launch ends the trial checks: the run completed; no update lost or applied twice
 (``optimizer.iterations`` and every parameter-server shard's update count against the steps
 trained); the final weights against an uninterrupted run where the mode promises equality
-(``mwms``, ``ps-sync``, ``hybrid``); no process of the trial left and every port of its cluster free.
+(``mwms``, ``ps-sync``, ``hybrid``); no process of the trial left and every port of its cluster
+free.
 Writes ``benchmarks/results/chaos.{json,md}``.
 """
 
@@ -325,8 +326,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _documented_loss(trial: Trial) -> bool:
-    """An asynchronous ps restarted from its snapshot loses at most the updates after it."""
-    return (trial.mode == "ps-async" and trial.role == "ps0" and trial.completed
+    """A ps restarted from its snapshot loses at most the updates after it (asynchronous mode;
+    hybrid mode, whose tables are the only variables the ps updates)."""
+    return (trial.mode in ("ps-async", "hybrid") and trial.role == "ps0" and trial.completed
             and trial.lost_updates is not None and 0 < trial.lost_updates <= SNAPSHOT_EVERY
             and trial.extra_updates == 0)
 

@@ -22,6 +22,7 @@ def references():
     return {name: run(name) for name in CASES}
 
 
+@pytest.mark.slow  # tests/keras/test_add_loss.py checks the same losses in one process
 def test_add_loss_fit_and_evaluate_equal_one_process(references, workers, tmp_path):
     cluster = {"worker": [f"127.0.0.1:{free_port()}" for _ in range(2)]}
     configs = [json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}})

@@ -71,6 +71,7 @@ def test_two_workers_via_launcher_equal_one_process(tmp_path):
                 np.testing.assert_allclose(saved["predictions"], predictions, atol=1e-5)
 
 
+@pytest.mark.slow  # the two-worker test above is the CI check of the launcher's group
 def test_three_workers_via_launcher(tmp_path):
     """3 workers, global batch 24 (8 per worker); the last batch of 6 splits 2 per worker."""
     result = _launch(["mwms_program.py", tmp_path, 2, "arrays", 24], tmp_path, nproc_per_node=3,
@@ -167,6 +168,7 @@ def _interrupted_run_resumes_to_the_uninterrupted_weights(tmp_path, mode, step):
     return results[mode].failures[0]
 
 
+@pytest.mark.slow  # a trial; `python -m benchmarks.chaos --mode mwms` runs 50 of them
 @pytest.mark.timeout(420)
 def test_kill_9_at_a_random_step_resumes_to_the_uninterrupted_weights(tmp_path):
     """SIGKILL of a worker mid-epoch, at a random step."""

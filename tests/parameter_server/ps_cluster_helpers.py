@@ -69,6 +69,15 @@ class Cluster:
         os.killpg(self.procs[name].pid, signal.SIGKILL)
         self.procs[name].wait(timeout=10)
 
+    def kill_on(self, marker: str, name: str, timeout: float = 200) -> None:
+        """SIGKILLs task ``name`` once the chief has printed ``marker``."""
+        deadline = time.monotonic() + timeout
+        while marker not in self.output("chief0"):
+            assert time.monotonic() < deadline and self.procs["chief0"].poll() is None, \
+                self.output("chief0")[-3000:]
+            time.sleep(0.05)
+        self.kill(name)
+
     def restart(self, name: str, args=None, as_name=None) -> None:
         """Starts task ``name`` again with the same command and TF_CONFIG (with ``args`` for
         the program's arguments, if given; as another process named ``as_name``, if given)."""

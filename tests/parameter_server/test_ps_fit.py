@@ -1,6 +1,5 @@
 """model.fit / evaluate / predict under ParameterServerStrategy: chief + 2 workers + 2 ps."""
 
-import time
 
 import pytest
 from ps_cluster_helpers import cluster, wait_all  # noqa: F401 - `cluster` is a fixture
@@ -15,12 +14,7 @@ def _run(cluster, *scenarios, kill=None):  # noqa: F811 - fixture
     cluster.start("ps_fit_program.py", {"chief": 1, "worker": 2, "ps": 2}, args=scenarios,
                   generic=("ps0",))
     if kill:
-        deadline = time.monotonic() + 200
-        while "KILL_NOW" not in cluster.output("chief0"):
-            assert time.monotonic() < deadline and cluster.procs["chief0"].poll() is None, \
-                cluster.output("chief0")[-3000:]
-            time.sleep(0.05)
-        cluster.kill(kill)
+        cluster.kill_on("KILL_NOW", kill)
     code, out = cluster.wait("chief0", timeout=240)
     assert code == 0, out[-4000:]
     result = cluster.result()

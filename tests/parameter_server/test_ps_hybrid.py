@@ -1,4 +1,5 @@
-"""Hybrid mode (``ParameterServerStrategy(dense_variables="workers")``): chief + 2 workers + 2 ps."""
+"""Hybrid mode (``ParameterServerStrategy(dense_variables="workers")``) on chief + 2 workers
++ 2 ps."""
 
 import time
 
@@ -16,12 +17,7 @@ def _run(cluster, scenario, kill=None):  # noqa: F811 - fixture
     cluster.start("ps_hybrid_program.py", {"chief": 1, "worker": 2, "ps": 2}, args=(scenario,),
                   generic=("ps0",))
     if kill:
-        deadline = time.monotonic() + 200
-        while "KILL_NOW" not in cluster.output("chief0"):
-            assert time.monotonic() < deadline and cluster.procs["chief0"].poll() is None, \
-                cluster.output("chief0")[-3000:]
-            time.sleep(0.05)
-        cluster.kill(kill)
+        cluster.kill_on("KILL_NOW", kill)
         time.sleep(1.0)
         cluster.restart(kill)
     code, out = cluster.wait("chief0", timeout=240)
