@@ -3,6 +3,7 @@
     python -m benchmarks.ps_big_table                          # 4,000,000 x 64, workers <= 512 MiB
     python -m benchmarks.ps_big_table --rows 200000 --worker-mib 320 --steps 100
     python -m benchmarks.ps_big_table --hold-table             # a worker reading it all fails
+    python -m benchmarks.ps_big_table --hybrid --out benchmarks/results/ps_big_table_hybrid.json
 
 Starts chief + 2 workers + 2 ps on 127.0.0.1 (this file is every task's program). The chief
 creates the table partitioned in 2 shards (one per ps) and a small dense head, then trains
@@ -51,6 +52,9 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="adam keeps 2 slots per row on the ps (3x the ps memory)")
     parser.add_argument("--hold-table", action="store_true",
                         help="read the table whole in the step: the capped worker must fail")
+    parser.add_argument("--hybrid", action="store_true",
+                        help="hybrid mode: the head replicated on the workers, the table's rows "
+                             "updated synchronously (mode='sync', dense_variables='workers')")
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--out", default=str(HERE / "results" / "ps_big_table.json"))
     return parser.parse_args(argv)
@@ -81,7 +85,8 @@ def task_main() -> None:
 
     strategy = sx.ParameterServerStrategy(
         variable_partitioner=sx.partitioners.FixedShardsPartitioner(num_shards=2),
-        timeout_seconds=60)
+        timeout_seconds=60, **({"mode": "sync", "dense_variables": "workers"}
+                               if ARGS.hybrid else {}))
     # Only the chief gets here: worker and ps tasks serve inside the constructor.
     import jax
     import jax.numpy as jnp
@@ -105,8 +110,9 @@ def task_main() -> None:
         k1, b1, k2, b2 = params
         features = jnp.take(rows, positions, axis=0).mean(axis=1)
         logits = jax.nn.relu(features @ k1 + b1) @ k2 + b2
+        # Synchronous (hybrid): the workers' gradients are summed, so each is of its share.
         return jnp.mean(jnp.maximum(logits, 0) - logits * labels
-                        + jnp.log1p(jnp.exp(-jnp.abs(logits))))
+                        + jnp.log1p(jnp.exp(-jnp.abs(logits)))) / strategy.num_replicas_in_sync
 
     def replica_fn(ids, labels):
         if ARGS.hold_table:
@@ -122,12 +128,15 @@ def task_main() -> None:
         return loss
 
     def step_fn(iterator):
-        return strategy.run(replica_fn, args=next(iterator))
+        loss = strategy.run(replica_fn, args=next(iterator))
+        # Synchronous: every worker's share of the loss, summed (else the one worker's).
+        return strategy.reduce(sx.ReduceOp.SUM, loss, axis=None) if ARGS.hybrid else loss
 
     print(strategy.describe_variables(), flush=True)
     iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
     result = {"rows": ARGS.rows, "dim": ARGS.dim, "table_mib": ARGS.rows * ARGS.dim * 4 / 2**20,
-              "create_s": create_s, "optimizer": ARGS.optimizer, "hold_table": ARGS.hold_table}
+              "create_s": create_s, "optimizer": ARGS.optimizer, "hold_table": ARGS.hold_table,
+              "hybrid": ARGS.hybrid}
     try:
         warm = [coordinator.schedule(step_fn, args=(iterator,)) for _ in range(4)]
         coordinator.join()

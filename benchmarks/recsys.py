@@ -17,10 +17,14 @@ initial weights everywhere. Systems, side by side in one run, repetitions interl
 - ``sx-ps``: stratax ParameterServerStrategy, Keras 3 ``fit`` (``recsys_program.py``), chief +
   2 workers + 2 ps, every variable on the ps, asynchronous; the tables take the row-sparse
   path.
+- ``sx-ps-sync``: the same, ``mode="sync"``: every variable on the ps, one update per step
+  from both workers' gradients (computes the same bits as ``sx-hybrid``).
 - ``sx-hybrid``: the same cluster and partitioner in hybrid mode (``mode="sync",
   dense_variables="workers"``): the tables stay on the ps (row-sparse, updated
   synchronously), every other variable is replicated on the 2 workers, which sum their
   gradients among themselves (the exchange) and apply them locally.
+- ``sx-hybrid-async``: hybrid mode with ``mode="async"``: each worker's rows applied on
+  arrival, the replicated variables still synchronous.
 - ``sx-mwms``: stratax MultiWorkerMirroredStrategy, 2 processes of ``stratax launch``, every
   table replicated; run only while the tables fit ``--replicated-limit-mib``.
 - ``sx-one``: the same model in one process, plain Keras 3 ``fit`` with no strategy, the same
@@ -55,7 +59,8 @@ from typing import Any
 from benchmarks import CACHE_DIR, REPO_ROOT, RESULTS_DIR, cluster, envs, recsys_data
 from benchmarks.stats import summarize
 
-SYSTEMS = ("tf-ps", "sx-ps", "sx-hybrid", "sx-mwms", "sx-one")
+SYSTEMS = ("tf-ps", "sx-ps", "sx-ps-sync", "sx-hybrid", "sx-hybrid-async", "sx-mwms",
+           "sx-one")
 BASELINE = "tf-ps"
 REFERENCE = "sx-one"   # the AUC reference: synchronous, one process
 HYBRID = "sx-hybrid"

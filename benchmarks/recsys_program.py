@@ -75,10 +75,13 @@ def make_strategy(system: str) -> Any:
     """``system``'s strategy (None for ``one``). Under ``ps`` and ``hybrid`` only the chief
     returns: worker and ps tasks serve inside the constructor."""
     partitioner = sx.partitioners.MinSizePartitioner(min_shard_bytes=256 << 10, max_shards=2)
-    if system == "ps":
-        return sx.ParameterServerStrategy(variable_partitioner=partitioner, timeout_seconds=120)
-    if system == "hybrid":
-        return sx.ParameterServerStrategy(variable_partitioner=partitioner, mode="sync",
+    if system in ("ps", "ps-sync"):
+        return sx.ParameterServerStrategy(variable_partitioner=partitioner,
+                                          mode="sync" if system == "ps-sync" else "async",
+                                          timeout_seconds=120)
+    if system in ("hybrid", "hybrid-async"):
+        return sx.ParameterServerStrategy(variable_partitioner=partitioner,
+                                          mode="async" if system == "hybrid-async" else "sync",
                                           dense_variables="workers", timeout_seconds=120)
     if system == "mwms":
         return sx.MultiWorkerMirroredStrategy()
@@ -96,7 +99,7 @@ def train(system: str, root: Path, options: dict[str, Any]) -> None:
     import jax
     import keras
 
-    on_ps = system in ("ps", "hybrid")
+    on_ps = system in ("ps", "ps-sync", "hybrid", "hybrid-async")
     train_set, held_out = recsys_data.load(root, "train"), recsys_data.load(root, "held_out")
     batch, warm = options["batch"], options["warm_steps"] * options["batch"]
     with strategy.scope() if strategy is not None else contextlib.nullcontext():
@@ -124,7 +127,7 @@ def train(system: str, root: Path, options: dict[str, Any]) -> None:
         result["worker_seconds_per_step"] = {
             k: (after[k] - before[k]) / max(worker_steps, 1) for k in after if k != "steps"}
         result["worker_steps"] = worker_steps
-    if system == "hybrid":
+    if system.startswith("hybrid"):
         # Each worker fetches every other worker's gradients of the replicated (non-table)
         # variables each step: (W - 1) x their bytes per worker, W (W - 1) x in all.
         workers = strategy.num_replicas_in_sync

@@ -85,7 +85,8 @@ def _fake_run(system, rep):
 def test_report_table_ratios_and_plot(tmp_path, monkeypatch):
     monkeypatch.setattr(bench, "RESULTS", tmp_path)
     plan = bench.make_plan(bench.argparse.Namespace(
-        quick=True, size=None, systems=",".join(bench.SYSTEMS), replicated_limit_mib=64, reps=3,
+        quick=True, size=None, systems="tf-ps,sx-ps,sx-hybrid,sx-mwms,sx-one",
+        replicated_limit_mib=64, reps=3,
         batch=512, warm_steps=4, spe=1, name=""))
     runs = [_fake_run(s, rep) for rep in range(3) for s in plan.systems]
     runs[-2] = {"system": "sx-mwms", "rep": 2, "error": "boom"}     # one failed repetition

@@ -47,7 +47,7 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_EVERY_SECONDS = config.option("ps_progress_seconds").default
 DEFAULT_FACTOR = 1.5
-_COUNTERS = ("steps", "wall", "pull", "data", "push")
+_COUNTERS = ("steps", "wall", "pull", "data", "push", "exchange")
 
 
 def resolve_every_seconds(every_seconds: float | None = None) -> float:
@@ -224,7 +224,9 @@ class ProgressReporter:
                 d = deltas[name]
                 steps = int(d["steps"])
                 if steps:
-                    busy = d["wall"] - (d["pull"] if self._sync else 0.0)
+                    # Synchronous: waiting for the others (the pull of the servers' summed
+                    # step; hybrid mode's gradient exchange) is no worker's own time.
+                    busy = d["wall"] - (d["pull"] + d["exchange"] if self._sync else 0.0)
                     step_s: float | None = max(busy, 0.0) / steps
                 else:
                     step_s = seconds if (alive and pending) else None
