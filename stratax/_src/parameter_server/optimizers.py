@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 SPARSE_MODES = ("dense", "lazy")
+_BLOCK_BYTES = 1 << 18  # rows updated together by the dense rule: a block fits in cache
 DEFAULT_SPARSE_UPDATES = "dense"  # Keras' rule; "lazy" changes the math, so it is an opt-in
 # Keras optimizer options the parameter server does not apply; set, they are an error rather
 # than silently ignored.
@@ -94,6 +95,10 @@ class ShardOptimizer:
     def apply_rows(self, value: np.ndarray, rows: np.ndarray, grad: np.ndarray) -> None:
         """One update from gradients of distinct ``rows`` (local row indices of this shard)."""
         grad = grad.astype(self._dtype, copy=False)
+        if self.sparse_updates == "dense" and self.name == "Adam" and value.ndim:
+            self._adam_every_row(value, rows, grad)
+            self.iterations += 1
+            return
         if self.sparse_updates == "dense" and (self.name == "Adam" or self.slots):
             dense = np.zeros_like(value)
             dense[rows] = grad
@@ -104,6 +109,33 @@ class ShardOptimizer:
         else:
             self._adam(value, grad, rows)
         self.iterations += 1
+
+    def _adam_every_row(self, value: np.ndarray, rows: np.ndarray, grad: np.ndarray) -> None:
+        """Keras' Adam step for a gradient that is zero but on ``rows`` (sorted, distinct):
+        every row's moments decay, as ``apply_dense`` of the scattered gradient does, to the
+        same bits, without building that gradient; a block of rows at a time, so each block's
+        passes run in cache."""
+        t = self.iterations + 1
+        lr = self.lr * math.sqrt(1 - self.beta_2 ** t) / (1 - self.beta_1 ** t)
+        m, v = self.slots["m"], self.slots["v"]
+        block = max(1, _BLOCK_BYTES // max(value[0].nbytes, 1))
+        scratch = np.empty((min(block, len(value)), *value.shape[1:]), value.dtype)
+        bounds = np.searchsorted(rows, np.arange(0, len(value) + block, block))
+        for i, start in enumerate(range(0, len(value), block)):
+            end = min(start + block, len(value))
+            m_b, v_b, step = m[start:end], v[start:end], scratch[:end - start]
+            m_b *= self.beta_1
+            v_b *= self.beta_2
+            lo, hi = bounds[i], bounds[i + 1]
+            if hi > lo:  # the looked-up rows' terms; every other row's gradient is zero
+                local, g = rows[lo:hi] - start, grad[lo:hi]
+                m_b[local] += (1 - self.beta_1) * g
+                v_b[local] += (1 - self.beta_2) * np.square(g)
+            np.sqrt(v_b, out=step)
+            step += self.epsilon
+            np.divide(m_b, step, out=step)
+            step *= lr
+            value[start:end] -= step
 
     def _sgd(self, value: np.ndarray, grad: np.ndarray, rows: np.ndarray | None) -> None:
         index = ... if rows is None else rows  # ``...`` indexes a scalar too
