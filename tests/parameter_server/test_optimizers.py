@@ -59,7 +59,7 @@ def test_dense_rule_adam_on_rows_is_bitwise_the_scattered_dense_update(shape):
     a = rng.normal(size=shape).astype(np.float32)
     b = a.copy()
     dense_opt, rows_opt = ShardOptimizer(spec, a), ShardOptimizer(spec, b, "dense")
-    for step in range(3):
+    for _ in range(3):
         rows = np.unique(rng.integers(0, shape[0], size=min(40, shape[0])))
         g = rng.normal(size=(rows.size, *shape[1:])).astype(np.float32)
         full = np.zeros_like(a)
