@@ -534,6 +534,49 @@ class ClusterCoordinator:
         self._iterators.stop()
         self.progress.stop()
 
+    # ----- what ``recovery`` decides with -------------------------------------------------
+
+    @property
+    def workers(self) -> tuple[_Worker, ...]:
+        """The coordinator's record of each worker (index, client, ``alive``, ``died_at``)."""
+        return tuple(self._workers)
+
+    @property
+    def synchronous(self) -> bool:
+        """Whether every step runs on every worker (sync or hybrid mode)."""
+        return self._sync
+
+    def run_share_again(self, worker: _Worker, closure: _Closure) -> bool:
+        """Puts ``worker``'s failed share of a synchronous step back at the head of its
+        queue, unless the step is already final; returns whether it did."""
+        with self._cond:
+            if closure.remote.status is not RemoteValueStatus.PENDING:
+                return False
+            self._inflight -= 1
+            self._pinned[worker.index].appendleft(closure)
+            self._cond.notify_all()
+        return True
+
+    def fail_waiting_for(self, worker: _Worker, error: BaseException) -> bool:
+        """Fails the synchronous steps queued for ``worker``, and every step not yet started,
+        with ``error``; returns False when none was queued for it."""
+        with self._cond:
+            if not self._pinned[worker.index]:
+                return False
+            for closure in list(self._pinned[worker.index]):
+                self._fail(closure, error)
+            self._cancel_queued(error)
+            self._cond.notify_all()
+        return True
+
+    def fail_queued(self, error: BaseException) -> None:
+        """Fails the first queued step with ``error`` (reported once) and cancels the rest."""
+        with self._cond:
+            if self._queue:
+                self._fail(self._queue[0], error)
+                self._cancel_queued(error)
+                self._cond.notify_all()
+
     def worker_restarted(self, client: rpc.RpcClient) -> None:
         """Called when the heartbeat finds ``client``'s worker answering as a new process: it
         lost its programs, iterators and per-worker variables, which are rebuilt before its

@@ -49,14 +49,10 @@ def retry_sync_share(coordinator: Any, worker: Any, closure: Any, error: BaseExc
     if not closure.pinned or SYNC_WAIT not in str(error):
         return False
     now = time.monotonic()
-    with coordinator._cond:
-        recent = [w for w in coordinator._workers
-                  if w.died_at is not None and now - w.died_at < _rejoin_limit(coordinator)]
-        if not recent or closure.remote.status.value != "pending":
-            return False
-        coordinator._inflight -= 1
-        coordinator._pinned[worker.index].appendleft(closure)
-        coordinator._cond.notify_all()
+    recent = [w for w in coordinator.workers
+              if w.died_at is not None and now - w.died_at < _rejoin_limit(coordinator)]
+    if not recent or not coordinator.run_share_again(worker, closure):
+        return False
     logger.warning("worker %d: synchronous closure %d waits for %s; running it again",
                    worker.index, closure.ident,
                    ", ".join(f"worker {w.index} at {w.client.address}" for w in recent))
@@ -69,25 +65,19 @@ def expire_sync_shares(coordinator: Any, worker: Any) -> None:
     limit = _rejoin_limit(coordinator)
     if worker.died_at is None or time.monotonic() - worker.died_at < limit:
         return
-    with coordinator._cond:
-        if not coordinator._pinned[worker.index]:
-            return
-        error = WorkerUnavailableError(
-            f"Synchronous training needs every worker: worker {worker.index} at "
-            f"{worker.client.address} died and was not restarted within {limit:g} s "
-            "(timeout_seconds); restart it at the same address (e.g. under a supervisor) or "
-            "use mode='async', which continues on the remaining workers.")
-        for closure in list(coordinator._pinned[worker.index]):
-            coordinator._fail(closure, error)
-        coordinator._cancel_queued(error)
-        coordinator._cond.notify_all()
-    worker.died_at = time.monotonic()
+    error = WorkerUnavailableError(
+        f"Synchronous training needs every worker: worker {worker.index} at "
+        f"{worker.client.address} died and was not restarted within {limit:g} s "
+        "(timeout_seconds); restart it at the same address (e.g. under a supervisor) or "
+        "use mode='async', which continues on the remaining workers.")
+    if coordinator.fail_waiting_for(worker, error):
+        worker.died_at = time.monotonic()
 
 
 def _no_worker_error(coordinator: Any) -> WorkerUnavailableError | None:
     """The error to fail with when every worker has been dead longer than the rejoin limit
     (``timeout_seconds``); None while one is alive or the limit has not passed."""
-    workers = coordinator._workers
+    workers = coordinator.workers
     if any(w.alive for w in workers):
         return None
     limit = _rejoin_limit(coordinator)
@@ -107,13 +97,8 @@ def expire_when_no_worker_came_back(coordinator: Any) -> None:
     wait for one to come back; after the rejoin limit they fail (``join()`` raises, naming
     the workers). Called while waiting for a dead worker."""
     error = _no_worker_error(coordinator)
-    if error is None or coordinator._sync:
-        return
-    with coordinator._cond:
-        if coordinator._queue:
-            coordinator._fail(coordinator._queue[0], error)
-            coordinator._cancel_queued(error)
-            coordinator._cond.notify_all()
+    if error is not None and not coordinator.synchronous:
+        coordinator.fail_queued(error)
 
 
 def raise_if_no_worker_came_back(coordinator: Any) -> None:
