@@ -16,21 +16,21 @@ def _same(got, want):
 
 
 @pytest.mark.parametrize(("read", "name", "unset", "good", "want", "bad", "error"), [
-    (shm_collectives.slot_bytes_from_env, "STRATAX_SHM_SLOT_BYTES", 1 << 20,
+    (shm_collectives.slot_bytes, "STRATAX_SHM_SLOT_BYTES", 1 << 20,
      "1000", 960,  # rounded down to a multiple of 64
      "12x", r"STRATAX_SHM_SLOT_BYTES='12x' is not an integer >= 64 \(bytes per process slot\); "
             r"set it to an integer >= 64 or unset it for the default 1048576\."),
-    (shm_collectives.slot_bytes_from_env, "STRATAX_SHM_SLOT_BYTES", 1 << 20, " 64 ", 64,
+    (shm_collectives.slot_bytes, "STRATAX_SHM_SLOT_BYTES", 1 << 20, " 64 ", 64,
      "63", r"STRATAX_SHM_SLOT_BYTES='63' is not an integer >= 64 "),
-    (shm_collectives.spin_seconds_from_env, "STRATAX_SHM_SPIN_US", 50e-6, "250", 250e-6,
+    (shm_collectives.spin_seconds, "STRATAX_SHM_SPIN_US", 50e-6, "250", 250e-6,
      "-3", r"STRATAX_SHM_SPIN_US='-3' is not a number >= 0 \(microseconds a wait spins before "
            r"it sleeps\); set it to a number >= 0 or unset it for the default 50\."),
-    (shm_collectives.spin_seconds_from_env, "STRATAX_SHM_SPIN_US", 50e-6, "0", 0.0,
+    (shm_collectives.spin_seconds, "STRATAX_SHM_SPIN_US", 50e-6, "0", 0.0,
      "nan", r"STRATAX_SHM_SPIN_US='nan' is not a number >= 0 "),
-    (lambda: shm_collectives.spin_seconds_from_env(own_cores=True), "STRATAX_SHM_SPIN_US",
+    (lambda: shm_collectives.spin_seconds(own_cores=True), "STRATAX_SHM_SPIN_US",
      1.0, "250", 250e-6,
      "-1", r"STRATAX_SHM_SPIN_US='-1' is not a number >= 0 .*unset it for the default 1e\+06\."),
-    (throttle.cpu_window_from_env, "STRATAX_MAX_STEPS_IN_FLIGHT", throttle.DEFAULT_CPU_WINDOW,
+    (throttle.cpu_window, "STRATAX_MAX_STEPS_IN_FLIGHT", throttle.DEFAULT_CPU_WINDOW,
      "0", 0,
      "-1", r"STRATAX_MAX_STEPS_IN_FLIGHT='-1' is not an integer >= 0 \(steps the host may "
            r"dispatch ahead; 0 = no bound\); set it to an integer >= 0 or unset it for the "

@@ -94,9 +94,9 @@ def test_a_refused_change_warns_and_names_the_switch(caplog):
 
 def test_priority_from_the_environment(monkeypatch):
     monkeypatch.delenv("STRATAX_GLOO_IO_PRIORITY", raising=False)
-    assert gloo_io.priority_from_env() == "idle"
+    assert gloo_io.io_priority() == "idle"
     monkeypatch.setenv("STRATAX_GLOO_IO_PRIORITY", " Normal ")
-    assert gloo_io.priority_from_env() == "normal"
+    assert gloo_io.io_priority() == "normal"
     monkeypatch.setenv("STRATAX_GLOO_IO_PRIORITY", "low")
     with pytest.raises(ValueError, match=r"STRATAX_GLOO_IO_PRIORITY='low' .* idle, nice, normal"):
-        gloo_io.priority_from_env()
+        gloo_io.io_priority()

@@ -4,7 +4,7 @@ Cut on the host, every batch of ``model.fit(x, y)`` is copied into a fresh devic
 placement of its own, one per array and step; on CPU that costs as much as a quarter of a
 small model's step, and between processes pinned one core each it takes the core the step
 needs (``benchmarks/HISTORY.md``, "Arrays kept on the devices"). So when ``fit`` gets arrays
-(the same on every worker) that fit :func:`budget_from_env`, the runner places them on its
+(the same on every worker) that fit :func:`budget`, the runner places them on its
 devices once per call and each epoch's row order once per epoch; a batch is then a
 :class:`RowBatch` (the placed arrays, the order, where the batch starts in it), and the compiled
 step gathers the rows itself, each replica its own share. The batches, their order and their
@@ -98,7 +98,7 @@ def replica_batch(data: Any, num_replicas: int) -> Any:
     return _gather(data, data.start + jax.lax.axis_index(REPLICA_AXIS) * size, size)
 
 
-def budget_from_env(devices: Any) -> int:
+def budget(devices: Any) -> int:
     """Option ``resident_array_bytes`` (``STRATAX_RESIDENT_ARRAY_BYTES``): the most bytes of
     array input ``fit`` keeps on a process's devices, counted once per device (0 = never).
     Default: 1 GiB on CPU; 0 on accelerators, whose memory the model needs (there the
@@ -111,7 +111,7 @@ def fits(arrays: Any, devices: Any) -> bool:
     """Whether ``arrays`` kept once on each of ``devices`` stay within the budget."""
     size = sum(jax.dtypes.canonicalize_dtype(np.asarray(a).dtype).itemsize * np.size(a)
                for a in jax.tree.leaves(arrays))
-    return 0 < size * len(devices) <= budget_from_env(devices)
+    return 0 < size * len(devices) <= budget(devices)
 
 
 class Resident:

@@ -293,7 +293,7 @@ class GlobalFeed(keras.utils.PyDataset):
         self.seed = seed
         self.per_worker = per_worker
         # Batches placed ahead of the step; None: the strategy's runner decides.
-        self.prefetch: int | None = prefetch_depth_from_env()
+        self.prefetch: int | None = configured_prefetch_depth()
         self.epoch = 0
         self._skip = 0
 
@@ -366,7 +366,7 @@ class FeedEpochs(keras.callbacks.Callback):
         self.feed.set_epoch(epoch)
 
 
-def prefetch_depth_from_env() -> int | None:
+def configured_prefetch_depth() -> int | None:
     """Option ``prefetch_depth`` (``STRATAX_PREFETCH_DEPTH``: batches placed ahead of the
     step, 0 = off), or ``None`` for the runner's default."""
     return config.prefetch_depth

@@ -53,7 +53,7 @@ ELEMENTWISE = (keras.optimizers.SGD, keras.optimizers.Adam, keras.optimizers.Ada
 _PART = "stratax_update_part"
 
 
-def enabled_from_env() -> bool:
+def enabled_by_option() -> bool:
     """Option ``sharded_update`` (``STRATAX_SHARDED_UPDATE``): ``auto`` (default: wherever
     :func:`why_not` allows) or ``off``."""
     return config.sharded_update == "auto"
@@ -83,7 +83,7 @@ class Plan:
 
 def why_not(model: Any, strategy: Any, group: int) -> str | None:
     """Why ``model``'s group program keeps the replicated update, or ``None``."""
-    if not enabled_from_env():
+    if not enabled_by_option():
         return f"{env.STRATAX_SHARDED_UPDATE}=off"
     if group < 2:
         return "steps_per_execution is 1"

@@ -151,7 +151,7 @@ def initialize(layout: ProcessLayout, *, timeout_seconds: float, task_names: dic
             "The jax.distributed coordinator listens on %s. JAX's coordination service has no "
             "authentication: run multi-worker jobs on a trusted private network only.", bind)
     collectives = cpu_collectives.resolve(implementation)
-    gloo_priority = gloo_io.priority_from_env()
+    gloo_priority = gloo_io.io_priority()
     _configure_cpu_collectives(collectives, host)
     timeout = max(int(timeout_seconds), 1)
     if not layout.is_coordinator:

@@ -41,7 +41,7 @@ _FIND_SECONDS = 0.5  # how long a new thread may take to reach its first epoll_w
 _EPOLL_SYSCALLS = {"x86_64": {"232", "281", "441"}, "aarch64": {"22", "441"}}
 
 
-def priority_from_env() -> str:
+def io_priority() -> str:
     """Option ``gloo_io_priority`` (``STRATAX_GLOO_IO_PRIORITY``): ``idle`` (the default),
     ``nice`` or ``normal``.
 
@@ -53,7 +53,7 @@ def priority_from_env() -> str:
 
 def start_backend(priority: str = "idle") -> list[int]:
     """Starts JAX's backends and gives the gloo I/O thread they start ``priority``
-    (:func:`priority_from_env`); returns the ids of the threads changed."""
+    (:func:`io_priority`); returns the ids of the threads changed."""
     if priority == "normal" or not os.path.isdir("/proc/self/task"):
         jax.devices()
         return []

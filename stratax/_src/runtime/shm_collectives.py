@@ -98,7 +98,7 @@ class _State:
 state = _State()
 
 
-def slot_bytes_from_env() -> int:
+def slot_bytes() -> int:
     """Option ``shm_slot_bytes`` (``STRATAX_SHM_SLOT_BYTES``, default 1 MiB): larger buffers
     go through in chunks.
 
@@ -109,7 +109,7 @@ def slot_bytes_from_env() -> int:
     return value - value % 64
 
 
-def spin_seconds_from_env(own_cores: bool = False) -> float:
+def spin_seconds(own_cores: bool = False) -> float:
     """Option ``shm_spin_us`` (``STRATAX_SHM_SPIN_US``): microseconds a wait spins before it
     sleeps. Default: 1 s when
     every process has a core of its own (:func:`own_cores`), else 50 us.
@@ -271,7 +271,7 @@ def setup(process_id: int, num_processes: int, timeout_seconds: float,
                            "=gloo silences this)", task_name(p), text[8:].splitlines()[0])
             return False
     problem = _join_segment(client, process_id, hosts, timeout_seconds, timeout_ms,
-                            task_name, spin_seconds_from_env(own_cores(affinities)))
+                            task_name, spin_seconds(own_cores(affinities)))
     if problem:
         if required:
             raise RuntimeError(f"{problem}. Unset STRATAX_CPU_COLLECTIVES (gloo).")
@@ -310,7 +310,7 @@ def _join_segment(client: Any, process_id: int, hosts: host_groups.Hosts,
     """Maps its host's segment on every process; ``""``, or (on every process) why a host's
     first process could not create its segment."""
     library = _load()
-    slot = slot_bytes_from_env()
+    slot = slot_bytes()
     error = ctypes.create_string_buffer(512)
     host = hosts.host_of(process_id)
     members = hosts.members[host]

@@ -26,7 +26,7 @@ from stratax._src.core.config import config
 DEFAULT_CPU_WINDOW = config.option("max_steps_in_flight").default
 
 
-def cpu_window_from_env() -> int:
+def cpu_window() -> int:
     """Option ``max_steps_in_flight`` (``STRATAX_MAX_STEPS_IN_FLIGHT``; 0 = unbounded), else
     ``DEFAULT_CPU_WINDOW``."""
     return config.max_steps_in_flight
@@ -91,7 +91,7 @@ MULTI_PROCESS_RELEASE = 8
 def window_for(devices: list[jax.Device], num_processes: int) -> DispatchWindow:
     """The bound on steps in flight for a strategy over ``devices``."""
     if needs_bound(devices):
-        return DispatchWindow(cpu_window_from_env())
+        return DispatchWindow(cpu_window())
     if num_processes > 1:
         return DispatchWindow(MULTI_PROCESS_WINDOW, MULTI_PROCESS_RELEASE)
     return DispatchWindow(0)
