@@ -361,6 +361,7 @@ class ClusterCoordinator:
         strategy._coordinator = self
         self._workers = [_Worker(i, c) for i, c in enumerate(strategy._worker_clients)]
         self._sync = getattr(strategy, "synchronous", getattr(strategy, "mode", "") == "sync")
+        self._residency = getattr(strategy, "_residency", None)  # hybrid mode's replicas
         self._queue: collections.deque[_Closure] = collections.deque()
         # Synchronous mode: each closure is queued once per worker, for that worker.
         self._pinned: dict[int, collections.deque[_Closure]] = {
@@ -428,10 +429,9 @@ class ClusterCoordinator:
             while self._pending() and self._error is None:
                 self._cond.wait(1.0)
             failed = self._error is not None
-        residency = getattr(self.strategy, "_residency", None)
-        if residency is not None:
+        if self._residency is not None:
             try:
-                residency.end(self._workers)
+                self._residency.end(self._workers)
             except Exception as err:
                 if not failed:
                     raise
@@ -443,16 +443,14 @@ class ClusterCoordinator:
     def flush_replicas(self) -> None:
         """Hybrid mode: copies the workers' replicas of the dense variables to the parameter
         servers, where saves and the chief's reads find them (no-op otherwise)."""
-        residency = getattr(self.strategy, "_residency", None)
-        if residency is not None:
-            residency.flush(self._workers)
+        if self._residency is not None:
+            self._residency.flush(self._workers)
 
     def drop_replicas(self) -> None:
         """Hybrid mode: the workers forget their replicas; the next steps copy them again
         from the parameter servers (after a restore wrote new values there)."""
-        residency = getattr(self.strategy, "_residency", None)
-        if residency is not None:
-            residency.drop(self._workers)
+        if self._residency is not None:
+            self._residency.drop(self._workers)
 
     def done(self) -> bool:
         """True when nothing is queued or running (raises a pending error like ``join``)."""
@@ -795,9 +793,8 @@ class ClusterCoordinator:
                 worker.programs.add(program.key)
         per_worker_variables.ensure_created(
             worker, [v for program in closure.programs for v in program.per_worker])
-        residency = getattr(self.strategy, "_residency", None)
-        if residency is not None:
-            residency.ensure(worker, self._workers, closure.programs)
+        if self._residency is not None:
+            self._residency.ensure(worker, self._workers, closure.programs)
         names = [iterator.name for iterator in closure.iterators]
         missing = sorted(set(names) - worker.iterators)
         if missing:

@@ -90,7 +90,8 @@ class Residency:
                     "mode): every worker that trained them is down; the parameter servers keep "
                     "their values from the start of this call. Restart the workers and resume "
                     "from the last checkpoint.")
-            reply = source.client.call("resident_export", {"names": keys}, stream=True)
+            reply = source.client.call("resident_export", {"names": keys, "previous": False},
+                                       stream=True)
             placement = {p.key: p.ps for v in self._resident.values() for p in v.placements}
             calls: dict[int, tuple[list[str], list[Any], list[np.ndarray]]] = defaultdict(
                 lambda: ([], [], []))

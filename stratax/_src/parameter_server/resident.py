@@ -134,14 +134,16 @@ class ResidentReplica:
 
     def export(self, frame: wire.Frame) -> bytes:
         """Worker method ``resident_export``: the named shards as the ps' ``export`` gives
-        them, plus each one's ledger of applied step ids."""
+        them, plus each one's ledger of applied step ids and, unless ``previous`` is false
+        (a copy back to the servers needs none), the values before the last step."""
         names = wire.require(frame.meta, "names", list)
         with self._lock:
             self._require(names)
             reply = wire.decode(checkpoint.export_shards(self._store, frame))
             ledgers = [sorted(self._store._shard(n).ledger) for n in names]
             previous, before = None, []
-            if self._previous is not None and all(n in self._previous[1] for n in names):
+            if (frame.meta.get("previous", True) and self._previous is not None
+                    and all(n in self._previous[1] for n in names)):
                 previous, before = self._previous[0], [self._previous[1][n] for n in names]
         return rpc.response({"shards": reply.meta["shards"], "ledgers": ledgers,
                              "previous": previous}, [*reply.tensors, *before])
