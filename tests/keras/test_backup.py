@@ -335,3 +335,18 @@ def test_a_failed_background_write_raises_from_fit(tmp_path, monkeypatch):
         _model(sx.OneDeviceStrategy("cpu:0")).fit(x[:48], y[:48], batch_size=16, verbose=0,
                                                   callbacks=[sx.BackupAndRestore(
                                                       str(tmp_path), save_freq=2)])
+
+
+def test_a_version_left_by_a_writer_killed_before_it_became_latest_is_replaced(tmp_path):
+    """A writer killed between moving ``ckpt-N`` into place and recording it as latest leaves
+    that directory behind; the next save of version N replaces it instead of failing with
+    "Directory not empty" (seen in a chaos trial that killed the chief mid-save)."""
+    checkpoint_io.save(tmp_path, {"w": np.zeros(2)}, {"step": 0})
+    stale = tmp_path / "ckpt-1"
+    stale.mkdir()
+    (stale / "state.npz").write_bytes(b"half-written")
+    saved = checkpoint_io.save(tmp_path, {"w": np.ones(2)}, {"step": 1})
+    assert saved == stale and checkpoint_io.latest_version(tmp_path) == stale
+    arrays, meta = checkpoint_io.load(tmp_path)
+    np.testing.assert_array_equal(arrays["w"], np.ones(2))
+    assert meta == {"step": 1}

@@ -43,6 +43,8 @@ def save(directory: str | os.PathLike[str], arrays: Mapping[str, np.ndarray],
     number = 0 if current is None else int(current.name.split("-")[1]) + 1
     final = root / f"ckpt-{number}"
     remove_stale(root, ".staging-")   # of a writer killed mid-save
+    if final.exists():  # moved into place by a writer killed before it recorded it as latest
+        shutil.rmtree(final)
     remove_stale_temporaries(root / _LATEST)
     staging, held = None, None
     try:
