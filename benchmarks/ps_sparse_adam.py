@@ -1,7 +1,7 @@
 """Lazy vs dense Adam on row-sparse embedding gradients: convergence, measured (one process).
 
 The parameter server's two semantics for Adam with row-sparse gradients (see
-``stratax/_src/parameter_server/optimizers.py``), applied by the ps' own optimizer code to the
+``stratax/_src/parameter_server/tasks/optimizers.py``), applied by the ps' own optimizer code to the
 same synthetic task: learn a 20,000 x 16 embedding table so that the mean of each example's
 20 rows predicts its target through a fixed linear head (targets from a hidden true table; ids
 Zipf-distributed, as in recommender data). Reports the training loss every 200 steps, the
@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.report import write_table
-from stratax._src.parameter_server.optimizers import ShardOptimizer
+from stratax._src.parameter_server.tasks.optimizers import ShardOptimizer
 
 VOCAB, DIM, IDS, BATCH, STEPS = 20_000, 16, 20, 256, 2000
 RESULTS = Path(__file__).parent / "results"

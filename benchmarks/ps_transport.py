@@ -26,12 +26,12 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.report import write_table
-from stratax._src.parameter_server import rpc
+from stratax._src.parameter_server.transport import rpc
 
 RESULTS = Path(__file__).parent / "results"
 _SERVER = textwrap.dedent("""
     import sys, time
-    from stratax._src.parameter_server import rpc
+    from stratax._src.parameter_server.transport import rpc
 
     def handle(frame):
         if frame.meta["method"] == "cpu":

@@ -42,7 +42,7 @@ _EXPORTS = {
     "ShardedVariable": "stratax._src.parameter_server.variables",
     "PSVariable": "stratax._src.parameter_server.variables",
     "PerWorkerVariable": "stratax._src.parameter_server.per_worker_variables",
-    "Server": "stratax._src.parameter_server.server",
+    "Server": "stratax._src.parameter_server.tasks.server",
     "ParameterServerStrategy": "stratax._src.parameter_server.strategy",
     "AutoShardPolicy": "stratax._src.data.input_context",
     "BackupAndRestore": "stratax._src.keras.backup",

@@ -103,8 +103,8 @@ def build_parser(strategy_names: Sequence[str] | None = None) -> argparse.Argume
 def _run_server(args: argparse.Namespace) -> int:
     # Imported here: only `server` needs gRPC.
     from stratax._src.cluster.tfconfig import TFConfigClusterResolver
-    from stratax._src.parameter_server import compute_threads
-    from stratax._src.parameter_server.server import Server
+    from stratax._src.parameter_server.tasks import compute_threads
+    from stratax._src.parameter_server.tasks.server import Server
 
     resolver = TFConfigClusterResolver()
     job = args.job or resolver.task_type

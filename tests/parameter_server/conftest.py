@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from stratax._src.parameter_server import rpc, wire
+from stratax._src.parameter_server.transport import rpc, wire
 
 
 def echo(frame: wire.Frame) -> bytes:

@@ -4,8 +4,9 @@ import time
 
 import pytest
 
-from stratax._src.parameter_server import chief_session, wire
-from stratax._src.parameter_server.chief_session import ChiefWatch, SessionError
+from stratax._src.parameter_server.tasks import chief_session
+from stratax._src.parameter_server.tasks.chief_session import ChiefWatch, SessionError
+from stratax._src.parameter_server.transport import wire
 
 
 def _claim(watch, session):

@@ -7,7 +7,7 @@ import time
 import pytest
 
 import stratax as sx
-from stratax._src.parameter_server.server import Server
+from stratax._src.parameter_server.tasks.server import Server
 
 BASE = {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"], "ps": ["127.0.0.1:3"]}
 

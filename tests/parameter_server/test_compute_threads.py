@@ -3,7 +3,7 @@
 import pytest
 
 from stratax._src.cluster.cluster_spec import ClusterSpec
-from stratax._src.parameter_server import compute_threads
+from stratax._src.parameter_server.tasks import compute_threads
 
 SPEC = ClusterSpec({"chief": ["127.0.0.1:1"], "ps": ["127.0.0.1:2"],
                     "worker": ["127.0.0.1:3", "localhost:4", "10.0.0.7:5"]})

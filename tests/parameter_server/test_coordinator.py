@@ -9,7 +9,7 @@ from stratax._src.parameter_server.coordinator import (
     ClusterCoordinator,
     RemoteValueStatus,
 )
-from stratax._src.parameter_server.rpc import RpcClient
+from stratax._src.parameter_server.transport.rpc import RpcClient
 
 
 class _Strategy:

@@ -18,8 +18,8 @@ import pytest
 from as_nobody import send_as_nobody
 
 from stratax._src.core.errors import WorkerUnavailableError
-from stratax._src.parameter_server import local_socket, rpc, wire
-from stratax._src.parameter_server.ps_server import ParameterServer
+from stratax._src.parameter_server.tasks.ps import ParameterServer
+from stratax._src.parameter_server.transport import local_socket, rpc, wire
 
 
 @pytest.fixture
@@ -102,8 +102,8 @@ def test_concurrent_calls_from_threads_get_their_own_replies(client):
 
 _SERVE = textwrap.dedent("""
     import sys, time
-    from stratax._src.parameter_server import rpc
-    from stratax._src.parameter_server.ps_server import ParameterServer
+    from stratax._src.parameter_server.transport import rpc
+    from stratax._src.parameter_server.tasks.ps import ParameterServer
     server = rpc.RpcServer("ps 0", "127.0.0.1", int(sys.argv[1]), ParameterServer().handle)
     server.start()
     print(server.port, server.local.path, flush=True)

@@ -4,8 +4,8 @@ import keras
 import numpy as np
 import pytest
 
-from stratax._src.parameter_server.optimizers import ShardOptimizer
 from stratax._src.parameter_server.program import optimizer_spec
+from stratax._src.parameter_server.tasks.optimizers import ShardOptimizer
 
 CASES = [
     keras.optimizers.SGD(0.1),

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from stratax._src.data.input_context import InputContext
-from stratax._src.parameter_server import dataset_source, worker_input
 from stratax._src.parameter_server.coordinator import PerWorkerIterator
-from stratax._src.parameter_server.iterator_registry import IteratorRegistry
+from stratax._src.parameter_server.inputs import dataset_source, worker_input
+from stratax._src.parameter_server.inputs.iterator_registry import IteratorRegistry
 
 strategy = object()  # stands for the chief's strategy, read by per_worker_fn by name
 
@@ -120,7 +120,7 @@ def test_a_closure_records_the_iterator_of_each_batch_and_refuses_mixed_sources(
     import jax
 
     from stratax._src.parameter_server import coordinator as coord
-    from stratax._src.parameter_server.worker_data import ArrayData
+    from stratax._src.parameter_server.inputs.worker_data import ArrayData
 
     spec = [jax.ShapeDtypeStruct((2,), np.float32)]
     first, second = PerWorkerIterator("it0", "leaf", spec), PerWorkerIterator("it1", "leaf", spec)

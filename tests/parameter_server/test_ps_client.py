@@ -4,9 +4,9 @@ step's values (one call per ps) reads them after the update, across shards."""
 import numpy as np
 import pytest
 
-from stratax._src.parameter_server import rpc
-from stratax._src.parameter_server.ps_client import PSClients
-from stratax._src.parameter_server.ps_server import ParameterServer
+from stratax._src.parameter_server.tasks.ps import ParameterServer
+from stratax._src.parameter_server.transport import rpc
+from stratax._src.parameter_server.transport.ps_client import PSClients
 
 
 @pytest.fixture

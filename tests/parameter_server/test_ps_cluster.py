@@ -151,7 +151,7 @@ def test_a_task_with_another_cluster_fails_the_start_naming_it(cluster, task, ch
 
 def test_a_cluster_without_workers_or_ps_is_refused_at_start():
     import stratax as sx
-    from stratax._src.parameter_server.server import Server
+    from stratax._src.parameter_server.tasks.server import Server
 
     for job in ("worker", "ps"):
         spec = {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"], "ps": ["127.0.0.1:3"],

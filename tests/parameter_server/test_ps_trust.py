@@ -18,7 +18,7 @@ import pytest
 from as_nobody import send_as_nobody
 from ps_cluster_helpers import cluster  # noqa: F401 - `cluster` is a fixture
 
-from stratax._src.parameter_server import local_socket, wire
+from stratax._src.parameter_server.transport import local_socket, wire
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from stratax._src.core.errors import WorkerUnavailableError
-from stratax._src.parameter_server import rpc
-from stratax._src.parameter_server.ps_server import ParameterServer
+from stratax._src.parameter_server.tasks.ps import ParameterServer
+from stratax._src.parameter_server.transport import rpc
 
 
 @pytest.fixture

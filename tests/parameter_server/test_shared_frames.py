@@ -6,7 +6,7 @@ import os
 import numpy as np
 import pytest
 
-from stratax._src.parameter_server import rpc, shared_frames
+from stratax._src.parameter_server.transport import rpc, shared_frames
 
 pytestmark = pytest.mark.skipif(not shared_frames.SUPPORTED, reason="needs memfd and SCM_RIGHTS")
 

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from kill_mid_write import kill_while_writing
 
-from stratax._src.parameter_server import wire
-from stratax._src.parameter_server.ps_server import ParameterServer
-from stratax._src.parameter_server.snapshots import Snapshots, write_npz
+from stratax._src.parameter_server.tasks.ps import ParameterServer
+from stratax._src.parameter_server.tasks.snapshots import Snapshots, write_npz
+from stratax._src.parameter_server.transport import wire
 
 
 def _call(server, method, meta, tensors=()):
@@ -149,9 +149,9 @@ def test_checkpoint_files_check_names_shapes_and_format(tmp_path):
 _WRITER = """
 import sys
 import numpy as np
-from stratax._src.parameter_server import wire
-from stratax._src.parameter_server.ps_server import ParameterServer
-from stratax._src.parameter_server.snapshots import Snapshots, write_npz
+from stratax._src.parameter_server.transport import wire
+from stratax._src.parameter_server.tasks.ps import ParameterServer
+from stratax._src.parameter_server.tasks.snapshots import Snapshots, write_npz
 
 snapshots = Snapshots(sys.argv[1], task_index=0, every=1000)
 server = ParameterServer(snapshots)

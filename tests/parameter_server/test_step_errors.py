@@ -7,9 +7,9 @@ import time
 import pytest
 
 from stratax._src.core.errors import StrataxError
-from stratax._src.parameter_server import rpc
 from stratax._src.parameter_server.coordinator import ClusterCoordinator, RemoteValueStatus
 from stratax._src.parameter_server.step_errors import StepCancelledError, StepError, step_error
+from stratax._src.parameter_server.transport import rpc
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -7,8 +7,8 @@ import struct
 import numpy as np
 import pytest
 
-from stratax._src.parameter_server import rpc, wire
-from stratax._src.parameter_server.ps_server import ParameterServer
+from stratax._src.parameter_server.tasks.ps import ParameterServer
+from stratax._src.parameter_server.transport import rpc, wire
 
 
 def test_round_trip_keeps_dtype_shape_and_bytes():

@@ -21,8 +21,8 @@ import grpc
 import numpy as np
 import pytest
 
-from stratax._src.parameter_server import rpc, wire
-from stratax._src.parameter_server.ps_server import ParameterServer
+from stratax._src.parameter_server.tasks.ps import ParameterServer
+from stratax._src.parameter_server.transport import rpc, wire
 
 pytestmark = pytest.mark.timeout(120)
 

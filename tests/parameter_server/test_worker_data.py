@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from stratax._src.keras.ps_fit import check_additive_metrics
-from stratax._src.parameter_server.worker_data import ArrayStore
+from stratax._src.parameter_server.inputs.worker_data import ArrayStore
 
 
 def test_array_store_cuts_batches_by_rows_and_checks_them():

@@ -155,7 +155,7 @@ STRATAX_PS_PROGRESS_SECONDS = "STRATAX_PS_PROGRESS_SECONDS"
 STRATAX_PS_DENSE_VARIABLES = "STRATAX_PS_DENSE_VARIABLES"
 STRATAX_PS_MAX_STALENESS = "STRATAX_PS_MAX_STALENESS"
 # Seconds a served ps/worker task waits without hearing from a chief before it exits (status
-# 1); default 120 (stratax._src.parameter_server.chief_session; Server(chief_timeout_seconds=)).
+# 1); default 120 (parameter_server/tasks/chief_session.py; Server(chief_timeout_seconds=)).
 STRATAX_PS_CHIEF_TIMEOUT_SECONDS = "STRATAX_PS_CHIEF_TIMEOUT_SECONDS"
 # Parameter-server transport: "auto" (default: a Unix socket with shared memory to servers on
 # the same host, gRPC to the others), "socket" (the same without shared memory) or "grpc"
@@ -174,5 +174,5 @@ STRATAX_SHM_SPIN_US = "STRATAX_SHM_SPIN_US"
 STRATAX_SHARDED_UPDATE = "STRATAX_SHARDED_UPDATE"
 # XLA threads of a parameter-server worker task: "auto" (default: the host's cores shared among
 # the worker tasks on it), "all" (XLA's default, one per core) or a number; see
-# stratax._src.parameter_server.compute_threads.
+# stratax._src.parameter_server.tasks.compute_threads.
 STRATAX_PS_WORKER_THREADS = "STRATAX_PS_WORKER_THREADS"

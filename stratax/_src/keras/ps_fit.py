@@ -45,8 +45,8 @@ from stratax._src.core.reduce_op import ReduceOp
 from stratax._src.keras import forward_losses
 from stratax._src.keras.runner import steps_per_execution
 from stratax._src.parameter_server.coordinator import PerWorkerValues
-from stratax._src.parameter_server.optimizers import DEFAULT_SPARSE_UPDATES
 from stratax._src.parameter_server.program import optimizer_spec
+from stratax._src.parameter_server.tasks.optimizers import DEFAULT_SPARSE_UPDATES
 
 # A group waits behind at most one group per worker, each bounded by the strategy's step
 # deadline; this bound only catches a coordinator that stopped answering.

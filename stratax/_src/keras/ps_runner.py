@@ -38,7 +38,7 @@ from stratax._src.keras.ps_fit import (
     sparse_tables,
 )
 from stratax._src.keras.runner import KerasRunner
-from stratax._src.parameter_server import worker_data
+from stratax._src.parameter_server.inputs import worker_data
 
 logger = logging.getLogger(__name__)
 _KINDS = {"fit": "train", "evaluate": "test", "predict": "predict"}

@@ -34,10 +34,10 @@ from typing import Any
 
 import numpy as np
 
-from stratax._src.parameter_server import rpc, wire
-from stratax._src.parameter_server.optimizers import DEFAULT_SPARSE_UPDATES, ShardOptimizer
 from stratax._src.parameter_server.program import optimizer_spec
-from stratax._src.parameter_server.snapshots import HEADER, write_npz
+from stratax._src.parameter_server.tasks.optimizers import DEFAULT_SPARSE_UPDATES, ShardOptimizer
+from stratax._src.parameter_server.tasks.snapshots import HEADER, write_npz
+from stratax._src.parameter_server.transport import rpc, wire
 
 # Version 2 names each array by its variable (``value/<name>``, ``slot/<slot>/<name>``);
 # version 1 (still read) numbered them by entry (``value/<i>``, ``slot/<i>/<slot>``).

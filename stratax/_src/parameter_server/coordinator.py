@@ -40,17 +40,12 @@ import numpy as np
 
 from stratax._src.core.errors import StrataxError, WorkerUnavailableError
 from stratax._src.core.reduce_op import ReduceOp
-from stratax._src.parameter_server import (
-    dataset_source,
-    per_worker_variables,
-    progress,
-    recovery,
-    rpc,
-    structure,
-)
-from stratax._src.parameter_server.iterator_registry import IteratorRegistry
+from stratax._src.parameter_server import per_worker_variables, progress, recovery
+from stratax._src.parameter_server.inputs import dataset_source
+from stratax._src.parameter_server.inputs.iterator_registry import IteratorRegistry
 from stratax._src.parameter_server.program import Program
 from stratax._src.parameter_server.step_errors import StepCancelledError, StepError, step_error
+from stratax._src.parameter_server.transport import rpc, structure
 
 logger = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ import jax
 import numpy as np
 
 from stratax._src.core.errors import WorkerUnavailableError
-from stratax._src.parameter_server.rpc import RemoteError
+from stratax._src.parameter_server.transport.rpc import RemoteError
 
 MISSING = "No per-worker variable"  # a worker's error for a copy it lacks (recovery knows it)
 

@@ -39,8 +39,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import export as jax_export
 
-from stratax._src.parameter_server.optimizers import DEFAULT_SPARSE_UPDATES, SPARSE_MODES
 from stratax._src.parameter_server.per_worker_variables import PerWorkerVariable, refuse_training
+from stratax._src.parameter_server.tasks.optimizers import DEFAULT_SPARSE_UPDATES, SPARSE_MODES
 from stratax._src.parameter_server.variables import PSVariable
 
 

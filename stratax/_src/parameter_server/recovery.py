@@ -8,7 +8,7 @@ skips the batches of the steps it had finished, and re-sends its unfinished clos
 the dead task made before dying are kept by the parameter servers (a worker's gradient for a
 step is taken once), so the re-run adds exactly the missing gradients and the result equals
 the run without the failure. Survivors whose pull gave up waiting for the dead worker's
-gradient re-run their share (the worker re-reads the same batches, see ``worker_server``).
+gradient re-run their share (the worker re-reads the same batches, see ``tasks.worker``).
 If the task does not come back within ``timeout_seconds``, its pending steps fail with an
 error naming it, so ``join()`` never waits forever. In asynchronous mode a dead worker's
 closure moves to the others; when all are lost, closures wait (as in TensorFlow) for the
@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 
 from stratax._src.core.errors import WorkerUnavailableError
 from stratax._src.parameter_server import per_worker_variables
-from stratax._src.parameter_server.rpc import RemoteError
+from stratax._src.parameter_server.transport.rpc import RemoteError
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")

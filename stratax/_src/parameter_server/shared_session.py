@@ -24,8 +24,8 @@ import functools
 import threading
 from collections.abc import Callable, Sequence
 
-from stratax._src.parameter_server import rpc
-from stratax._src.parameter_server.chief_session import ChiefSession
+from stratax._src.parameter_server.tasks.chief_session import ChiefSession
+from stratax._src.parameter_server.transport import rpc
 
 Listener = Callable[[rpc.RpcClient], None]
 

@@ -20,7 +20,7 @@ import functools
 from concurrent import futures
 
 from stratax._src.core.errors import StrataxError
-from stratax._src.parameter_server.rpc import RemoteError
+from stratax._src.parameter_server.transport.rpc import RemoteError
 
 # Builtins that mean control flow, not a failed step: never re-raised as such.
 _NOT_REBUILT = frozenset({"StopIteration", "StopAsyncIteration"})

@@ -25,17 +25,9 @@ from stratax._src.cluster.resolver import ClusterResolver
 from stratax._src.core.config import config
 from stratax._src.core.context import replica_context_scope
 from stratax._src.data.input_context import InputContext
-from stratax._src.parameter_server import (
-    checkpoint,
-    cluster_check,
-    compute_threads,
-    dataset_source,
-    functions,
-    program,
-    shared_session,
-)
+from stratax._src.parameter_server import checkpoint, functions, program, shared_session
 from stratax._src.parameter_server import coordinator as coord
-from stratax._src.parameter_server.optimizers import DEFAULT_SPARSE_UPDATES
+from stratax._src.parameter_server.inputs import dataset_source
 from stratax._src.parameter_server.partitioners import (
     ShardInfo,
     shard_offsets,
@@ -43,10 +35,12 @@ from stratax._src.parameter_server.partitioners import (
     takes_shard_info,
 )
 from stratax._src.parameter_server.per_worker_variables import PerWorkerVariable
-from stratax._src.parameter_server.ps_client import PSClients
 from stratax._src.parameter_server.residency import Residency
-from stratax._src.parameter_server.rpc import RpcClient
-from stratax._src.parameter_server.server import SERVED_JOBS, Server
+from stratax._src.parameter_server.tasks import cluster_check, compute_threads
+from stratax._src.parameter_server.tasks.optimizers import DEFAULT_SPARSE_UPDATES
+from stratax._src.parameter_server.tasks.server import SERVED_JOBS, Server
+from stratax._src.parameter_server.transport.ps_client import PSClients
+from stratax._src.parameter_server.transport.rpc import RpcClient
 from stratax._src.parameter_server.variables import (
     Placement,
     PSVariable,

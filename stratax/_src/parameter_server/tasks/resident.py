@@ -37,9 +37,10 @@ from typing import Any
 import numpy as np
 
 from stratax._src.core.errors import WorkerUnavailableError
-from stratax._src.parameter_server import checkpoint, rpc, wire
-from stratax._src.parameter_server.ps_server import ParameterServer
+from stratax._src.parameter_server import checkpoint
 from stratax._src.parameter_server.recovery import MISSING_REPLICA, SYNC_WAIT, with_retries
+from stratax._src.parameter_server.tasks.ps import ParameterServer
+from stratax._src.parameter_server.transport import rpc, wire
 
 OUTBOX_STEPS = 16
 

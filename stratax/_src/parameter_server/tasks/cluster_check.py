@@ -17,7 +17,7 @@ import logging
 from typing import Any
 
 from stratax._src.cluster.cluster_spec import ClusterSpec
-from stratax._src.parameter_server import rpc, wire
+from stratax._src.parameter_server.transport import rpc, wire
 
 logger = logging.getLogger(__name__)
 

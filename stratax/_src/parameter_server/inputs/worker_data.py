@@ -21,7 +21,7 @@ import jax
 import numpy as np
 
 from stratax._src.parameter_server import coordinator as coord
-from stratax._src.parameter_server import structure
+from stratax._src.parameter_server.transport import structure
 
 _names = itertools.count()
 

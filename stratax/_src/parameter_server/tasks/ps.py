@@ -20,8 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from stratax._src.parameter_server import checkpoint, rpc, wire
-from stratax._src.parameter_server.optimizers import ShardOptimizer
+from stratax._src.parameter_server import checkpoint
+from stratax._src.parameter_server.tasks.optimizers import ShardOptimizer
+from stratax._src.parameter_server.transport import rpc, wire
 
 logger = logging.getLogger(__name__)
 

@@ -31,8 +31,8 @@ import numpy as np
 from stratax._src.core import env
 from stratax._src.core.config import config
 from stratax._src.core.files import remove_stale_temporaries, write_atomically
-from stratax._src.parameter_server import wire
-from stratax._src.parameter_server.optimizers import ShardOptimizer
+from stratax._src.parameter_server.tasks.optimizers import ShardOptimizer
+from stratax._src.parameter_server.transport import wire
 
 logger = logging.getLogger(__name__)
 # Version 2 names each array by its shard (``value/<shard>``, ``slot/<slot>/<shard>``, e.g.

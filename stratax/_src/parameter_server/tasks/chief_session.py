@@ -38,7 +38,7 @@ from typing import Any
 from stratax._src.core import env
 from stratax._src.core.config import config
 from stratax._src.core.errors import StrataxError
-from stratax._src.parameter_server import rpc, wire
+from stratax._src.parameter_server.transport import rpc, wire
 
 logger = logging.getLogger(__name__)
 

@@ -18,7 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from stratax._src.parameter_server import functions, tf_dataset_wire
+from stratax._src.parameter_server import functions
+from stratax._src.parameter_server.inputs import tf_dataset_wire
 
 
 @dataclasses.dataclass(frozen=True)

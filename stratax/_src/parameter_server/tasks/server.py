@@ -19,7 +19,8 @@ from typing import Any
 
 from stratax._src.cluster.cluster_spec import ClusterSpec, parse_address
 from stratax._src.cluster.resolver import ClusterResolver
-from stratax._src.parameter_server import chief_session, cluster_check, rpc, wire
+from stratax._src.parameter_server.tasks import chief_session, cluster_check
+from stratax._src.parameter_server.transport import rpc, wire
 
 logger = logging.getLogger(__name__)
 
@@ -97,13 +98,13 @@ class Server:
         name = f"{self.job_name} {self.task_index}"
         rpc.keep_buffers_in_heap()
         if self.job_name == "ps":
-            from stratax._src.parameter_server.ps_server import ParameterServer
-            from stratax._src.parameter_server.snapshots import Snapshots
+            from stratax._src.parameter_server.tasks.ps import ParameterServer
+            from stratax._src.parameter_server.tasks.snapshots import Snapshots
 
             self._service = ParameterServer(Snapshots.configured(self.task_index,
                                                                 *self._snapshot))
         else:
-            from stratax._src.parameter_server.worker_server import WorkerService
+            from stratax._src.parameter_server.tasks.worker import WorkerService
 
             self._service = WorkerService(self.task_index, self.cluster_spec.job_tasks("worker"),
                                           self.cluster_spec.job_tasks("ps"), self._timeout)

@@ -28,11 +28,12 @@ import numpy as np
 from jax import export as jax_export
 
 from stratax._src.data.input_context import InputContext
-from stratax._src.parameter_server import rpc, structure, wire, worker_input
+from stratax._src.parameter_server.inputs import worker_input
+from stratax._src.parameter_server.inputs.worker_data import ArrayStore
 from stratax._src.parameter_server.per_worker_variables import WorkerCopies
-from stratax._src.parameter_server.ps_client import PSClients, Push
-from stratax._src.parameter_server.resident import ResidentReplica, averaged, summed
-from stratax._src.parameter_server.worker_data import ArrayStore
+from stratax._src.parameter_server.tasks.resident import ResidentReplica, averaged, summed
+from stratax._src.parameter_server.transport import rpc, structure, wire
+from stratax._src.parameter_server.transport.ps_client import PSClients, Push
 
 
 class _Iterator:

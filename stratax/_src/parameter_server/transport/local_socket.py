@@ -39,8 +39,8 @@ from typing import Any
 from stratax._src.core import env
 from stratax._src.core.config import config
 from stratax._src.core.errors import WorkerUnavailableError
-from stratax._src.parameter_server import shared_frames, wire
-from stratax._src.parameter_server.shared_frames import SharedFrames
+from stratax._src.parameter_server.transport import shared_frames, wire
+from stratax._src.parameter_server.transport.shared_frames import SharedFrames
 
 logger = logging.getLogger(__name__)
 

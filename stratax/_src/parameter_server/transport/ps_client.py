@@ -15,7 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from stratax._src.parameter_server import recovery, rpc
+from stratax._src.parameter_server import recovery
+from stratax._src.parameter_server.transport import rpc
 
 VarDesc = dict[str, Any]
 # A push: (variable, distinct global rows or None for dense, gradient).

@@ -43,7 +43,7 @@ import grpc
 from stratax._src.core import env
 from stratax._src.core.addresses import is_loopback
 from stratax._src.core.errors import StrataxError, WorkerUnavailableError
-from stratax._src.parameter_server import local_socket, wire
+from stratax._src.parameter_server.transport import local_socket, wire
 
 logger = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from stratax._src.parameter_server import structure
+from stratax._src.parameter_server.transport import structure
 
 _FAIL_ON_EXTERNAL_STATE = 2  # DatasetToGraphV2's ExternalStatePolicy.FAIL
 
