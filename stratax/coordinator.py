@@ -1,12 +1,10 @@
 """``ClusterCoordinator`` and its values (TensorFlow's ``tf.distribute.coordinator``)."""
 
-from stratax._src.parameter_server.coordinator import (
-    ClusterCoordinator,
+from stratax._src.parameter_server.closures import PerWorkerValues, RemoteValue, RemoteValueStatus
+from stratax._src.parameter_server.coordinator import ClusterCoordinator
+from stratax._src.parameter_server.inputs.per_worker_dataset import (
     PerWorkerDataset,
     PerWorkerIterator,
-    PerWorkerValues,
-    RemoteValue,
-    RemoteValueStatus,
 )
 from stratax._src.parameter_server.step_errors import StepCancelledError, StepError
 

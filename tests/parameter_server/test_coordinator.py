@@ -5,10 +5,8 @@ import time
 import pytest
 
 from stratax._src.core.errors import WorkerUnavailableError
-from stratax._src.parameter_server.coordinator import (
-    ClusterCoordinator,
-    RemoteValueStatus,
-)
+from stratax._src.parameter_server.closures import RemoteValueStatus
+from stratax._src.parameter_server.coordinator import ClusterCoordinator
 from stratax._src.parameter_server.transport.rpc import RpcClient
 
 
@@ -41,7 +39,7 @@ def test_join_raises_when_every_worker_is_gone():
 
 
 def test_strategy_run_outside_schedule_is_explained():
-    from stratax._src.parameter_server.coordinator import recording
+    from stratax._src.parameter_server.closures import recording
 
     with pytest.raises(RuntimeError, match=r"coordinator\.schedule"):
         recording()
@@ -53,9 +51,9 @@ def test_replica_context_of_a_synchronous_step_refuses_collectives_across_worker
     across workers inside the step is refused with the way out, never silently the identity."""
     import types
 
-    from stratax._src.parameter_server.strategy import _WorkerReplicaContext
+    from stratax._src.parameter_server.worker_context import WorkerReplicaContext
 
-    sync = _WorkerReplicaContext(types.SimpleNamespace(mode="sync", synchronous=True,
+    sync = WorkerReplicaContext(types.SimpleNamespace(mode="sync", synchronous=True,
                                                         num_replicas_in_sync=2))
     assert sync.num_replicas_in_sync == 2
     for use in (lambda: sync.all_reduce("sum", 1.0), lambda: sync.all_gather(1.0, 0),
@@ -63,6 +61,6 @@ def test_replica_context_of_a_synchronous_step_refuses_collectives_across_worker
         with pytest.raises(ValueError, match=r"synchronous ParameterServerStrategy step.*"
                                              r"strategy\.reduce"):
             use()
-    lone = _WorkerReplicaContext(types.SimpleNamespace(mode="async", synchronous=False,
+    lone = WorkerReplicaContext(types.SimpleNamespace(mode="async", synchronous=False,
                                                         num_replicas_in_sync=1))
     assert (lone.replica_id_in_sync_group, lone.all_reduce("sum", 3.0)) == (0, 3.0)

@@ -1,11 +1,14 @@
 """Partitioners: TensorFlow's test cases (sharded_variable_test.PartitionerTest) and layout."""
 
-import types
 
 import numpy as np
 import pytest
 
-from stratax._src.parameter_server.partitioners import shard_offsets, shard_sizes
+from stratax._src.parameter_server.partitioners import (
+    partition_count,
+    shard_offsets,
+    shard_sizes,
+)
 from stratax.partitioners import (
     FixedShardsPartitioner,
     MaxSizePartitioner,
@@ -60,18 +63,11 @@ def test_contiguous_blocks_as_tensorflow():
                                     ["2", 1, 1], [True, 1, 1], None])
 def test_a_bad_partitioner_result_is_a_value_error_naming_it(result):
     """TensorFlow's check: one positive int per axis, 1 past axis 0 (else ValueError)."""
-    from stratax._src.parameter_server.strategy import ParameterServerStrategy
-
-    holder = types.SimpleNamespace(_partitioner=lambda shape, dtype: result)
     with pytest.raises(ValueError, match=r"variable_partitioner must return a list of 3 ints.*"
                                          r"'table' of shape \(10, 4, 2\)"):
-        ParameterServerStrategy._partition_count(holder, "table", (10, 4, 2), np.dtype("float32"))
+        partition_count(lambda shape, dtype: result, "table", (10, 4, 2), np.dtype("float32"))
 
 
 def test_more_shards_than_rows_are_capped_at_the_rows():
-    from stratax._src.parameter_server.strategy import ParameterServerStrategy
-
-    holder = types.SimpleNamespace(_partitioner=lambda shape, dtype: [8, 1])
-    assert ParameterServerStrategy._partition_count(holder, "w", (3, 2), np.dtype("float32")) == 3
-    holder = types.SimpleNamespace(_partitioner=FixedShardsPartitioner(2))
-    assert ParameterServerStrategy._partition_count(holder, "w", (5, 2), np.dtype("float32")) == 2
+    assert partition_count(lambda shape, dtype: [8, 1], "w", (3, 2), np.dtype("float32")) == 3
+    assert partition_count(FixedShardsPartitioner(2), "w", (5, 2), np.dtype("float32")) == 2

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from stratax._src.data.input_context import InputContext
-from stratax._src.parameter_server.coordinator import PerWorkerIterator
 from stratax._src.parameter_server.inputs import dataset_source, worker_input
 from stratax._src.parameter_server.inputs.iterator_registry import IteratorRegistry
+from stratax._src.parameter_server.inputs.per_worker_dataset import PerWorkerIterator
 
 strategy = object()  # stands for the chief's strategy, read by per_worker_fn by name
 
@@ -119,21 +119,18 @@ def test_a_collected_iterator_is_released_on_the_live_workers_that_hold_it():
 def test_a_closure_records_the_iterator_of_each_batch_and_refuses_mixed_sources():
     import jax
 
-    from stratax._src.parameter_server import coordinator as coord
+    from stratax._src.parameter_server.closures import Closure, recording_into
     from stratax._src.parameter_server.inputs.worker_data import ArrayData
 
     spec = [jax.ShapeDtypeStruct((2,), np.float32)]
     first, second = PerWorkerIterator("it0", "leaf", spec), PerWorkerIterator("it1", "leaf", spec)
-    coord._recording.closure = closure = coord._Closure(0)
-    try:
+    with recording_into(Closure(0)) as closure:
         refs = [next(first), next(second), next(first)]
         assert [r.batch for r in refs] == [0, 1, 2]
         assert [it.name for it in closure.iterators] == ["it0", "it1", "it0"]
         with pytest.raises(ValueError, match="per-worker iterators or one ArrayData, not both"):
             ArrayData((np.zeros((4, 2)),)).batch(np.arange(2))
-        coord._recording.closure = coord._Closure(1)
+    with recording_into(Closure(1)):
         ArrayData((np.zeros((4, 2)),)).batch(np.arange(2))
         with pytest.raises(ValueError, match="per-worker iterators or one ArrayData, not both"):
             next(first)
-    finally:
-        coord._recording.closure = None

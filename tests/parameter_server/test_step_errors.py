@@ -7,7 +7,8 @@ import time
 import pytest
 
 from stratax._src.core.errors import StrataxError
-from stratax._src.parameter_server.coordinator import ClusterCoordinator, RemoteValueStatus
+from stratax._src.parameter_server.closures import RemoteValueStatus
+from stratax._src.parameter_server.coordinator import ClusterCoordinator
 from stratax._src.parameter_server.step_errors import StepCancelledError, StepError, step_error
 from stratax._src.parameter_server.transport import rpc
 

@@ -23,15 +23,13 @@ a task restarted at its address is taken back.
 from __future__ import annotations
 
 import collections
-import enum
 import functools
 import itertools
 import logging
 import queue
 import threading
 import time
-import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent import futures
 from typing import Any
 
@@ -39,247 +37,23 @@ import jax
 import numpy as np
 
 from stratax._src.core.errors import StrataxError, WorkerUnavailableError
-from stratax._src.core.reduce_op import ReduceOp
-from stratax._src.parameter_server import per_worker_variables, progress, recovery
+from stratax._src.parameter_server import closures, per_worker_variables, progress, recovery
+from stratax._src.parameter_server.closures import (
+    Closure,
+    PerWorkerValues,
+    RemoteValue,
+    RemoteValueStatus,
+)
 from stratax._src.parameter_server.inputs import dataset_source
 from stratax._src.parameter_server.inputs.iterator_registry import IteratorRegistry
-from stratax._src.parameter_server.program import Program
+from stratax._src.parameter_server.inputs.per_worker_dataset import (
+    PerWorkerDataset,
+    PerWorkerIterator,
+)
 from stratax._src.parameter_server.step_errors import StepCancelledError, StepError, step_error
-from stratax._src.parameter_server.transport import rpc, structure
+from stratax._src.parameter_server.transport import rpc
 
 logger = logging.getLogger(__name__)
-
-
-class RemoteValueStatus(enum.Enum):
-    """State of a scheduled closure's result.
-
-    Transitions: ``PENDING`` -> ``SUCCEEDED`` (the worker returned outputs) or ``FAILED``
-    (the step raised, no worker came back within ``timeout_seconds`` after all were lost, or
-    another closure failed first: ``StepCancelledError``, queued and running closures alike);
-    ``PENDING`` stays ``PENDING`` when a dead worker's closure is re-queued. ``SUCCEEDED`` and
-    ``FAILED`` are final: a cancelled closure that finishes later changes nothing.
-    """
-
-    PENDING = "pending"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-
-
-class RemoteValue:
-    """The result of ``ClusterCoordinator.schedule``: ``fetch()`` waits and returns numpy
-    values."""
-
-    def __init__(self) -> None:
-        self._done = threading.Event()
-        self._value: Any = None
-        self._error: BaseException | None = None
-        self.status = RemoteValueStatus.PENDING
-
-    def _set(self, value: Any = None, error: BaseException | None = None) -> None:
-        self._value, self._error = value, error
-        self.status = RemoteValueStatus.FAILED if error else RemoteValueStatus.SUCCEEDED
-        self._done.set()
-
-    def fetch(self, timeout: float | None = None) -> Any:
-        """Waits for the closure (at most ``timeout`` s) and returns its outputs.
-
-        Raises:
-          TimeoutError: Not done within ``timeout``.
-          StepError: The closure failed (the message names the worker); also the step's own
-            builtin exception type (e.g. ``ValueError``) when it raised one.
-          StepCancelledError: Another closure failed first (TensorFlow's ``CancelledError``).
-        """
-        if not self._done.wait(timeout):
-            raise TimeoutError(f"Scheduled function not done after {timeout} s.")
-        if self._error is not None:
-            raise self._error
-        return self._value
-
-    def get(self, timeout: float | None = None) -> Any:
-        """Same as ``fetch`` (TensorFlow's ``RemoteValue.get``)."""
-        return self.fetch(timeout)
-
-
-class PerWorkerValues:
-    """One value per worker (TensorFlow's ``PerWorkerValues``)."""
-
-    def __init__(self, values: Sequence[Any]) -> None:
-        self._values = tuple(values)
-
-    def __iter__(self) -> Iterator[Any]:
-        return iter(self._values)
-
-    def __len__(self) -> int:
-        return len(self._values)
-
-
-class _LeafRef:
-    """Placeholder for one leaf of a batch inside a closure being recorded."""
-
-    def __init__(self, batch: int, leaf: int, spec: jax.ShapeDtypeStruct) -> None:
-        self.batch, self.leaf, self.spec = batch, leaf, spec
-
-    def __repr__(self) -> str:
-        return f"<batch {self.batch} leaf {self.leaf} {self.spec.shape} {self.spec.dtype}>"
-
-
-class _Output:
-    """Placeholder for one output leaf of one recorded run, with the ``strategy.reduce`` to
-    apply over the workers' values (synchronous mode) and along ``axis``."""
-
-    def __init__(self, run: int, leaf: int, op: ReduceOp | None = None,
-                 axis: int | None = None) -> None:
-        self.run, self.leaf, self.op, self.axis = run, leaf, op, axis
-
-    def resolve(self, per_worker: list[list[list[np.ndarray]]]) -> Any:
-        """The value from each worker's outputs (``per_worker[w][run][leaf]``)."""
-        values = [np.array(outputs[self.run][self.leaf]) for outputs in per_worker]
-        if self.op is None:
-            return values[0] if len(values) == 1 else PerWorkerValues(values)
-        if self.axis is not None:
-            count = sum(v.shape[self.axis] for v in values)
-            combine = {ReduceOp.SUM: np.sum, ReduceOp.MEAN: np.sum, ReduceOp.MAX: np.max,
-                       ReduceOp.MIN: np.min}[self.op]
-            values = [combine(v, axis=self.axis) for v in values]
-            if self.op is ReduceOp.MEAN:
-                return np.sum(values, axis=0) / count
-        stacked = np.stack(values)
-        return {ReduceOp.SUM: np.sum, ReduceOp.MEAN: np.mean, ReduceOp.MAX: np.max,
-                ReduceOp.MIN: np.min}[self.op](stacked, axis=0)
-
-
-def reduce_outputs(op: Any, value: Any, axis: int | None) -> Any:
-    """``strategy.reduce`` inside a scheduled function: marks ``run`` outputs to be reduced
-    over the workers (synchronous mode) and along ``axis``."""
-    reduce_op = ReduceOp.from_string(op)
-    return jax.tree_util.tree_map(
-        lambda x: _Output(x.run, x.leaf, reduce_op, axis) if isinstance(x, _Output) else x,
-        value, is_leaf=lambda x: isinstance(x, _Output))
-
-
-class _Recording(threading.local):
-    def __init__(self) -> None:
-        self.closure: _Closure | None = None
-
-
-_recording = _Recording()
-
-
-def is_recording() -> bool:
-    """Whether a function given to ``schedule`` is being recorded on this thread."""
-    return _recording.closure is not None
-
-
-def recording() -> _Closure:
-    """The closure being recorded; raises if not inside ``schedule``."""
-    if _recording.closure is None:
-        raise RuntimeError(
-            "ParameterServerStrategy.run is called inside a function given to "
-            "`coordinator.schedule(fn, args=...)`; call it there."
-        )
-    return _recording.closure
-
-
-class _Closure:
-    def __init__(self, ident: int) -> None:
-        self.ident = ident
-        self.iterators: list[PerWorkerIterator] = []  # the iterator of each batch, in order
-        self.batches = 0
-        self.runs: list[dict[str, Any]] = []
-        self.programs: list[Program] = []
-        self.result_tree: Any = None
-        self.remote = RemoteValue()
-        self.parts: dict[int, list[list[np.ndarray]]] = {}  # worker index -> outputs per run
-        self.pinned = False  # synchronous mode: one part per worker, each on its own worker
-        self.after: str | None = None  # synchronous mode: the previous closure's last step
-        self.data: Any = None  # an ArrayData whose batches this closure names by rows
-        self.rows: list[np.ndarray] = []
-
-    def resolve(self, num_parts: int) -> None:
-        """Sets the RemoteValue once every part's outputs arrived; nothing when it is already
-        final (cancelled while running)."""
-        if len(self.parts) < num_parts or self.remote.status is not RemoteValueStatus.PENDING:
-            return
-        per_worker = [self.parts[w] for w in sorted(self.parts)]
-        self.remote._set(jax.tree_util.tree_map(
-            lambda x: x.resolve(per_worker) if isinstance(x, _Output) else x,
-            self.result_tree, is_leaf=lambda x: isinstance(x, _Output)))
-
-    def add_run(self, program: Program, refs: Sequence[_LeafRef]) -> Any:
-        index = len(self.runs)
-        self.runs.append({"program": program.key, "args": [[r.batch, r.leaf] for r in refs]})
-        self.programs.append(program)
-        return jax.tree_util.tree_unflatten(
-            program.out_treedef, [_Output(index, i) for i in range(program.out_treedef.num_leaves)])
-
-
-MIXED_SOURCES = ("A scheduled function reads per-worker iterators or one ArrayData, not both; "
-                 "schedule them in separate functions.")
-
-
-class PerWorkerIterator:
-    """An iterator per worker over its own ``dataset_fn`` batches (built on the workers).
-
-    A scheduled function may read several (each ``next`` is one more batch of that one). When
-    it is garbage collected, ``release`` is called with its name: the workers drop it.
-    """
-
-    def __init__(self, name: str, tree: Any, specs: list[jax.ShapeDtypeStruct],
-                 release: Callable[[str], None] | None = None) -> None:
-        self.name, self._tree, self._specs = name, tree, specs
-        if release is not None:
-            weakref.finalize(self, release, name).atexit = False
-
-    def __iter__(self) -> PerWorkerIterator:
-        return self
-
-    @property
-    def element_spec(self) -> Any:
-        """One batch's structure with ``jax.ShapeDtypeStruct`` leaves (TF's ``element_spec``)."""
-        return structure.build(self._tree, self._specs)
-
-    def __next__(self) -> Any:
-        closure = recording()
-        if closure.data is not None:
-            raise ValueError(MIXED_SOURCES)
-        closure.iterators.append(self)
-        batch = closure.batches
-        closure.batches += 1
-        return structure.build(self._tree,
-                               [_LeafRef(batch, i, s) for i, s in enumerate(self._specs)])
-
-
-class PerWorkerDataset:
-    """What ``create_per_worker_dataset`` returns; ``iter()`` builds an iterator on every worker.
-
-    ``build()`` builds the dataset once on each live worker and reads the structure of its
-    batches (``element_spec``) without keeping an iterator there.
-    """
-
-    def __init__(self, coordinator: ClusterCoordinator, source: dataset_source.Source) -> None:
-        self._coordinator, self._source = coordinator, source
-        self._spec: tuple[Any, list[jax.ShapeDtypeStruct]] | None = None
-
-    def build(self) -> None:
-        """Builds the dataset on the live workers and checks they yield one batch structure.
-
-        Raises:
-          ValueError: the workers' batches differ in structure, shape or dtype.
-          WorkerUnavailableError: no worker answered.
-        """
-        if self._spec is None:
-            self._spec = self._coordinator._dataset_spec(self._source)
-
-    @property
-    def element_spec(self) -> Any:
-        """One batch's structure with ``jax.ShapeDtypeStruct`` leaves (TF's ``element_spec``);
-        builds the dataset first if needed."""
-        self.build()
-        tree, specs = self._spec
-        return structure.build(tree, specs)
-
-    def __iter__(self) -> PerWorkerIterator:
-        return self._coordinator._make_iterator(self._source)
 
 
 class _Worker:
@@ -357,14 +131,14 @@ class ClusterCoordinator:
         self._workers = [_Worker(i, c) for i, c in enumerate(strategy._worker_clients)]
         self._sync = getattr(strategy, "synchronous", getattr(strategy, "mode", "") == "sync")
         self._residency = getattr(strategy, "_residency", None)  # hybrid mode's replicas
-        self._queue: collections.deque[_Closure] = collections.deque()
+        self._queue: collections.deque[Closure] = collections.deque()
         # Synchronous mode: each closure is queued once per worker, for that worker.
-        self._pinned: dict[int, collections.deque[_Closure]] = {
+        self._pinned: dict[int, collections.deque[Closure]] = {
             w.index: collections.deque() for w in self._workers}
         self._last_step: str | None = None
         self._iterators = IteratorRegistry(self._workers)  # the live per-worker iterators
         self._inflight = 0
-        self._running: dict[int, _Closure] = {}  # worker index -> the closure it runs
+        self._running: dict[int, Closure] = {}  # worker index -> the closure it runs
         self._error: BaseException | None = None
         self._cond = threading.Condition()
         self._ids = itertools.count()
@@ -396,13 +170,8 @@ class ClusterCoordinator:
         with self._cond:
             self._raise_error_once()
         recovery.raise_if_no_worker_came_back(self)
-        closure = _Closure(next(self._ids))
-        _recording.closure = closure
-        try:
-            result = fn(*args, **(kwargs or {}))
-        finally:
-            _recording.closure = None
-        closure.result_tree = result
+        with closures.recording_into(Closure(next(self._ids))) as closure:
+            closure.result_tree = fn(*args, **(kwargs or {}))
         with self._cond:
             if self._sync:
                 closure.pinned = True
@@ -539,7 +308,7 @@ class ClusterCoordinator:
         """Whether every step runs on every worker (sync or hybrid mode)."""
         return self._sync
 
-    def run_share_again(self, worker: _Worker, closure: _Closure) -> bool:
+    def run_share_again(self, worker: _Worker, closure: Closure) -> bool:
         """Puts ``worker``'s failed share of a synchronous step back at the head of its
         queue, unless the step is already final; returns whether it did."""
         with self._cond:
@@ -759,7 +528,7 @@ class ClusterCoordinator:
             return True
         return False
 
-    def _fail(self, closure: _Closure, error: BaseException) -> None:
+    def _fail(self, closure: Closure, error: BaseException) -> None:
         """Fails ``closure`` with ``error`` (lock held), to be raised once by ``join``,
         ``done`` or ``schedule``, and cancels the closures other workers are running, as
         TensorFlow does. A closure already final (cancelled while it ran) reports nothing."""
@@ -774,7 +543,7 @@ class ClusterCoordinator:
                     f"Cancelled while running on worker {index} after closure {closure.ident} "
                     f"failed: {error}"))
 
-    def _run(self, worker: _Worker, closure: _Closure) -> None:
+    def _run(self, worker: _Worker, closure: Closure) -> None:
         if worker.restarted or not worker.alive:
             why = ("was restarted (a new process)" if worker.restarted else
                    "did not answer when a per-worker dataset was created")
@@ -822,7 +591,7 @@ class ClusterCoordinator:
             closure.resolve(sync)
 
 
-    def _call_run(self, worker: _Worker, closure: _Closure, meta: dict[str, Any]) -> Any:
+    def _call_run(self, worker: _Worker, closure: Closure, meta: dict[str, Any]) -> Any:
         """The worker's ``run`` call (deadline ``step_timeout_seconds``). Asynchronous mode:
         if the worker stops answering the chief's heartbeat for ``timeout_seconds`` meanwhile
         (hung, SIGSTOPped, its host unreachable), raises ``WorkerUnavailableError`` so the

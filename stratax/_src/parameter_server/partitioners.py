@@ -12,7 +12,7 @@ import abc
 import dataclasses
 import inspect
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -181,3 +181,35 @@ def takes_shard_info(initializer: Any) -> bool:
         return "shard_info" in inspect.signature(initializer).parameters
     except (TypeError, ValueError):
         return False
+
+
+def build_shard(initializer: Callable[..., Any], name: str, start: int, rows: int,
+                shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """One shard built by a partition-aware initializer, checked against its shape."""
+    info = ShardInfo(shape=(rows, *shape[1:]), offset=(start, *(0,) * (len(shape) - 1)))
+    part = np.asarray(initializer(shard_info=info), dtype=dtype)
+    if part.shape != info.shape:
+        raise ValueError(f"The initializer of {name!r} returned shape {part.shape} for "
+                         f"{info}; it must return an array of shard_info.shape.")
+    return part
+
+
+def partition_count(partitioner: Callable[..., Any], name: str, shape: tuple[int, ...],
+                    dtype: np.dtype) -> int:
+    """Shards along axis 0 that the partitioner asks for a variable of ``shape``, checked as
+    TensorFlow checks it; more shards than rows are capped at the rows (as TensorFlow does).
+
+    Raises:
+        ValueError: the result is not one positive int per dimension with 1 past axis 0.
+    """
+    result = partitioner(shape, dtype)
+    parts = list(result) if isinstance(result, (list, tuple, np.ndarray)) else None
+    if (parts is None or len(parts) != len(shape)
+            or not all(isinstance(p, (int, np.integer)) and not isinstance(p, bool)
+                       for p in parts)
+            or parts[0] < 1 or any(p != 1 for p in parts[1:])):
+        raise ValueError(
+            f"variable_partitioner must return a list of {len(shape)} ints, the number of "
+            f"shards along axis 0 (>= 1) and 1 for every other axis; for {name!r} of shape "
+            f"{shape} it returned {result!r}. Partition along the first axis only.")
+    return min(int(parts[0]), shape[0])

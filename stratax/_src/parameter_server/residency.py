@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from stratax._src.core.config import config
 from stratax._src.parameter_server import checkpoint
 from stratax._src.parameter_server.program import Program
 from stratax._src.parameter_server.variables import PSVariable
@@ -119,3 +120,37 @@ class Residency:
         """The end of a training call (``coordinator.join()``): flush, then drop."""
         self.flush(workers)
         self.drop(workers)
+
+
+def hybrid_settings(mode: str, dense_variables: str | None,
+                    max_staleness: int | None) -> dict[str, Any] | None:
+    """The workers' hybrid-mode settings (``None``: every variable on the ps), from the
+    arguments, else the ``sx.config`` options."""
+    if dense_variables is None:
+        dense_variables = config.ps_dense_variables
+    if dense_variables not in ("ps", "workers"):
+        raise ValueError(f"dense_variables={dense_variables!r}: use 'ps' (every variable on the "
+                         "parameter servers) or 'workers' (hybrid mode).")
+    if max_staleness is not None and (dense_variables != "workers" or mode != "async"):
+        raise ValueError(
+            f"max_staleness={max_staleness!r} bounds the asynchronous table updates of hybrid "
+            f"mode; it needs dense_variables='workers' and mode='async', got "
+            f"dense_variables={dense_variables!r}, mode={mode!r}.")
+    if dense_variables == "ps":
+        return None
+    staleness = config.ps_max_staleness if max_staleness is None else max_staleness
+    if isinstance(staleness, bool) or not isinstance(staleness, int) or staleness < 0:
+        raise ValueError(f"max_staleness must be an integer >= 0, got {staleness!r}.")
+    return {"tables": mode, "max_staleness": staleness if mode == "async" else 0}
+
+
+def require_tables(built: Program) -> None:
+    """Hybrid mode is for models with tables read row-sparse: refuses a training step that
+    reads none."""
+    if built.meta["pushes"] and not built.meta["sparse"]:
+        raise ValueError(
+            "ParameterServerStrategy(dense_variables='workers') keeps the embedding tables read "
+            "row-sparse on the parameter servers and replicates the rest, but this training "
+            f"step reads no table by rows (it trains {len(built.meta['pushes'])} variables read "
+            "whole). For a model without keras.layers.Embedding tables, use "
+            "MultiWorkerMirroredStrategy (every variable replicated) or dense_variables='ps'.")

@@ -22,20 +22,20 @@ import numpy as np
 
 from stratax._src.cluster.cluster_spec import ClusterSpec
 from stratax._src.cluster.resolver import ClusterResolver
-from stratax._src.core.config import config
 from stratax._src.core.context import replica_context_scope
 from stratax._src.data.input_context import InputContext
-from stratax._src.parameter_server import checkpoint, functions, program, shared_session
+from stratax._src.parameter_server import checkpoint, closures, functions, program, shared_session
 from stratax._src.parameter_server import coordinator as coord
 from stratax._src.parameter_server.inputs import dataset_source
 from stratax._src.parameter_server.partitioners import (
-    ShardInfo,
+    build_shard,
+    partition_count,
     shard_offsets,
     shard_sizes,
     takes_shard_info,
 )
 from stratax._src.parameter_server.per_worker_variables import PerWorkerVariable
-from stratax._src.parameter_server.residency import Residency
+from stratax._src.parameter_server.residency import Residency, hybrid_settings, require_tables
 from stratax._src.parameter_server.tasks import cluster_check, compute_threads
 from stratax._src.parameter_server.tasks.optimizers import DEFAULT_SPARSE_UPDATES
 from stratax._src.parameter_server.tasks.server import SERVED_JOBS, Server
@@ -47,7 +47,9 @@ from stratax._src.parameter_server.variables import (
     ShardedVariable,
     aggregation_name,
     describe_table,
+    initial_array,
 )
+from stratax._src.parameter_server.worker_context import WorkerReplicaContext
 from stratax._src.strategies.base import Strategy
 from stratax._src.strategies.replica_context import ReplicaContext
 
@@ -103,7 +105,7 @@ class ParameterServerStrategy(Strategy):
         if mode not in MODES:
             raise ValueError(f"mode={mode!r} is not a ParameterServerStrategy mode; use one of "
                              f"{MODES}.")
-        self.hybrid = _hybrid_settings(mode, dense_variables, max_staleness)
+        self.hybrid = hybrid_settings(mode, dense_variables, max_staleness)
         if cluster_resolver is None:
             from stratax._src.cluster.tfconfig import TFConfigClusterResolver
 
@@ -248,15 +250,15 @@ class ParameterServerStrategy(Strategy):
         the identity); variables it reads are pulled from the parameter servers then.
         """
         del options  # Accepted for TensorFlow compatibility (``RunOptions``).
-        if not coord.is_recording():
+        if not closures.is_recording():
             self._warn_outside_schedule("run")
             with replica_context_scope(ReplicaContext(self, traced=False)):
                 return fn(*args, **(kwargs or {}))
-        closure = coord.recording()
+        closure = closures.recording()
         call_args = (tuple(args), dict(kwargs or {}))
         leaves, treedef = jax.tree_util.tree_flatten(call_args)
         for leaf in leaves:
-            if not isinstance(leaf, coord._LeafRef):
+            if not isinstance(leaf, closures.LeafRef):
                 raise TypeError(
                     f"strategy.run arguments must come from next(per_worker_iterator), got "
                     f"{type(leaf).__name__}; close over constants in the function instead."
@@ -267,14 +269,14 @@ class ParameterServerStrategy(Strategy):
         if built is None:
             def positional(packed: Any) -> Any:
                 a, kw = packed
-                with replica_context_scope(_WorkerReplicaContext(self)):
+                with replica_context_scope(WorkerReplicaContext(self)):
                     return fn(*a, **kw)
 
             built = program.build_program(f"{self._namespace}p{len(self._programs)}",
                                           positional, specs,
                                           jax.tree_util.tree_structure((call_args,)))
             if self._residency is not None:
-                _require_tables(built)
+                require_tables(built)
                 self._residency.track(built)
             self._set_optimizers(built)
             self._programs[key] = built
@@ -288,10 +290,10 @@ class ParameterServerStrategy(Strategy):
         Outside ``schedule``: logs a warning once (as TensorFlow) and reduces ``value``, a
         result of ``run`` on the chief (one replica), as ``sx.Strategy.reduce`` does.
         """
-        if not coord.is_recording():
+        if not closures.is_recording():
             self._warn_outside_schedule("reduce")
             return super().reduce(reduce_op, value, axis)
-        return coord.reduce_outputs(reduce_op, value, axis)
+        return closures.reduce_outputs(reduce_op, value, axis)
 
     def _warn_outside_schedule(self, method: str) -> None:
         if method not in self._warned:
@@ -456,7 +458,7 @@ class ParameterServerStrategy(Strategy):
                     f"create_variable({name!r}, per_worker=True) got an initializer taking "
                     "shard_info; a per-worker variable is not partitioned: pass its value or "
                     "a callable without arguments.")
-            value = self._initial_array(initial_value, name, dtype, shape)
+            value = initial_array(initial_value, name, dtype, shape)
             name = self._unique_name(name or "Variable")
             return PerWorkerVariable(
                 name, f"{self._namespace}{name}", value,
@@ -469,7 +471,7 @@ class ParameterServerStrategy(Strategy):
             value = None
             full_shape, full_dtype = tuple(int(d) for d in shape), np.dtype(dtype or "float32")
         else:
-            value = self._initial_array(initial_value, name, dtype, shape)
+            value = initial_array(initial_value, name, dtype, shape)
             full_shape, full_dtype = value.shape, value.dtype
         name = self._unique_name(name or "Variable")
         shards = [full_shape[0]] if full_shape else [1]
@@ -477,7 +479,7 @@ class ParameterServerStrategy(Strategy):
         if (self._partitioner is not None and colocated is None and len(full_shape) >= 1
                 and full_shape[0] > 1):
             shards = shard_sizes(full_shape[0],
-                                 self._partition_count(name, full_shape, full_dtype))
+                                 partition_count(self._partitioner, name, full_shape, full_dtype))
         row_bytes = full_dtype.itemsize * int(np.prod(full_shape[1:], dtype=np.int64))
         placements = []
         for i, (start, rows) in enumerate(zip(shard_offsets(shards), shards, strict=False)):
@@ -492,56 +494,10 @@ class ParameterServerStrategy(Strategy):
         if value is not None:
             self._write("create", placements, value)
         for p in placements if per_shard else ():
-            self._write("create", [p], self._shard_value(initial_value, name, p, full_shape,
-                                                         full_dtype))
+            self._write("create", [p], build_shard(initial_value, name, p.start, p.rows,
+                                                      full_shape, full_dtype))
         self._variables.append(var)
         return var
-
-    @staticmethod
-    def _initial_array(initial_value: Any, name: str | None, dtype: Any,
-                       shape: Sequence[int] | None) -> np.ndarray:
-        """``initial_value`` (called first if callable) as an array of ``dtype`` (float32 for
-        Python floats), checked against ``shape``."""
-        if callable(initial_value):
-            initial_value = initial_value()
-        value = np.asarray(initial_value, dtype=dtype)  # no copy: tables may be large
-        if value.dtype == np.float64 and dtype is None:
-            value = value.astype(np.float32)
-        if shape is not None and tuple(shape) != value.shape:
-            raise ValueError(f"create_variable({name!r}): shape={tuple(shape)} but the "
-                             f"initial value has shape {value.shape}.")
-        return value
-
-    @staticmethod
-    def _shard_value(initializer: Callable[..., Any], name: str, placement: Placement,
-                     shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-        """One shard built by a partition-aware initializer, checked against its shape."""
-        info = ShardInfo(shape=(placement.rows, *shape[1:]),
-                         offset=(placement.start, *(0,) * (len(shape) - 1)))
-        part = np.asarray(initializer(shard_info=info), dtype=dtype)
-        if part.shape != info.shape:
-            raise ValueError(f"The initializer of {name!r} returned shape {part.shape} for "
-                             f"{info}; it must return an array of shard_info.shape.")
-        return part
-
-    def _partition_count(self, name: str, shape: tuple[int, ...], dtype: np.dtype) -> int:
-        """Shards along axis 0 that the partitioner asks for a variable of ``shape``, checked as
-        TensorFlow checks it; more shards than rows are capped at the rows (as TensorFlow does).
-
-        Raises:
-            ValueError: the result is not one positive int per dimension with 1 past axis 0.
-        """
-        result = self._partitioner(shape, dtype)
-        parts = list(result) if isinstance(result, (list, tuple, np.ndarray)) else None
-        if (parts is None or len(parts) != len(shape)
-                or not all(isinstance(p, (int, np.integer)) and not isinstance(p, bool)
-                           for p in parts)
-                or parts[0] < 1 or any(p != 1 for p in parts[1:])):
-            raise ValueError(
-                f"variable_partitioner must return a list of {len(shape)} ints, the number of "
-                f"shards along axis 0 (>= 1) and 1 for every other axis; for {name!r} of shape "
-                f"{shape} it returned {result!r}. Partition along the first axis only.")
-        return min(int(parts[0]), shape[0])
 
     def describe_variables(self) -> str:
         """A table: each variable's shards, the ps holding them (with address) and bytes."""
@@ -648,40 +604,6 @@ class ParameterServerStrategy(Strategy):
         self._ps.close()
 
 
-def _hybrid_settings(mode: str, dense_variables: str | None,
-                     max_staleness: int | None) -> dict[str, Any] | None:
-    """The workers' hybrid-mode settings (``None``: every variable on the ps), from the
-    arguments, else the ``sx.config`` options."""
-    if dense_variables is None:
-        dense_variables = config.ps_dense_variables
-    if dense_variables not in ("ps", "workers"):
-        raise ValueError(f"dense_variables={dense_variables!r}: use 'ps' (every variable on the "
-                         "parameter servers) or 'workers' (hybrid mode).")
-    if max_staleness is not None and (dense_variables != "workers" or mode != "async"):
-        raise ValueError(
-            f"max_staleness={max_staleness!r} bounds the asynchronous table updates of hybrid "
-            f"mode; it needs dense_variables='workers' and mode='async', got "
-            f"dense_variables={dense_variables!r}, mode={mode!r}.")
-    if dense_variables == "ps":
-        return None
-    staleness = config.ps_max_staleness if max_staleness is None else max_staleness
-    if isinstance(staleness, bool) or not isinstance(staleness, int) or staleness < 0:
-        raise ValueError(f"max_staleness must be an integer >= 0, got {staleness!r}.")
-    return {"tables": mode, "max_staleness": staleness if mode == "async" else 0}
-
-
-def _require_tables(built: program.Program) -> None:
-    """Hybrid mode is for models with tables read row-sparse: refuses a training step that
-    reads none."""
-    if built.meta["pushes"] and not built.meta["sparse"]:
-        raise ValueError(
-            "ParameterServerStrategy(dense_variables='workers') keeps the embedding tables read "
-            "row-sparse on the parameter servers and replicates the rest, but this training "
-            f"step reads no table by rows (it trains {len(built.meta['pushes'])} variables read "
-            "whole). For a model without keras.layers.Embedding tables, use "
-            "MultiWorkerMirroredStrategy (every variable replicated) or dense_variables='ps'.")
-
-
 def _function_key(fn: Callable[..., Any]) -> Any:
     """Identity of a replica function for the program cache: its code and what it closes over
     (a nested function re-created per call maps to the same programs)."""
@@ -691,37 +613,3 @@ def _function_key(fn: Callable[..., Any]) -> Any:
     cells = tuple(id(c.cell_contents) for c in (fn.__closure__ or ()))
     defaults = tuple(id(d) for d in (fn.__defaults__ or ()))
     return (code, cells, defaults, inspect.ismethod(fn) and id(fn.__self__))
-
-
-class _WorkerReplicaContext(ReplicaContext):
-    """The replica context inside ``run`` of a parameter-server step: one worker's step.
-
-    Asynchronous mode: one replica (id 0), whose collectives are the value itself, as in
-    TensorFlow's ``ParameterServerStrategy``. Synchronous mode: a step per worker, combined by
-    the servers (they sum the workers' gradients), so ``num_replicas_in_sync`` counts the
-    workers; a collective across them inside the step is not available and says so.
-    """
-
-    def __init__(self, strategy: Any) -> None:
-        super().__init__(strategy, traced=False)
-
-    def _refuse_in_sync_mode(self, what: str) -> None:
-        if self.strategy.synchronous:
-            raise ValueError(
-                f"{what} inside a synchronous ParameterServerStrategy step is not available: "
-                "each worker's step runs alone and the parameter servers sum the workers' "
-                "gradients (strategy.apply_gradients); combine results with strategy.reduce "
-                "in the scheduled function instead.")
-
-    @property
-    def replica_id_in_sync_group(self) -> Any:
-        self._refuse_in_sync_mode("replica_id_in_sync_group")
-        return 0
-
-    def all_reduce(self, reduce_op: Any, value: Any) -> Any:
-        self._refuse_in_sync_mode("all_reduce")
-        return super().all_reduce(reduce_op, value)
-
-    def all_gather(self, value: Any, axis: int) -> Any:
-        self._refuse_in_sync_mode("all_gather")
-        return super().all_gather(value, axis)

@@ -230,6 +230,21 @@ class ShardedVariable(PSVariable):
         return len(self.variables)
 
 
+def initial_array(initial_value: Any, name: str | None, dtype: Any,
+                  shape: Sequence[int] | None) -> np.ndarray:
+    """``initial_value`` (called first if callable) as an array of ``dtype`` (float32 for
+    Python floats), checked against ``shape``."""
+    if callable(initial_value):
+        initial_value = initial_value()
+    value = np.asarray(initial_value, dtype=dtype)  # no copy: tables may be large
+    if value.dtype == np.float64 and dtype is None:
+        value = value.astype(np.float32)
+    if shape is not None and tuple(shape) != value.shape:
+        raise ValueError(f"create_variable({name!r}): shape={tuple(shape)} but the "
+                         f"initial value has shape {value.shape}.")
+    return value
+
+
 def _pulling(operator: Callable[..., Any], reflected: bool = False) -> Callable[..., Any]:
     def method(self: PSVariable, *other: Any) -> Any:
         operands = (*other, self.numpy()) if reflected else (self.numpy(), *other)

@@ -20,7 +20,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from stratax._src.parameter_server import coordinator as coord
+from stratax._src.parameter_server.closures import LeafRef, recording
+from stratax._src.parameter_server.inputs.per_worker_dataset import MIXED_SOURCES
 from stratax._src.parameter_server.transport import structure
 
 _names = itertools.count()
@@ -56,9 +57,9 @@ class ArrayData:
         """Inside a scheduled function: placeholders for the batch ``arrays[rows]`` (the worker
         cuts it). A closure reads one ArrayData (and no iterator); each call is one more
         batch."""
-        closure = coord.recording()
+        closure = recording()
         if closure.iterators or (closure.data is not None and closure.data is not self):
-            raise ValueError(coord.MIXED_SOURCES)
+            raise ValueError(MIXED_SOURCES)
         rows = np.asarray(rows)
         if rows.ndim != 1 or rows.dtype.kind not in "iu" or not rows.size:
             raise ValueError(f"Batch rows must be a non-empty 1-D integer array, got {rows!r}.")
@@ -75,7 +76,7 @@ class ArrayData:
         index = closure.batches
         closure.batches += 1
         share = rows.size // self.shares
-        refs = [coord._LeafRef(index, i, jax.ShapeDtypeStruct((share, *leaf.shape[1:]),
+        refs = [LeafRef(index, i, jax.ShapeDtypeStruct((share, *leaf.shape[1:]),
                                                                leaf.dtype))
                 for i, leaf in enumerate(self.leaves)]
         return structure.build(self.structure, refs)
