@@ -82,6 +82,20 @@ def test_precedence_explicit_then_update_then_environment_then_default(monkeypat
     assert options.depth == 3
 
 
+def test_origin_names_where_the_value_comes_from(monkeypatch):
+    """What an error names as the user's setting follows the same order as the value."""
+    options = _registry()
+    monkeypatch.delenv("STRATAX_TEST_DEPTH", raising=False)
+    assert options.origin("depth") == "default"
+    monkeypatch.setenv("STRATAX_TEST_DEPTH", " ")
+    assert options.origin("depth") == "default"  # a blank variable is unset
+    monkeypatch.setenv("STRATAX_TEST_DEPTH", "3")
+    assert options.origin("depth") == "STRATAX_TEST_DEPTH"
+    options.update("depth", 4)
+    assert options.origin("depth") == "sx.config"
+    assert options.origin("depth", 5) == "argument"
+
+
 def test_the_real_registry_follows_the_same_order(monkeypatch, fresh):
     monkeypatch.setenv("STRATAX_CPU_COLLECTIVES", "shm")
     assert config.cpu_collectives == "shm"

@@ -139,6 +139,22 @@ def test_auto_falls_back_to_gloo_with_one_warning_line_and_shm_is_an_error(
     assert text.endswith("Fix that, or unset STRATAX_CPU_COLLECTIVES to fall back to gloo.")
 
 
+def test_shm_asked_for_by_the_argument_is_named_in_its_error(monkeypatch, one_process_setup):
+    """CommunicationOptions(implementation="shm") that cannot be had: the error names that
+    argument and its undo, not the environment variable the user never set."""
+    monkeypatch.delenv("STRATAX_CPU_COLLECTIVES", raising=False)
+    monkeypatch.setenv("STRATAX_EXTENSION_CACHE", "/proc/stratax-cache")
+    with pytest.raises(shm_build.ExtensionBuildError) as raised:
+        shm_collectives.setup(0, 1, 5.0, lambda p: f"worker {p}", required=True,
+                              chosen=cpu_collectives.setting("shm"))
+    text = str(raised.value)
+    assert text.startswith("CommunicationOptions(implementation='shm') cannot be used: worker 0 "
+                           "could not build the shared-memory all-reduce: "), text
+    assert text.endswith("Fix that, or pass CommunicationOptions(implementation='auto') to fall "
+                         "back to gloo."), text
+    assert "STRATAX_CPU_COLLECTIVES" not in text
+
+
 def test_a_lock_held_too_long_is_an_error_naming_the_holder(monkeypatch, tmp_path):
     monkeypatch.setenv("STRATAX_EXTENSION_CACHE", str(tmp_path))
     monkeypatch.setenv("CXX", "/bin/false")

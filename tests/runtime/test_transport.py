@@ -2,7 +2,8 @@
 
 import pytest
 
-from stratax._src.runtime import cpu_collectives, distributed
+from stratax._src.core.config import config
+from stratax._src.runtime import cpu_collectives, distributed, shm_collectives
 
 
 def test_auto_is_the_default_and_gloo_a_choice(monkeypatch):
@@ -27,6 +28,32 @@ def test_mpi_needs_mpitrampoline(monkeypatch):
         cpu_collectives.resolve()
     monkeypatch.setenv("MPITRAMPOLINE_LIB", "/opt/mpiwrapper/lib/libmpiwrapper.so")
     assert cpu_collectives.resolve() == "mpi"
+
+
+def test_errors_name_the_setting_that_chose_the_collectives(monkeypatch):
+    """CommunicationOptions(implementation=...), sx.config or the variable: an error about the
+    choice names the one the user wrote, and how to undo it."""
+    monkeypatch.delenv("STRATAX_CPU_COLLECTIVES", raising=False)
+    monkeypatch.delenv("MPITRAMPOLINE_LIB", raising=False)
+    assert cpu_collectives.setting("shm") == shm_collectives.Setting(
+        "CommunicationOptions(implementation='shm')",
+        "pass CommunicationOptions(implementation='auto')")
+    with pytest.raises(ValueError, match=r"^CommunicationOptions\(implementation='mpi'\) needs "
+                                         r"MPITRAMPOLINE_LIB.*pass CommunicationOptions\("
+                                         r"implementation='auto'\) for gloo\.$"):
+        cpu_collectives.resolve("mpi")
+    config.update("cpu_collectives", "shm")
+    try:
+        assert cpu_collectives.setting() == shm_collectives.Setting(
+            "sx.config cpu_collectives='shm'", "call sx.config.update('cpu_collectives', 'auto')")
+    finally:
+        config.reset("cpu_collectives")
+    monkeypatch.setenv("STRATAX_CPU_COLLECTIVES", "shm")
+    assert cpu_collectives.setting() == shm_collectives.Setting(
+        "STRATAX_CPU_COLLECTIVES=shm", "unset STRATAX_CPU_COLLECTIVES")
+    with pytest.raises(ValueError, match=r"^STRATAX_CPU_COLLECTIVES=mpi needs"):
+        monkeypatch.setenv("STRATAX_CPU_COLLECTIVES", "mpi")
+        cpu_collectives.resolve()
 
 
 def test_local_address_towards_loopback_is_loopback():

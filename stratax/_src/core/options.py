@@ -238,6 +238,18 @@ class Options:
             return value
         return option.kind.from_env(option.env, option.default if default is _UNSET else default)
 
+    def origin(self, name: str, explicit: Any = None) -> str:
+        """Where :meth:`get` takes option ``name``'s value from, as an error message may name
+        it: ``"argument"``, ``"sx.config"``, the environment variable's name, or
+        ``"default"``."""
+        option = self.option(name)
+        if explicit is not None:
+            return "argument"
+        with self._lock:
+            if name in self._values:
+                return "sx.config"
+        return option.env if os.environ.get(option.env, "").strip() else "default"
+
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_") or name not in self._options:
             raise AttributeError(f"stratax has no option {name!r}; the options are "

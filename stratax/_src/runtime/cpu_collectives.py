@@ -38,23 +38,42 @@ def resolve(explicit: str | None = None) -> str:
     """
     name = config.get("cpu_collectives", explicit)
     if name == "mpi" and not os.environ.get("MPITRAMPOLINE_LIB"):
+        chosen = setting(explicit)
         raise ValueError(
-            f"{env.STRATAX_CPU_COLLECTIVES}=mpi needs MPITRAMPOLINE_LIB set to an MPIwrapper "
-            "library (libmpiwrapper.so) built against your MPI; see docs/transport.md, or "
-            "set it to gloo.")
+            f"{chosen.asked} needs MPITRAMPOLINE_LIB set to an MPIwrapper library "
+            f"(libmpiwrapper.so) built against your MPI; see docs/transport.md, or "
+            f"{chosen.undo} for gloo.")
     return name
 
 
+def setting(explicit: str | None = None) -> shm_collectives.Setting:
+    """How the user chose the CPU collectives (``explicit``: ``CommunicationOptions``'
+    ``implementation``), in the words an error should use to name that choice and to undo it."""
+    name = config.get("cpu_collectives", explicit)
+    origin = config.origin("cpu_collectives", explicit)
+    if origin == "argument":
+        return shm_collectives.Setting(
+            f"CommunicationOptions(implementation={name!r})",
+            "pass CommunicationOptions(implementation='auto')")
+    if origin == "sx.config":
+        return shm_collectives.Setting(
+            f"sx.config cpu_collectives={name!r}",
+            "call sx.config.update('cpu_collectives', 'auto')")
+    return shm_collectives.Setting(f"{env.STRATAX_CPU_COLLECTIVES}={name}")
+
+
 def start(name: str, process_id: int, num_processes: int, timeout_seconds: float,
-          task_name: Callable[[int], str], gloo_priority: str) -> None:
+          task_name: Callable[[int], str], gloo_priority: str,
+          chosen: shm_collectives.Setting) -> None:
     """Starts collectives ``name`` once ``jax.distributed`` joined: JAX's backends with gloo's
     I/O thread at ``gloo_priority``, then, for ``shm`` and ``auto``, the shared-memory
-    all-reduce that every process agrees on (``shm_collectives.setup``)."""
+    all-reduce that every process agrees on (``shm_collectives.setup``); its errors name
+    ``chosen``, the setting that asked for ``shm`` (see :func:`setting`)."""
     if name != "mpi":
         gloo_io.start_backend(gloo_priority)
     if name in ("shm", "auto"):
         shm_collectives.setup(process_id, num_processes, timeout_seconds, task_name,
-                              required=name == "shm")
+                              required=name == "shm", chosen=chosen)
 
 
 def describe_peer_failure(text: str, task_name: Callable[[int], str]) -> str | None:

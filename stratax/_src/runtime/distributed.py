@@ -176,7 +176,8 @@ def initialize(layout: ProcessLayout, *, timeout_seconds: float, task_names: dic
     finally:
         watchdog.cancel()
     cpu_collectives.start(collectives, layout.process_id, layout.num_processes,
-                          timeout_seconds, task_name, gloo_priority)
+                          timeout_seconds, task_name, gloo_priority,
+                          cpu_collectives.setting(implementation))
     runtime.layout = layout
 
 

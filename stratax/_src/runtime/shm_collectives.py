@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import dataclasses
 import logging
 import os
 import secrets
@@ -35,6 +36,7 @@ import jax
 import numpy as np
 
 from stratax._src import seam
+from stratax._src.core import env
 from stratax._src.core.config import config
 from stratax._src.core.errors import CollectiveTimeoutError
 from stratax._src.runtime import host_groups, shm_build
@@ -61,6 +63,23 @@ SHARED_CORES_SPIN_US = 50.0
 # threads still get it.
 OWN_CORES_SPIN_US = 1e6
 _KEY = "stratax/shm"
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """The setting that asked for ``shm``, as the errors saying it cannot be had name it:
+    ``asked`` (e.g. ``CommunicationOptions(implementation='shm')``) and ``undo``, what to do
+    instead for gloo."""
+
+    asked: str = f"{env.STRATAX_CPU_COLLECTIVES}=shm"
+    undo: str = f"unset {env.STRATAX_CPU_COLLECTIVES}"
+
+    @property
+    def undo_sentence(self) -> str:
+        return self.undo[0].upper() + self.undo[1:]
+
+
+ENV_SETTING = Setting()
 
 
 class _State:
@@ -187,17 +206,18 @@ def _local_problem() -> str:
 
 
 def setup(process_id: int, num_processes: int, timeout_seconds: float,
-          task_name: Any = str, *, required: bool = True) -> bool:
+          task_name: Any = str, *, required: bool = True, chosen: Setting = ENV_SETTING) -> bool:
     """Joins (a host's first process: creates) its host's shared segment; False for gloo.
 
     Every process reaches the same verdict. On one host the segment carries the all-reduce
     between all processes; on several hosts with the same number (>= 2) of processes each, the
     hierarchical all-reduce (:mod:`hier_collectives`) uses each host's segment and gloo between
-    the hosts. With ``required`` (``STRATAX_CPU_COLLECTIVES=shm``) a layout neither fits (one
-    process per host, unequal hosts), a process with several devices, a library that could not
-    be built or cached on some process, or a segment that cannot be created, is an error on all
-    of them. Without it (``auto``) they mean gloo everywhere: logged once at INFO, except a
-    failed build (no compiler, an unwritable cache), which the user can fix: one warning line.
+    the hosts. With ``required`` (``shm`` asked for, by the setting ``chosen``, which the errors
+    name) a layout neither fits (one process per host, unequal hosts), a process with several
+    devices, a library that could not be built or cached on some process, or a segment that
+    cannot be created, is an error on all of them. Without it (``auto``) they mean gloo
+    everywhere: logged once at INFO, except a failed build (no compiler, an unwritable cache),
+    which the user can fix: one warning line.
 
     Raises:
         ValueError: ``required`` and the layout fits no shared-memory all-reduce or a process
@@ -248,33 +268,33 @@ def setup(process_id: int, num_processes: int, timeout_seconds: float,
             _get(client, f"{_KEY}/read/{p}", timeout_ms, task_name(p))
     if layout:
         if required:
-            raise ValueError(f"STRATAX_CPU_COLLECTIVES=shm cannot be used: {layout}. Unset "
-                             "STRATAX_CPU_COLLECTIVES (gloo) for this job.")
+            raise ValueError(f"{chosen.asked} cannot be used: {layout}. "
+                             f"{chosen.undo_sentence} (gloo) for this job.")
         return _use_gloo(layout)
     for p, text in verdicts.items():
         if text.startswith("error:"):
             if required:
                 raise ValueError(
-                    f"STRATAX_CPU_COLLECTIVES=shm cannot be used: {task_name(p)} {text[6:]}. "
-                    "Unset STRATAX_CPU_COLLECTIVES (gloo) for this job.")
+                    f"{chosen.asked} cannot be used: {task_name(p)} {text[6:]}. "
+                    f"{chosen.undo_sentence} (gloo) for this job.")
             return _use_gloo(f"{task_name(p)} {text[6:]}")
     for p, text in verdicts.items():
         if text.startswith("nobuild:"):
             if required:
                 raise shm_build.ExtensionBuildError(
-                    f"STRATAX_CPU_COLLECTIVES=shm cannot be used: {task_name(p)} could not "
-                    f"build the shared-memory all-reduce: {text[8:]}\nFix that, or unset "
-                    "STRATAX_CPU_COLLECTIVES to fall back to gloo.")
+                    f"{chosen.asked} cannot be used: {task_name(p)} could not build the "
+                    f"shared-memory all-reduce: {text[8:]}\nFix that, or {chosen.undo} to fall "
+                    "back to gloo.")
             # A warning, in one line: the user expected the faster transport and can fix this.
             logger.warning("CPU collectives: gloo (auto: %s could not build the shared-memory "
                            "all-reduce: %s; STRATAX_CPU_COLLECTIVES=shm shows the whole error, "
                            "=gloo silences this)", task_name(p), text[8:].splitlines()[0])
             return False
     problem = _join_segment(client, process_id, hosts, timeout_seconds, timeout_ms,
-                            task_name, spin_seconds(own_cores(affinities)))
+                            task_name, spin_seconds(own_cores(affinities)), chosen)
     if problem:
         if required:
-            raise RuntimeError(f"{problem}. Unset STRATAX_CPU_COLLECTIVES (gloo).")
+            raise RuntimeError(f"{problem}. {chosen.undo_sentence} (gloo).")
         return _use_gloo(problem)
     if state.hierarchical:
         logger.info("CPU collectives: hierarchical all-reduce for packed all-reduces: shared "
@@ -306,9 +326,10 @@ def _get(client: Any, key: str, timeout_ms: int, peer: str) -> str:
 
 
 def _join_segment(client: Any, process_id: int, hosts: host_groups.Hosts,
-                  timeout_seconds: float, timeout_ms: int, task_name: Any, spin: float) -> str:
+                  timeout_seconds: float, timeout_ms: int, task_name: Any, spin: float,
+                  chosen: Setting) -> str:
     """Maps its host's segment on every process; ``""``, or (on every process) why a host's
-    first process could not create its segment."""
+    first process could not create its segment (a failed mapping names ``chosen``'s undo)."""
     library = _load()
     slot = slot_bytes()
     error = ctypes.create_string_buffer(512)
@@ -341,8 +362,7 @@ def _join_segment(client: Any, process_id: int, hosts: host_groups.Hosts,
             if library.stratax_shm_attach(name, rank, world, slot, timeout_seconds, spin,
                                           error, 512) != 0:
                 raise RuntimeError(f"Mapping the shared-memory segment failed: "
-                                   f"{error.value.decode()}. Unset STRATAX_CPU_COLLECTIVES "
-                                   "(gloo).")
+                                   f"{error.value.decode()}. {chosen.undo_sentence} (gloo).")
     # Every host's outcome, so that all processes agree (a failed host means gloo everywhere).
     for h, first in enumerate(m[0] for m in hosts.members):
         outcome = _get(client, f"{_KEY}/name/{h}", timeout_ms, task_name(first))
