@@ -112,10 +112,8 @@ def place(value: Any, sharding: jax.sharding.Sharding) -> jax.Array:
     """``value`` placed with ``sharding``; an array that already is comes back as it is, and a
     traced one (inside ``jax.jit``) is constrained to it.
 
-    ``jax.device_put`` of an array already placed so is not free between processes: a
-    2-process ``strategy.run`` of the MLP's training state (14 arrays) spent ~1 ms in it per
-    call and ~1.4 ms more in the dispatch of the program that took the results (``benchmarks``
-    README, "strategy.run between processes").
+    ``jax.device_put`` of an array already placed so is not free between processes, nor is
+    the dispatch of the program that takes its result (docs/design/performance.md).
     """
     if isinstance(value, jax.core.Tracer):  # ``strategy.run`` inside the user's ``jax.jit``
         return jax.lax.with_sharding_constraint(value, sharding)

@@ -45,7 +45,7 @@ class DispatchWindow:
     With ``release`` > 1, a full window waits for its ``release`` oldest steps at once (steps
     finish in order, so waiting for the newest of them is enough): one wait per ``release``
     steps instead of one per step. Each wait puts the host thread to sleep and wakes it, which
-    on a core shared with the step costs ~0.2 ms per step (2 processes pinned one core each).
+    costs a core shared with the step (docs/design/performance.md has the figure).
     """
 
     def __init__(self, size: int, release: int = 1) -> None:

@@ -2,8 +2,8 @@
 
 XLA's CPU runtime turns an all-reduce of N tensors (even when its combiner has merged them into
 one tuple all-reduce) into N calls of the transport, one after the other; between processes
-each gloo call pays a full network round trip (0.2-5 ms on a loaded 2-core box, whatever the
-size; ``benchmarks/README.md``). Concatenating the tensors of one dtype into flat buffers of at
+each gloo call pays a full network round trip, whatever the size (docs/design/performance.md).
+Concatenating the tensors of one dtype into flat buffers of at
 most ``bytes_per_pack`` bytes, reducing those, and slicing the results back costs one copy in
 and one out (memcpy speed) and saves N - packs round trips. The sums are the same numbers in
 the same order, so results do not change.

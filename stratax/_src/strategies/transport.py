@@ -75,7 +75,7 @@ class SharedMemoryAllReduce(CrossDeviceOps):
 
     def prepare(self, jaxpr: Any) -> Any:
         """One shared-memory all-reduce (the usual step) need not be a JAX effect, whose Python
-        dispatch costs ~1-2.5 ms per call between processes pinned one core each."""
+        dispatch is slow between processes (docs/design/performance.md)."""
         return shm_collectives.unordered_if_alone(jaxpr)
 
     def __repr__(self) -> str:

@@ -4,10 +4,10 @@ among the worker tasks the cluster places on that host.
 XLA's CPU client gives every process an intra-op thread pool with one thread per core. When
 several worker tasks share a host (``stratax launch --workers 2 --ps 1`` on one machine), each
 worker's pool competes with the others' for the same cores, and a step split over threads that
-are not really free costs more CPU than the same step on one thread (measured on the 2-core
-benchmark box: the MLP step of ``benchmarks.ps`` 1.2-1.45 ms of CPU on one thread, 1.4-1.9 ms
-split over two). A worker therefore sizes its pool to ``cores // co-located workers`` (at
-least 1), before JAX creates its CPU client. One worker per host keeps XLA's default.
+are not really free costs more CPU than the same step on one thread (figures in
+docs/design/performance.md, "Numbers behind the code's choices"). A worker therefore sizes its
+pool to ``cores // co-located workers`` (at least 1), before JAX creates its CPU client. One
+worker per host keeps XLA's default.
 
 ``STRATAX_PS_WORKER_THREADS``: ``auto`` (default, the rule above), ``all`` (XLA's default) or
 a positive number of threads. An ``NPROC`` already in the environment (the variable XLA's CPU

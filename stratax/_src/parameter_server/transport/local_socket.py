@@ -1,10 +1,10 @@
 """Same-host transport: ``wire`` frames over a Unix domain socket, beside a server's gRPC port.
 
 Why: on one box the parameter servers, workers and chief share a few cores, and Python gRPC
-spends about 1-3 ms of CPU per call (client and server) on a 400 KB frame; a Unix socket moves
-the same frame with a few system calls. ``RpcClient`` uses this path when the server runs on
-the same host (learned over gRPC, see ``RpcServer``), gRPC otherwise; ``STRATAX_PS_TRANSPORT=grpc``
-turns it off.
+spends milliseconds of CPU per call (client and server) on a frame of a few hundred KB; a Unix
+socket moves the same frame with a few system calls (figures in docs/design/performance.md).
+``RpcClient`` uses this path when the server runs on the same host (learned over gRPC, see
+``RpcServer``), gRPC otherwise; ``STRATAX_PS_TRANSPORT=grpc`` turns it off.
 
 Protocol: a connection carries requests and replies in turn, each an 8-byte little-endian
 length followed by one wire frame (at most ``wire.MAX_FRAME_BYTES``). Unless

@@ -1,8 +1,8 @@
 """gRPC transport for parameter servers and workers: raw frames, deadlines, chunking, tokens.
 
 Every service exposes two raw-bytes methods: ``Call`` (unary, for frames up to ``CHUNK_BYTES``)
-and ``Stream`` (the same frame cut into ``CHUNK_BYTES`` chunks both ways, for large tensors:
-measured 0.8-0.97 GB/s streamed vs 0.46-0.66 GB/s unary on loopback). No protobuf, no pickle:
+and ``Stream`` (the same frame cut into ``CHUNK_BYTES`` chunks both ways, for large tensors,
+which stream faster than one unary message: docs/design/performance.md). No protobuf, no pickle:
 the bytes are ``wire`` frames, whose ``meta["method"]`` names the operation.
 
 Security (loopback is no trust boundary: any local user can reach a loopback port). A call is
@@ -54,7 +54,7 @@ _OPTIONS = [
     ("grpc.max_receive_message_length", _MAX_MESSAGE),
     ("grpc.so_reuseport", 0),
     # A 16 MiB HTTP/2 stream window: a megabyte message goes out without waiting for the
-    # peer's window updates (measured: -30% client CPU per 1.3 MB round trip on loopback).
+    # peer's window updates, which saves client CPU (docs/design/performance.md).
     ("grpc.http2.lookahead_bytes", 16 << 20),
 ]
 # Reconnect quickly to a restarted task (gRPC's default backoff grows to 2 minutes).
@@ -105,8 +105,8 @@ def keep_buffers_in_heap() -> bool:
     """Makes glibc serve allocations below 32 MiB from the heap and keep up to 128 MiB of
     freed memory, instead of mapping and unmapping every megabyte message buffer.
 
-    Each fresh mapping is paid in page faults on every call: measured here on a 1.3 MB
-    request and reply, 3.1 -> 1.05 ms of client CPU and 11 -> 4 ms per call. Called by the
+    Each fresh mapping is paid in page faults on every call, a large part of a megabyte
+    call's cost (docs/design/performance.md). Called by the
     ``ps`` and ``worker`` task servers (processes stratax owns), not by the chief. Returns
     False where the C library has no ``mallopt`` (not glibc).
     """
