@@ -194,7 +194,7 @@ def _per_step_cost(reps: int, steps: int = 20_000) -> dict[str, float]:
     import stratax  # noqa: F401  # isort: skip  (selects Keras' JAX backend)
     import numpy as np
 
-    from stratax._src.keras.worker_metrics import WorkerMetrics
+    from stratax._src.keras.callbacks.worker_metrics import WorkerMetrics
 
     batch = np.zeros((GLOBAL_BATCH, 784), np.float32)
 

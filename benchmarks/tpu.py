@@ -52,8 +52,8 @@ def _child(spec: dict) -> dict:
     import keras
     import numpy as np
 
-    from stratax._src.keras.mesh_runner import MeshRunner
-    from stratax._src.keras.runner import use_runner
+    from stratax._src.keras.runners.mesh_runner import MeshRunner
+    from stratax._src.keras.runners.runner import use_runner
 
     system, cores = spec["system"], spec.get("cores", 1)
     layout_map = None

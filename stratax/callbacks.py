@@ -9,7 +9,7 @@ from stratax._src.keras.install import install as _install
 
 _install()
 
-from stratax._src.keras.tensorboard import TensorBoard  # noqa: E402
-from stratax._src.keras.worker_metrics import WorkerMetrics  # noqa: E402
+from stratax._src.keras.callbacks.tensorboard import TensorBoard  # noqa: E402
+from stratax._src.keras.callbacks.worker_metrics import WorkerMetrics  # noqa: E402
 
 __all__ = ["TensorBoard", "WorkerMetrics"]

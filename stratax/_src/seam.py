@@ -10,12 +10,12 @@ written), what for, and which stratax module relies on it:
 - ``keras.Model.load_weights`` (replaced): the optimizer is built first, so its saved state
   loads (as TensorFlow restores slots). -> ``keras.saving``
 - ``keras.Model.reset_metrics`` (replaced): resets of mirrored metrics placed without a
-  cross-process check. -> ``keras.metric_reset``
+  cross-process check. -> ``keras.steps.metric_reset``
 - ``Trainer._get_metrics_result_or_logs`` (replaced): an epoch's logs taken from the last
   train step's, when they are Keras' own results of the metric values the model now holds.
-  -> ``keras.epoch_logs``
+  -> ``keras.steps.epoch_logs``
 - ``JAXTrainer._make_function`` (replaced): the runner decides how a group of
-  ``steps_per_execution`` steps runs. -> ``keras.runner``
+  ``steps_per_execution`` steps runs. -> ``keras.runners.runner``
 - ``JAXEpochIterator._get_iterator`` (replaced) and its ``data_adapter`` (read): the runner
   feeds the epoch's batches, placed on the replicas. -> ``keras.call_stack``
 - ``PyDatasetAdapter.py_dataset`` (read): finding stratax's feed behind Keras' epoch iterator.
@@ -39,7 +39,7 @@ written), what for, and which stratax module relies on it:
   ``Dataset._as_serialized_graph`` (called): a ``tf.data`` pipeline sharded by file as
   ``tf.distribute`` shards it. -> ``keras.feed``
 - ``jax_trainer._distribute_data``: placing batches of inputs stratax leaves to Keras (e.g.
-  ``tf.data``) as Keras would. -> ``keras.mesh_runner``
+  ``tf.data``) as Keras would. -> ``keras.runners.mesh_runner``
 - ``model._symbolic_build``, ``model._flatten_layers``, ``model._compile_metrics`` and
   ``model._compile_loss`` (read): building a model from a batch the feed
   leaves in place (Keras' own build reads one from the epoch iterator, which loses it from a
@@ -48,19 +48,19 @@ written), what for, and which stratax module relies on it:
   the replicas inside ``strategy.run``. -> ``keras.sync_batch_norm``
 - ``JAXTrainer._update_metrics_variables`` (called, by ``update_metrics``): Keras' own metric
   update of a train step (loss tracker and compiled metrics), split from the optimizer step: run
-  on a worker without Keras' local optimizer step (-> ``keras.ps_fit``), and before the packed
-  all-reduce of gradients and metric updates (-> ``keras.packed_step``).
+  on a worker without Keras' local optimizer step (-> ``keras.runners.ps_fit``), and before the
+  packed all-reduce of gradients and metric updates (-> ``keras.steps.packed_step``).
 - ``keras.layers.Embedding.call`` (wrapped once; unchanged unless this thread sets a lookup):
   a plain embedding's ``take`` replaced by the rows a worker pulled (row-sparse path under
-  ``ParameterServerStrategy``). -> ``keras.ps_fit``
+  ``ParameterServerStrategy``). -> ``keras.runners.ps_fit``
 - ``distribution_lib.distribute_tensor`` of Keras' JAX backend (wrapped once; unchanged unless
   this thread sets a placement): how a Keras variable under a layout takes a new value, here
-  metric resets placed without JAX's cross-process equality check. -> ``keras.metric_reset``
+  metric resets placed without JAX's cross-process equality check. -> ``keras.steps.metric_reset``
 - ``Variable._value`` (read) and ``model._jax_state``/``_jax_state_synced`` (written): after a
   failed call, which variables Keras left purged (``None``) and its pending step state
   dropped, so that the model holds its last completed step. -> ``keras.recovery``
 - ``model._initial_epoch`` (written): Keras' own resume hook, the epoch ``fit`` starts at after
-  a restore. -> ``keras.backup``
+  a restore. -> ``keras.callbacks.backup``
 - ``jax._src.ffi.FfiEffect`` (read) and ``Jaxpr.replace`` / ``JaxprEqn.replace`` (called): a
   traced ``strategy.run`` program rewritten so that its one shared-memory all-reduce is not
   side-effecting, which lets JAX dispatch the program from its C++ fast path.

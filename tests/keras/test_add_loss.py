@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import stratax as sx
-from stratax._src.keras import forward_losses, packed_step
+from stratax._src.keras.steps import forward_losses, packed_step
 
 ROWS, BATCH = 24, 8
 TOLERANCE = 1e-5
@@ -173,7 +173,7 @@ class _SyncStrategy:
 def test_ps_sync_over_several_workers_refuses_added_losses(plain):
     """Each worker of a synchronous step sees its share of the batch: refused, naming the fix.
     Asynchronous steps and one worker run the whole batch (the refusal does not apply)."""
-    from stratax._src.keras import ps_fit
+    from stratax._src.keras.runners import ps_fit
 
     x, y = _data()
     model = _model("sum")

@@ -14,7 +14,7 @@ from kill_mid_write import kill_while_writing
 
 import stratax as sx
 from stratax._src.keras import checkpoint_io
-from stratax._src.keras.backup import _match, wait_for_writes
+from stratax._src.keras.callbacks.backup import _match, wait_for_writes
 
 
 def _data():
@@ -273,7 +273,7 @@ _SAVER = """
 import sys
 import numpy as np
 from stratax._src.keras import checkpoint_io
-from stratax._src.keras.backup import _match, wait_for_writes
+from stratax._src.keras.callbacks.backup import _match, wait_for_writes
 
 checkpoint_io.save(sys.argv[1], {"w": np.zeros(4 << 20, np.float32)}, {"step": 0})
 print("first", flush=True)

@@ -1,7 +1,7 @@
 """``fit`` from arrays kept on the devices trains exactly what host-cut batches train.
 
 With array input under the budget, every batch that splits over the replicas reaches the step as
-a ``RowBatch`` and is gathered inside the compiled step (``keras.device_rows``);
+a ``RowBatch`` and is gathered inside the compiled step (``keras.steps.device_rows``);
 ``STRATAX_RESIDENT_ARRAY_BYTES=0`` gives the host path of earlier releases, the reference here.
 """
 
@@ -11,7 +11,8 @@ import pytest
 
 import stratax as sx
 from stratax._src.core import env
-from stratax._src.keras import device_rows, mesh_runner
+from stratax._src.keras.runners import mesh_runner
+from stratax._src.keras.steps import device_rows
 
 BATCH = 32
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import stratax as sx
-from stratax._src.keras import metric_reset
+from stratax._src.keras.steps import metric_reset
 
 STRATEGIES = {
     "one device": lambda: sx.OneDeviceStrategy("cpu:0"),

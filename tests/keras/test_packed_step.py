@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import stratax as sx
-from stratax._src.keras import group_step, packed_step
+from stratax._src.keras.steps import group_step, packed_step
 
 _ALL_REDUCE = re.compile(r"=\s*(\(.*?\)|\S+)\s+all-reduce(?:-start)?\(")
 

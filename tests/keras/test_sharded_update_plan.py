@@ -1,12 +1,12 @@
 """Which models' optimizer updates ``fit`` may shard over the processes, and how an optimizer's
-variables map onto its clone over the parts (``keras.sharded_update``). Training with it, over
+variables map onto its clone over the parts (``keras.steps.sharded_update``). Training with it, over
 real processes, is tested in tests/multiprocess/test_sharded_update.py."""
 
 import keras
 import pytest
 
 import stratax as sx
-from stratax._src.keras import sharded_update
+from stratax._src.keras.steps import sharded_update
 
 ELEMENT_WISE = ["SGD", "Adam", "AdamW", "Adamax", "Nadam", "RMSprop", "Adagrad", "Adadelta",
                 "Lion"]

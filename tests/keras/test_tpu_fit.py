@@ -17,7 +17,7 @@ from jax.sharding import PartitionSpec as P
 from tpu_hook import tpu_runner_hook
 
 import stratax as sx
-from stratax._src.keras.tpu_runner import pad_batch
+from stratax._src.keras.runners.tpu_runner import pad_batch
 from stratax._src.runtime import tpu_system
 
 TOLERANCE = 2e-5

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from stratax._src.keras.tpu_runner import TPURunner
+from stratax._src.keras.runners.tpu_runner import TPURunner
 
 
 @contextlib.contextmanager

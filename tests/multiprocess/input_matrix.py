@@ -3,7 +3,7 @@
 Each variant builds a binary classifier, trains it under the given strategy and returns what a
 test compares: final weights, the loss history, evaluation counts (true positives and false
 negatives, which a mean would hide when examples are double counted), predictions, and how many
-times ``fit`` placed its arrays on the devices (``keras.device_rows``: once for array input,
+times ``fit`` placed its arrays on the devices (``keras.steps.device_rows``: once for array input,
 under every strategy).
 """
 
@@ -14,7 +14,7 @@ import numpy as np
 import tensorflow as tf
 
 import stratax as sx
-from stratax._src.keras import device_rows
+from stratax._src.keras.steps import device_rows
 
 GLOBAL_BATCH = 16
 SEED = 11

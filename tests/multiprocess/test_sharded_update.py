@@ -1,4 +1,4 @@
-"""fit's optimizer update sharded over 2 real processes (``keras.sharded_update``).
+"""fit's optimizer update sharded over 2 real processes (``keras.steps.sharded_update``).
 
 Each process updates its part of every variable between a reduce-scatter and an all-gather
 over shared memory; training must equal one process, the workers must hold the same bits, and

@@ -170,7 +170,7 @@ STRATAX_SHM_SLOT_BYTES = "STRATAX_SHM_SLOT_BYTES"
 # when every process has a core of its own, else 50).
 STRATAX_SHM_SPIN_US = "STRATAX_SHM_SPIN_US"
 # "off" keeps fit's optimizer update replicated on every process; "auto" (default) shards it
-# over the processes where it can (stratax._src.keras.sharded_update).
+# over the processes where it can (stratax._src.keras.steps.sharded_update).
 STRATAX_SHARDED_UPDATE = "STRATAX_SHARDED_UPDATE"
 # XLA threads of a parameter-server worker task: "auto" (default: the host's cores shared among
 # the worker tasks on it), "all" (XLA's default, one per core) or a number; see

@@ -20,7 +20,7 @@ from typing import Any
 from stratax._src import seam
 from stratax._src.data.prefetch import Prefetcher
 from stratax._src.keras.feed import GlobalFeed
-from stratax._src.keras.runner import KerasRunner
+from stratax._src.keras.runners.runner import KerasRunner
 
 
 @dataclasses.dataclass

@@ -17,11 +17,12 @@ from jax.experimental import multihost_utils
 
 from stratax._src import seam
 from stratax._src.core import context
-from stratax._src.keras import call_stack, distribution, epoch_logs, methods, metric_reset, saving
-from stratax._src.keras.mesh_runner import MeshRunner
-from stratax._src.keras.ps_runner import ParameterServerRunner
-from stratax._src.keras.runner import register_runner, runner_for
-from stratax._src.keras.tpu_runner import TPURunner
+from stratax._src.keras import call_stack, distribution, methods, saving
+from stratax._src.keras.runners.mesh_runner import MeshRunner
+from stratax._src.keras.runners.ps_runner import ParameterServerRunner
+from stratax._src.keras.runners.runner import register_runner, runner_for
+from stratax._src.keras.runners.tpu_runner import TPURunner
+from stratax._src.keras.steps import epoch_logs, metric_reset
 from stratax._src.parameter_server.strategy import ParameterServerStrategy
 from stratax._src.strategies import run_compiler
 from stratax._src.strategies.base import Strategy

@@ -16,9 +16,10 @@ from collections.abc import Callable
 from typing import Any
 
 from stratax._src import seam
-from stratax._src.keras import binding, call_stack, recovery, worker_metrics
+from stratax._src.keras import binding, call_stack, recovery
+from stratax._src.keras.callbacks import worker_metrics
 from stratax._src.keras.feed import GlobalFeed
-from stratax._src.keras.runner import runner_for, steps_per_execution
+from stratax._src.keras.runners.runner import runner_for, steps_per_execution
 
 _BATCHED_METHODS = ("fit", "evaluate", "predict")
 # The step a method compiles: Keras' train_step, test_step or predict_step.

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from stratax._src.keras import binding, call_stack, checkpoint_io
-from stratax._src.keras.runner import runner_for
+from stratax._src.keras.runners.runner import runner_for
 
 
 def save_method(original: Callable[..., Any]) -> Callable[..., Any]:

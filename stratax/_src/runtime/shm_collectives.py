@@ -463,9 +463,9 @@ def all_gather(arrays: Sequence[jax.Array], *, ends_all_reduce: bool = False,
 
     No JAX effect (C++ dispatch) unless ``ordered``: the caller orders its calls by data (each
     call's operands depend on the previous one's results), as ``fit``'s sharded update does
-    (``keras.sharded_update``). ``ends_all_reduce``: the last step of a hierarchical all-reduce,
-    whose result is the same on every process; it goes under :data:`TARGET`'s name, so that
-    :mod:`invariance` and :func:`unordered_if_alone` count it as the all-reduce it completes.
+    (``keras.steps.sharded_update``). ``ends_all_reduce``: the last step of a hierarchical
+    all-reduce, whose result is the same on every process; it goes under :data:`TARGET`'s name, so
+    that :mod:`invariance` and :func:`unordered_if_alone` count it as the all-reduce it completes.
     """
     shapes = [jax.ShapeDtypeStruct((state.world * a.shape[0],), a.dtype) for a in arrays]
     call = jax.ffi.ffi_call(TARGET if ends_all_reduce else EXCHANGE_TARGET, shapes,

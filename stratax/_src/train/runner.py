@@ -155,7 +155,7 @@ def run_training(config: TrainConfig, out: TextIO | None = None) -> TrainResult:
     timer = EpochTimer()
     callbacks: list[keras.callbacks.Callback] = [timer]
     if config.run_dir is not None:
-        from stratax._src.keras.worker_metrics import WorkerMetrics
+        from stratax._src.keras.callbacks.worker_metrics import WorkerMetrics
 
         callbacks.append(WorkerMetrics(config.run_dir, task="main"))
     model.fit(x_train, y_train, batch_size=config.batch_size, epochs=config.epochs,

@@ -31,13 +31,13 @@ import numpy as np
 
 from stratax._src.keras import feed as feed_lib
 from stratax._src.keras.dataset_creator import DatasetCreator
-from stratax._src.keras.ps_fit import (
+from stratax._src.keras.runners.ps_fit import (
     BatchRef,
     GroupPipeline,
     check_additive_metrics,
     sparse_tables,
 )
-from stratax._src.keras.runner import KerasRunner
+from stratax._src.keras.runners.runner import KerasRunner
 from stratax._src.parameter_server.inputs import worker_data
 
 logger = logging.getLogger(__name__)

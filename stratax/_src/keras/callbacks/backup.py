@@ -35,7 +35,7 @@ from jax.experimental import multihost_utils
 
 from stratax._src import seam
 from stratax._src.keras import binding, call_stack, checkpoint_io
-from stratax._src.keras.runner import runner_for
+from stratax._src.keras.runners.runner import runner_for
 from stratax._src.runtime import worker_exit
 
 logger = logging.getLogger(__name__)

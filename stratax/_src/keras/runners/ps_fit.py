@@ -42,8 +42,8 @@ import numpy as np
 
 from stratax._src import seam
 from stratax._src.core.reduce_op import ReduceOp
-from stratax._src.keras import forward_losses
-from stratax._src.keras.runner import steps_per_execution
+from stratax._src.keras.runners.runner import steps_per_execution
+from stratax._src.keras.steps import forward_losses
 from stratax._src.parameter_server.closures import PerWorkerValues
 from stratax._src.parameter_server.program import optimizer_spec
 from stratax._src.parameter_server.tasks.optimizers import DEFAULT_SPARSE_UPDATES

@@ -3,8 +3,8 @@
 Several replicas (or several processes) use the strategy's Keras distribution
 (``StrategyDistribution``: variables mirrored, each batch split over the ``"replica"`` axis or,
 when it does not split, given whole to every replica). ``fit``'s train step all-reduces its
-gradients in one packed collective (``keras.packed_step``) where the model allows it, a group of
-``steps_per_execution`` such steps as one program (``keras.group_step``); otherwise (e.g. a
+gradients in one packed collective (``keras.steps.packed_step``) where the model allows it, a group
+of ``steps_per_execution`` such steps as one program (``keras.steps.group_step``); otherwise (e.g. a
 model whose forward pass adds losses, which only the whole global batch gives) Keras' own step
 runs over the global batch and XLA inserts one all-reduce per gradient. Whether a model packs
 is decided once, from its first batch (:meth:`MeshRunner._packs`). A
@@ -30,17 +30,16 @@ from jax.sharding import PartitionSpec as P
 
 from stratax._src import seam
 from stratax._src.core import env
-from stratax._src.keras import (
-    binding,
+from stratax._src.keras import binding, model_parallel
+from stratax._src.keras.distribution import StrategyDistribution
+from stratax._src.keras.runners.runner import KerasRunner, steps_per_execution
+from stratax._src.keras.steps import (
     device_rows,
     epoch_logs,
     group_step,
-    model_parallel,
     packed_step,
     sharded_update,
 )
-from stratax._src.keras.distribution import StrategyDistribution
-from stratax._src.keras.runner import KerasRunner, steps_per_execution
 from stratax._src.runtime import distributed
 from stratax._src.strategies.replica_context import REPLICA_AXIS
 
@@ -206,7 +205,7 @@ class MeshRunner(KerasRunner):
     def _sharded_update(self, model: Any, layout: sharded_update.Plan | str,
                         shardings: Any) -> Any:
         """The group program with the optimizer update sharded over the processes
-        (``keras.sharded_update``) by ``layout``, or ``None`` (the replicated update), saying
+        (``keras.steps.sharded_update``) by ``layout``, or ``None`` (the replicated update), saying
         why once."""
         if isinstance(layout, str):
             logger.debug("fit: the optimizer update stays replicated: %s", layout)

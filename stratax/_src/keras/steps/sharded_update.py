@@ -1,7 +1,7 @@
 """``fit``'s optimizer update sharded over the processes (ZeRO stage 1) in the group program.
 
-In the packed step (``keras.packed_step``) every process all-reduces the whole gradient and then
-repeats the whole optimizer update, so the update does not shrink when the batch is split over
+In the packed step (``keras.steps.packed_step``) every process all-reduces the whole gradient and
+then repeats the whole optimizer update, so the update does not shrink when the batch is split over
 more processes while the forward and backward passes do: for the suite's MLP with Adam it is
 ~13% of a 2-process step on one core each (``benchmarks/README.md``). Here, in the group program
 of ``steps_per_execution`` steps kept on the devices, each process updates only its part of
@@ -41,7 +41,7 @@ from jax.sharding import PartitionSpec as P
 from stratax._src import seam
 from stratax._src.core import env
 from stratax._src.core.config import config
-from stratax._src.keras import device_rows, packed_step
+from stratax._src.keras.steps import device_rows, packed_step
 from stratax._src.strategies.replica_context import REPLICA_AXIS
 
 # Optimizers whose update of an element reads only that element's gradient, value and slots

@@ -34,7 +34,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from stratax._src.keras import call_stack, device_rows
+from stratax._src.keras import call_stack
+from stratax._src.keras.steps import device_rows
 
 Step = Callable[[Any, Any], tuple[Any, Any]]
 
@@ -59,7 +60,7 @@ def grouped_steps(size: int, traced_step: Step, single_step: Step,
         out_shardings: the group program's ``(logs, state)`` output shardings (``None``: jit's
             choice), so its state comes back placed as it went in.
         row_program: the program for a ``device_rows.RowGroup`` (``None``: ``traced_step``
-            scanned over its batches), e.g. ``keras.sharded_update``'s.
+            scanned over its batches), e.g. ``keras.steps.sharded_update``'s.
     """
 
     def steps(state: Any, batches: list[Any]) -> tuple[Any, Any]:

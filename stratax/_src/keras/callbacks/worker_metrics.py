@@ -36,7 +36,7 @@ import numpy as np
 from stratax._src.core.context import get_replica_context
 from stratax._src.core.reduce_op import ReduceOp
 from stratax._src.keras.binding import model_strategy
-from stratax._src.keras.device_rows import RowBatch
+from stratax._src.keras.steps.device_rows import RowBatch
 from stratax._src.observe.record import MetricsWriter, writer_for
 from stratax._src.observe.run_dir import PathLike, resolve_run_dir
 from stratax._src.strategies.base import Strategy

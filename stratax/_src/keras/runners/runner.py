@@ -9,7 +9,7 @@ strategy changes only what its runner says. Follow a batch from ``model.fit`` to
    batches, this process's share, the last partial batch, shuffling, class weights).
 2. Keras builds its epoch iterator over the feed; each epoch it asks for an iterator, which the
    runner gives as :meth:`~KerasRunner.feed_batches`: the feed's batches placed on the replicas
-   (or, for arrays kept on the devices, named by their rows: ``keras.device_rows``).
+   (or, for arrays kept on the devices, named by their rows: ``keras.steps.device_rows``).
 3. Keras compiles ``train_step`` and asks how a group of ``steps_per_execution`` steps runs;
    :meth:`~KerasRunner.make_step` answers (the mirrored runner bounds the steps in flight; a TPU
    runner loops on the device; a parameter-server runner schedules the group on a worker).
@@ -145,7 +145,7 @@ def runner_for(strategy: Any) -> KerasRunner:
     if not candidates:
         raise TypeError(
             f"{type(strategy).__name__} has no Keras runner; register one with "
-            "`stratax._src.keras.runner.register_runner(StrategyClass, RunnerClass)`."
+            "`stratax._src.keras.runners.runner.register_runner(StrategyClass, RunnerClass)`."
         )
     best = min(candidates, key=lambda pair: type(strategy).__mro__.index(pair[0]))[1]
     runner = best(strategy)

@@ -50,8 +50,9 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from stratax._src.keras import forward_losses, model_parallel
-from stratax._src.keras.runner import KerasRunner, steps_per_execution
+from stratax._src.keras import model_parallel
+from stratax._src.keras.runners.runner import KerasRunner, steps_per_execution
+from stratax._src.keras.steps import forward_losses
 from stratax._src.strategies.replica_context import REPLICA_AXIS
 from stratax._src.strategies.tpu import TPUStrategy
 

@@ -16,7 +16,7 @@ way), so it is used only when that holds (:func:`eligible`): Keras' own ``train_
 ``compute_loss`` and ``compute_metrics``, every compiled loss reduced with
 ``"sum_over_batch_size"``, no loss added by the forward pass (``add_loss`` in a layer's call,
 activity regularizers: Keras computes them over the batch it is given, so on a replica's share
-a sum over rows would be averaged as if it were a mean; ``keras.forward_losses``), no
+a sum over rows would be averaged as if it were a mean; ``keras.steps.forward_losses``), no
 non-trainable variables (batch statistics or random-number state would differ per replica), a
 jitted step. Any other model, and a batch given whole to every replica, keeps the GSPMD step,
 which computes Keras' loss over the whole global batch as one device does.
@@ -34,7 +34,7 @@ from jax.sharding import PartitionSpec as P
 
 from stratax._src import seam
 from stratax._src.core.reduce_op import ReduceOp
-from stratax._src.keras import device_rows, epoch_logs, forward_losses
+from stratax._src.keras.steps import device_rows, epoch_logs, forward_losses
 from stratax._src.strategies.replica_context import REPLICA_AXIS
 
 _MEAN_REDUCTION = "sum_over_batch_size"
@@ -131,8 +131,8 @@ def output_shardings(strategy: Any, state: Any) -> tuple[Any, Any]:
     loop runs, the variables themselves may hold no value).
 
     The variables are replicated as ``P(None, ...)`` (Keras' layout); left alone, the group
-    program (``keras.group_step``) returned 1-D state as ``P()``, an equal placement that jit's
-    dispatch cache still tells apart, so the first group of every fit's second epoch (Keras
+    program (``keras.steps.group_step``) returned 1-D state as ``P()``, an equal placement that
+    jit's dispatch cache still tells apart, so the first group of every fit's second epoch (Keras
     reads the synced variables back) missed the cache and took JAX's slow Python path.
     """
     return (NamedSharding(strategy.mesh, P()),

@@ -1,0 +1,7 @@
+"""The runners: how each strategy serves Keras' ``fit``, ``evaluate`` and ``predict``.
+
+``runner`` is the one interface a strategy plugs into Keras through; ``mesh_runner`` serves the
+data-parallel strategies (OneDevice, Mirrored, MWMS), ``tpu_runner`` TPUStrategy's static
+shapes, ``ps_runner`` and ``ps_fit`` ParameterServerStrategy (one scheduled closure per step
+group).
+"""

@@ -1,0 +1,5 @@
+"""The train-step variants a runner compiles, and their parts: the packed all-reduce step, a group
+of ``steps_per_execution`` steps as one program, the sharded optimizer update, rows kept on the
+devices, forward-pass losses, metric resets and epoch logs. ARCHITECTURE.md has the table of
+which variant is chosen when.
+"""
