@@ -25,7 +25,7 @@ without callbacks. The rules, each written once:
   the replicas while the previous step runs: ``InputOptions(experimental_fetch_to_device=...,
   experimental_prefetch_to_device=...)`` of a distributed dataset, else
   ``STRATAX_PREFETCH_DEPTH``, else the runner's default (2 on accelerators; 0 on CPU, where the
-  thread competes with the step for the same cores and measured slower).
+  thread competes with the step for the same cores and was slower).
 - **The last partial batch** is trained, never dropped: split when it divides over the
   replicas, else fed whole to every replica (each computes the same update one device would:
   exact, one slower step). ``predict`` in a multi-process run feeds every batch whole to every

@@ -226,7 +226,7 @@ class RunCompiler:
             arguments.treedef,
             tuple(arguments.kinds),
             _static_key(arguments.statics),
-            tuple((tuple(x.shape), x.dtype) for x in arguments.dynamic),  # str(dtype): 4.5 us
+            tuple((tuple(x.shape), x.dtype) for x in arguments.dynamic),  # dtype, not str(dtype)
             arguments.valid_rows is not None,
         )
         compiled = self._cache.get(key)

@@ -287,7 +287,7 @@ def _committed(step_fn: Callable[..., Any], device: Any) -> Callable[..., Any]:
     (and the batches) keeps every call of the step on one compiled program. A state the step
     returned is already committed and passes through untouched, and so do the leaves of a new
     state tuple that are (Keras rebuilds the tuple every epoch from its variables, which hold
-    the step's outputs: re-placing all of them cost ~0.25 ms per epoch of host time).
+    the step's outputs: re-placing all of them cost host time at every epoch).
     """
     returned: list[Any] = [None]
     sharding = jax.sharding.SingleDeviceSharding(device)

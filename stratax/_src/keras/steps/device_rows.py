@@ -122,8 +122,8 @@ class Resident:
         self.arrays = jax.tree.map(self._place, arrays)
         self._order: tuple[np.ndarray, jax.Array] | None = None
         # Batch starts placed once: a Python int would be placed by every step's dispatch,
-        # on jit's slow path (~30 us per batch between processes), and ``jax.device_put``
-        # checks a value placed over processes with an all-gather (~2 ms each).
+        # on jit's slow path between processes, and ``jax.device_put`` checks a value placed
+        # over processes with an all-gather (docs/design/performance.md has the costs).
         self._starts: dict[int, jax.Array] = {}
 
     def _place(self, array: Any) -> jax.Array:

@@ -2,14 +2,13 @@
 
 At the end of every epoch Keras asks the model for its metric results again
 (``Trainer._get_metrics_result_or_logs``): eagerly, a few small programs per metric, and between
-processes each of them runs on arrays that span the processes, on the critical path between
-two epochs (~0.5 ms per epoch for the loss alone of a 2-process MLP, ~2% of its epoch;
-``benchmarks/HISTORY.md``). Keras' own train step has already computed exactly those results,
-from the metric values it returned, and Keras re-asks only for steps of its users' making and
-for steps still running out of order (neither happens here: every step of a group runs in
-order before the next). So when the step is Keras' own and the model's metric variables still
-hold the very arrays the last step returned (no callback changed them since), the epoch's logs
-are the step's, converted as Keras converts its own.
+processes each of them runs on arrays that span the processes, on the critical path between two
+epochs (docs/design/performance.md has the cost). Keras' own train step has already computed
+exactly those results, from the metric values it returned, and Keras re-asks only for steps of
+its users' making and for steps still running out of order (neither happens here: every step of
+a group runs in order before the next). So when the step is Keras' own and the model's metric
+variables still hold the very arrays the last step returned (no callback changed them since),
+the epoch's logs are the step's, converted as Keras converts its own.
 """
 
 from __future__ import annotations

@@ -4,10 +4,9 @@ Keras resets every metric at the start of each epoch (and of each ``evaluate``) 
 it its initial value. Done eagerly, each variable costs a small program (the constant), a copy
 to the host and back (the placement), and between processes JAX's check that every process
 passed the same value: one cross-process all-gather per metric variable, over gloo a
-scheduler tick (~4 ms) each on a pinned core, so the loss tracker and one metric cost ~16 ms
-at every epoch boundary of a 2-process ``fit`` (``benchmarks/HISTORY.md``). Without the check,
-the eager reset of the loss tracker alone still took ~0.7 ms of CPU at every epoch start of a
-2-process MLP ``fit`` (~3% of its epoch, with the devices idle).
+scheduler tick each on a pinned core, at every epoch boundary. Without the check, the eager
+reset still costs CPU at every epoch start while the devices idle (docs/design/performance.md
+has both costs).
 
 So the variables of metrics whose reset is one of Keras' own zeroing ones (``Metric``'s,
 ``Mean``'s, ``Sum``'s: every metric built on them that does not override ``reset_state``, the

@@ -3,8 +3,8 @@
 Left to GSPMD, ``fit``'s step over the ``"replica"`` axis all-reduces every gradient tensor on
 its own. XLA combines them into one tuple all-reduce, but its CPU runtime still calls the
 transport once per tensor, one after the other; between processes each gloo call costs a
-round trip (~4 ms on a pinned core; ``benchmarks/HISTORY.md``), so a 2-process MLP step spent
-16 of its 17 ms in collectives. This step runs Keras' own forward, loss and metrics on each
+round trip, so a 2-process MLP step spent nearly all its time in collectives
+(docs/design/performance.md). This step runs Keras' own forward, loss and metrics on each
 replica's share of the batch inside ``jax.shard_map`` and sums, in one packed collective
 (``strategies.packing``; ``CommunicationOptions(bytes_per_pack=...)``), the gradients together
 with the metric-variable updates; then every replica applies the same optimizer update.

@@ -2,8 +2,8 @@
 
 In the packed step (``keras.steps.packed_step``) every process all-reduces the whole gradient and
 then repeats the whole optimizer update, so the update does not shrink when the batch is split over
-more processes while the forward and backward passes do: for the suite's MLP with Adam it is
-~13% of a 2-process step on one core each (``benchmarks/README.md``). Here, in the group program
+more processes while the forward and backward passes do (docs/design/performance.md gives
+its share of a step). Here, in the group program
 of ``steps_per_execution`` steps kept on the devices, each process updates only its part of
 every variable, as XLA's cross-replica weight-update sharding does for TPUs (Xu et al., 2020)
 and DeepSpeed's ZeRO stage 1 does for GPUs: the gradients are reduce-scattered (each process
