@@ -5,7 +5,7 @@ busy-polls ``epoll_wait`` while a collective is in flight (an early message keep
 readable until the thread that waits for it posts the receive: ~2,500 calls per all-reduce).
 When that poller shares a core with the thread that posts the receive (processes pinned to one
 core each, or more busy threads than cores), the poster runs only at the next scheduler tick
-(one tick of the kernel's clock), so every gloo collective cost a tick: `docs/transport.md`.
+(one tick of the kernel's clock), so every gloo collective cost a tick: `docs/design/transport.md`.
 Under ``SCHED_IDLE`` the poller runs only when nothing else on its core is runnable, so the
 poster runs at once.
 

@@ -1,7 +1,7 @@
 """A same-host all-reduce over POSIX shared memory (``STRATAX_CPU_COLLECTIVES=shm``).
 
 Between CPU processes on one host, gloo's TCP all-reduce costs a scheduler tick when each
-process is pinned to one core (docs/transport.md). With ``shm`` the packed all-reduces of
+process is pinned to one core (docs/design/transport.md). With ``shm`` the packed all-reduces of
 ``fit``'s step and of ``ctx.all_reduce`` run instead as an XLA FFI custom call
 (``csrc/shm_allreduce.cc``, compiled on first use by :mod:`shm_build`): each process copies its
 buffer into its slot of one shared segment, waits at a sequence-numbered barrier, and sums every
