@@ -207,6 +207,30 @@ def test_a_worker_that_lost_a_peer_is_not_named_before_the_peer(scripts, monkeyp
     assert failure.signal_name == "SIGTERM" and result.exit_code == 128 + signal.SIGTERM
 
 
+# Worker 0 starts printing a traceback (a peer's failure it is about to report) and is still at
+# it when worker 1 dies of SIGTERM; the teardown then stops worker 0 mid-traceback.
+PEER_DIES_WHILE_THE_SURVIVOR_REPORTS = '''
+if RANK == 0:
+    print("Traceback (most recent call last):", file=sys.stderr)
+    print('  File "step.py", line 1, in all_reduce', file=sys.stderr, flush=True)
+    open(os.path.join(OUT, "reporting"), "w").close()
+    time.sleep(60)
+wait_for("reporting")
+os.kill(os.getpid(), signal.SIGTERM)
+'''
+
+
+@pytest.mark.timeout(20)
+def test_a_worker_stopped_mid_traceback_is_not_named_before_the_peer_that_died(scripts):
+    """The worker that began printing a traceback before the peer's exit was seen, and was
+    stopped by the teardown before it finished, was reporting, not failing: CI saw it named."""
+    script = scripts.write("reporting.py", PEER_DIES_WHILE_THE_SURVIVOR_REPORTS)
+    result = launch([sys.executable, script], nproc_per_node=2, stream_output=False)
+    failure = result.failure
+    assert failure is not None and failure.name == "worker 1", result.summary
+    assert failure.signal_name == "SIGTERM" and result.exit_code == 128 + signal.SIGTERM
+
+
 def _is_zombie(pid: int) -> bool:
     with open(f"/proc/{pid}/stat") as f:
         return f.read().rsplit(")", 1)[1].split()[0] == "Z"

@@ -110,12 +110,13 @@ class WorkerOutput:
             return [self._traceback_head, *gap, *self._traceback]
 
     def ends_with_traceback(self) -> bool:
-        """True when the worker's output ends with a Python traceback (at most
-        ``LINES_AFTER_EXCEPTION`` lines after its exception): it stopped after an error, as in
-        JAX's shutdown barrier, rather than handling it and going on."""
+        """True when the worker's output ends with a whole Python traceback, its exception line
+        included and at most ``LINES_AFTER_EXCEPTION`` lines after it: it stopped after an
+        error, as in JAX's shutdown barrier, rather than handling it and going on. A traceback
+        still being printed does not count: the worker was stopped while reporting."""
         with self._state_lock:
-            return (self.traceback_at is not None
-                    and (self._after_exception or 0) <= LINES_AFTER_EXCEPTION)
+            return (self.traceback_at is not None and self._after_exception is not None
+                    and self._after_exception <= LINES_AFTER_EXCEPTION)
 
     def exception_name(self) -> str | None:
         """The class name (without its module) of the exception that ended the worker's last

@@ -212,9 +212,10 @@ class WorkerGroup:
         """The worker where the failure started.
 
         Candidates are the workers that failed on their own, plus those the teardown stopped
-        (SIGTERM or SIGKILL after it signalled them) whose output ends with a Python traceback:
-        they had failed and were stuck, e.g. in JAX's shutdown barrier. Other workers the
-        teardown stopped are victims, not causes. Of the candidates, the one whose failure
+        (SIGTERM or SIGKILL after it signalled them) whose output ends with a whole Python
+        traceback: they had failed and were stuck, e.g. in JAX's shutdown barrier. Other workers
+        the teardown stopped are victims, not causes, also one stopped while still printing a
+        traceback (it was reporting the peer's failure). Of the candidates, the one whose failure
         showed first wins: the earlier of the time it began printing its last traceback and the
         time it exited. So a worker that printed a traceback is named before peers that aborted
         (SIGABRT from JAX's coordination service) because it stopped answering. A worker that
