@@ -138,7 +138,7 @@ def _fit_kwargs(variant, x, y):
 VARIANTS = ("class_weight", "shuffled_arrays", "shuffled_pydataset", "generator")
 # The pipelines users bring (issue 32): tf.data, grain, re-iterables, each epoch counted.
 USER_VARIANTS = (*PIPELINES, "tf_data_repeat", "tf_data_validation", "tf_data_distributed")
-# fit's options on array input (the kept path of keras.device_rows, and its row order).
+# fit's options on array input (the kept path of keras.steps.device_rows, and its row order).
 OPTION_VARIANTS = ("steps_per_epoch", "validation_split", "initial_epoch", "fit_twice")
 
 

@@ -59,7 +59,7 @@ class MeshRunner(KerasRunner):
             self.distribution = StrategyDistribution(strategy)
         self._split = NamedSharding(strategy.mesh, P(REPLICA_AXIS))
         self._whole = NamedSharding(strategy.mesh, P())
-        # Where fit's kept arrays go (keras.device_rows): every replica, or the one device.
+        # Where fit's kept arrays go (keras.steps.device_rows): every replica, or the one device.
         self._resident_sharding = (self._whole if self.distribution is not None
                                    else jax.sharding.SingleDeviceSharding(strategy.devices[0]))
         self._on_cpu = all(device.platform == "cpu" for device in strategy.devices)
