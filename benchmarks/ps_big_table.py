@@ -4,6 +4,8 @@
     python -m benchmarks.ps_big_table --rows 200000 --worker-mib 320 --steps 100
     python -m benchmarks.ps_big_table --hold-table             # a worker reading it all fails
     python -m benchmarks.ps_big_table --hybrid --out benchmarks/results/ps_big_table_hybrid.json
+    python -m benchmarks.ps_big_table --keras --chief-mib 640 --ps-mib 900 --steps 40 \
+        --out benchmarks/results/ps_big_table_keras.json  # Keras fit, every task capped
 
 Starts chief + 2 workers + 2 ps on 127.0.0.1 (this file is every task's program). The chief
 creates the table partitioned in 2 shards (one per ps) and a small dense head, then trains
@@ -16,6 +18,12 @@ bounds the private writable memory: heap and anonymous mappings, which is what n
 and XLA's buffers use; ``RLIMIT_AS`` cannot be used because XLA reserves large virtual
 ranges it never touches). With ``--hold-table`` the step reads the table whole
 (``strategy.read``), and the worker fails to pull it under the cap: proof the cap is real.
+
+With ``--keras`` the chief builds a Keras ``Embedding`` model under the strategy's scope and
+trains it with ``model.fit(sx.DatasetCreator(dataset_fn))``, then ``evaluate``: the table is
+built by its parameter servers from its initializer, shard by shard, so the chief may be capped
+below the table's size (``--chief-mib``), and so may each ps (``--ps-mib``, its shards plus
+slots plus what the process needs).
 
 Reports each process's peak RSS as the kernel measured it (``ru_maxrss`` from ``wait4``),
 steps/s over the timed steps, and the loss of the first and last 20 steps. Prints
@@ -55,6 +63,13 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--hybrid", action="store_true",
                         help="hybrid mode: the head replicated on the workers, the table's rows "
                              "updated synchronously (mode='sync', dense_variables='workers')")
+    parser.add_argument("--keras", action="store_true",
+                        help="Keras fit and evaluate of an Embedding model built under the "
+                             "strategy's scope: the table is built by its servers, never on "
+                             "the chief")
+    parser.add_argument("--chief-mib", type=int, default=0,
+                        help="the chief's memory cap (0: none); with --keras below the table")
+    parser.add_argument("--ps-mib", type=int, default=0, help="each ps' memory cap (0: none)")
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--out", default=str(HERE / "results" / "ps_big_table.json"))
     return parser.parse_args(argv)
@@ -80,6 +95,43 @@ def _peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def keras_main(strategy, result: dict) -> None:
+    """``--keras``: the guide's Keras path for a table the chief cannot hold."""
+    import keras
+
+    import stratax as sx
+
+    start = time.perf_counter()
+    with strategy.scope():
+        ids = keras.Input((IDS_PER_EXAMPLE,), dtype="int32")
+        rows = keras.layers.Embedding(ARGS.rows, ARGS.dim, embeddings_initializer=(
+            keras.initializers.RandomNormal(stddev=0.05, seed=1)))(ids)
+        hidden = keras.layers.Dense(HEAD, activation="relu")(
+            keras.layers.GlobalAveragePooling1D()(rows))
+        model = keras.Model(ids, keras.layers.Dense(1)(hidden))
+        model.compile(optimizer=(keras.optimizers.SGD(0.5) if ARGS.optimizer == "sgd"
+                                 else keras.optimizers.Adam(0.01)),
+                      loss=keras.losses.BinaryCrossentropy(from_logits=True))
+    table = strategy.place_variables(model.layers[1].embeddings)
+    result["create_s"] = time.perf_counter() - start
+    print(strategy.describe_variables(), flush=True)
+    begin = time.perf_counter()
+    history = model.fit(sx.DatasetCreator(dataset_fn), epochs=2, steps_per_epoch=ARGS.steps // 2,
+                        verbose=0)
+    wall = time.perf_counter() - begin
+    result.update(steps=ARGS.steps, wall_s=wall, steps_per_s=ARGS.steps / wall,
+                  loss_first20=history.history["loss"][0],
+                  loss_last20=history.history["loss"][-1],
+                  evaluate_loss=model.evaluate(sx.DatasetCreator(dataset_fn), steps=4,
+                                               verbose=0),
+                  iterations=strategy.optimizer_iterations(table),
+                  built_on_servers=type(model.layers[1].embeddings).__name__)
+    try:
+        model.get_weights()
+    except ValueError as err:
+        result["get_weights_refused"] = str(err)
+
+
 def task_main() -> None:
     import stratax as sx
 
@@ -92,6 +144,16 @@ def task_main() -> None:
     import jax.numpy as jnp
     import keras
 
+    if ARGS.keras:
+        result = {"rows": ARGS.rows, "dim": ARGS.dim, "keras": True, "optimizer": ARGS.optimizer,
+                  "table_mib": ARGS.rows * ARGS.dim * 4 / 2**20}
+        try:
+            keras_main(strategy, result)
+        except sx.StrataxError as err:
+            result["error"] = str(err)
+        result["chief_peak_rss_mib"] = _peak_rss_mib()
+        print("RESULT " + json.dumps(result), flush=True)
+        return
     coordinator = sx.coordinator.ClusterCoordinator(strategy)
     rng = np.random.default_rng(0)
     start = time.perf_counter()
@@ -171,10 +233,14 @@ def launch(args: argparse.Namespace, argv: list[str]) -> dict:
     """Runs the cluster once; returns the chief's result plus every task's peak RSS."""
     run = run_cluster([sys.executable, str(Path(__file__).resolve()), *argv],
                       cluster_spec(workers=2, ps=2), args.timeout,
-                      preexec={"worker": _capped(args.worker_mib << 20)},
+                      preexec={"worker": _capped(args.worker_mib << 20),
+                               **({"chief": _capped(args.chief_mib << 20)}
+                                  if args.chief_mib else {}),
+                               **({"ps": _capped(args.ps_mib << 20)} if args.ps_mib else {})},
                       log_prefix="ps_big_table_")
     result = run.result()
-    result.update(worker_cap_mib=args.worker_mib, peak_rss_mib=run.peak_rss_mib,
+    result.update(worker_cap_mib=args.worker_mib, chief_cap_mib=args.chief_mib,
+                  ps_cap_mib=args.ps_mib, peak_rss_mib=run.peak_rss_mib,
                   exit_codes=run.exit_codes, load_average=os.getloadavg(), logs=str(run.log_dir))
     return result
 

@@ -56,6 +56,12 @@ written), what for, and which stratax module relies on it:
 - ``distribution_lib.distribute_tensor`` of Keras' JAX backend (wrapped once; unchanged unless
   this thread sets a placement): how a Keras variable under a layout takes a new value, here
   metric resets placed without JAX's cross-process equality check. -> ``keras.steps.metric_reset``
+- ``JaxVariable._initialize_with_initializer`` (wrapped once; unchanged unless this thread
+  decides otherwise), ``Variable._value``/``_initialize_layout`` and the variable's class
+  (written: a subclass whose reads never build the value; ``jax._src.core.trace_state_clean``
+  tells traced reads, which get a stand-in): a large variable under
+  ``ParameterServerStrategy`` built by its servers, never on the chief.
+  -> ``keras.runners.ps_runner``, ``keras.shard_recipes``
 - ``Variable._value`` (read) and ``model._jax_state``/``_jax_state_synced`` (written): after a
   failed call, which variables Keras left purged (``None``) and its pending step state
   dropped, so that the model holds its last completed step. -> ``keras.recovery``
@@ -448,6 +454,93 @@ def variable_placement(place: Callable[[Any, Any], Any]) -> Iterator[None]:
         setattr(distribution_lib, _HOOKED, True)
     with _set_in_thread(_variable_placement, place):
         yield
+
+
+_variable_building = threading.local()
+_remote_classes: dict[type, type] = {}
+
+
+@contextlib.contextmanager
+def variables_built_elsewhere(decide: Callable[[Any, Any], Any]) -> Iterator[None]:
+    """While active in this thread, a Keras variable made from an initializer is not built
+    here when ``decide(variable, initializer)`` says so (returns anything but ``None``): it
+    then holds no value, traced code reads a stand-in of its shape, and eager reads
+    (``numpy()``, ``get_weights``, saving) raise ``ValueError`` naming the variable, its size
+    and ``strategy.save_checkpoint``."""
+    from keras.src.backend.jax import core as jax_core
+
+    variable_class = jax_core.JaxVariable
+    if not getattr(variable_class, _HOOKED, False):
+        original = variable_class._initialize_with_initializer
+
+        @functools.wraps(original)
+        def _initialize_with_initializer(self: Any, initializer: Any) -> None:
+            active = getattr(_variable_building, "fn", None)
+            description = None if active is None else active(self, initializer)
+            if description is None:
+                original(self, initializer)
+                return
+            self._initialize_layout()
+            self._value = None
+            self.__class__ = _remote_class(type(self))
+
+        variable_class._initialize_with_initializer = _initialize_with_initializer
+        setattr(variable_class, _HOOKED, True)
+    with _set_in_thread(_variable_building, decide):
+        yield
+
+
+def _remote_class(base: type) -> type:
+    """``base`` with reads that never build the value (see ``variables_built_elsewhere``)."""
+    cached = _remote_classes.get(base)
+    if cached is not None:
+        return cached
+    import jax
+    import numpy as np
+    from jax._src import core as jax_core_internal
+    from keras.src.backend.common.stateless_scope import get_stateless_scope, in_stateless_scope
+
+    def refuse(self: Any) -> ValueError:
+        gib = int(np.prod(self._shape, dtype=np.int64)) * np.dtype(self._dtype).itemsize / 2**30
+        return ValueError(
+            f"Variable {self.path!r} of shape {tuple(self._shape)} ({gib:.2f} GiB) lives on the "
+            "parameter servers, built there shard by shard: no process holds it whole, so it "
+            "cannot be read, assigned or saved here. Save it with "
+            "strategy.save_checkpoint(path) and read rows with "
+            "strategy.place_variables(variable).sparse_read(ids); or set "
+            "sx.config.update('ps_build_on_servers_bytes', 0) before building the model to "
+            "keep every variable on the chief.")
+
+    def value(self: Any) -> Any:
+        if in_stateless_scope():
+            current = get_stateless_scope().get_current_value(self)
+            if current is not None:
+                return self._maybe_autocast(current)
+        if not jax_core_internal.trace_state_clean():  # traced: a stand-in of its shape
+            return self._maybe_autocast(jax.numpy.zeros(self._shape, self._dtype))
+        # Eager, as Keras' JAX trainer collects its state: a description, never an array.
+        return jax.ShapeDtypeStruct(tuple(self._shape), self._dtype,
+                                    sharding=jax.sharding.SingleDeviceSharding(
+                                        jax.devices()[0]))
+
+    def assign(self: Any, new_value: Any) -> Any:
+        if isinstance(new_value, jax.ShapeDtypeStruct):  # the trainer giving its state back
+            return new_value
+        if in_stateless_scope() or not jax_core_internal.trace_state_clean():
+            return base.assign(self, new_value)
+        raise refuse(self)
+
+    def numpy(self: Any) -> Any:
+        raise refuse(self)
+
+    def array(self: Any, dtype: Any = None, copy: Any = None) -> Any:
+        raise refuse(self)
+
+    remote = type(f"Remote{base.__name__}", (base,), {
+        "value": property(value), "assign": assign, "numpy": numpy, "__array__": array,
+        "__module__": __name__})
+    _remote_classes[base] = remote
+    return remote
 
 
 @contextlib.contextmanager

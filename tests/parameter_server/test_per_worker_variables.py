@@ -131,7 +131,7 @@ def test_scheduled_steps_update_the_running_workers_copy_only(local_cluster):  #
         coordinator.schedule(lambda: strategy.run(
             lambda: strategy.apply_gradients([(np.float32(1), steps)], {"class_name": "SGD",
                                                                         "config": {}})))
-    with pytest.raises(ValueError, match="per_worker=True\\) got an initializer taking"):
+    with pytest.raises(ValueError, match="per_worker=True\\) got a partition-aware initializer"):
         strategy.create_variable(lambda shard_info: np.zeros(2), name="t", shape=(2,),
                                  per_worker=True)
     with pytest.raises(ValueError, match=r"shape=\(3,\) but the initial value has shape \(\)"):

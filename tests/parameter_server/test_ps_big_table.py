@@ -30,3 +30,19 @@ def test_capped_workers_train_a_partitioned_table(tmp_path):
     assert result["loss_last20"] < 0.8 * result["loss_first20"], result
     peaks = result["peak_rss_mib"]
     assert 0 < peaks["worker0"] < 512 and 0 < peaks["worker1"] < 512, peaks
+
+
+@pytest.mark.timeout(240)
+def test_keras_fit_of_a_table_larger_than_the_capped_chief(tmp_path):
+    """A 1,074 MiB Keras Embedding built by its 2 ps; every process but the ps capped, the
+    chief at 640 MiB (0.6x the table): fit and evaluate run, get_weights is refused."""
+    result = _demo(tmp_path, "--keras", "--rows", "4400000", "--steps", "8", "--chief-mib",
+                   "640")
+    assert "error" not in result, result
+    assert result["exit_codes"] == {"chief0": 0, "worker0": 0, "worker1": 0, "ps0": 0, "ps1": 0}
+    assert result["table_mib"] > 1000 and result["built_on_servers"] == "RemoteVariable"
+    assert result["iterations"] == [8, 8]
+    assert "lives on the parameter servers" in result["get_weights_refused"]
+    peaks = result["peak_rss_mib"]
+    assert 0 < peaks["chief0"] < 640 < result["table_mib"] * 0.6, peaks
+    assert min(peaks["ps0"], peaks["ps1"]) > result["table_mib"] / 2, peaks  # shards are there

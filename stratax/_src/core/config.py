@@ -90,6 +90,12 @@ config = Options([
            Integer(0, "steps a row update may lag"), 0,
            "Hybrid mode with mode='async': steps a worker's row updates may lag its reads; "
            "ParameterServerStrategy(max_staleness=) wins."),
+    Option("ps_build_on_servers_bytes", env.STRATAX_PS_BUILD_ON_SERVERS_BYTES,
+           Integer(0, "bytes from which a Keras variable is built on its servers; 0 = never"),
+           64 << 20,
+           "ParameterServerStrategy: Keras variables of at least this many bytes whose "
+           "initializer is a Keras built-in are built by their parameter servers, shard by "
+           "shard, never whole on the chief; 0 builds every variable on the chief."),
     Option("ps_progress_seconds", env.STRATAX_PS_PROGRESS_SECONDS,
            Number(0, "seconds between progress lines; 0 = off"), 10.0,
            "Seconds between the ClusterCoordinator's progress lines; 0 turns them off."),

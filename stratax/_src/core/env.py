@@ -154,6 +154,9 @@ STRATAX_PS_PROGRESS_SECONDS = "STRATAX_PS_PROGRESS_SECONDS"
 # ParameterServerStrategy's hybrid mode (options ps_dense_variables, ps_max_staleness).
 STRATAX_PS_DENSE_VARIABLES = "STRATAX_PS_DENSE_VARIABLES"
 STRATAX_PS_MAX_STALENESS = "STRATAX_PS_MAX_STALENESS"
+# Bytes from which ParameterServerStrategy builds a Keras variable on its parameter servers,
+# shard by shard, instead of on the chief (option ps_build_on_servers_bytes; 0 = never).
+STRATAX_PS_BUILD_ON_SERVERS_BYTES = "STRATAX_PS_BUILD_ON_SERVERS_BYTES"
 # Seconds a served ps/worker task waits without hearing from a chief before it exits (status
 # 1); default 120 (parameter_server/tasks/chief_session.py; Server(chief_timeout_seconds=)).
 STRATAX_PS_CHIEF_TIMEOUT_SECONDS = "STRATAX_PS_CHIEF_TIMEOUT_SECONDS"

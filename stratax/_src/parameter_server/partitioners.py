@@ -174,23 +174,35 @@ class ShardInfo:
     offset: tuple[int, ...]
 
 
-def takes_shard_info(initializer: Any) -> bool:
-    """True when ``initializer`` is a callable with a ``shard_info`` parameter (TensorFlow's
-    mark of a partition-aware initializer)."""
+def partition_aware(initializer: Any) -> bool:
+    """True when ``initializer`` builds one shard at a time, as TensorFlow recognises it: a
+    ``shard_info`` parameter, or ``partition_shape`` and ``partition_offset`` keyword
+    arguments (named, or taken by ``**kwargs``)."""
     try:
-        return "shard_info" in inspect.signature(initializer).parameters
+        parameters = inspect.signature(initializer).parameters
     except (TypeError, ValueError):
         return False
+    return "shard_info" in parameters or {"partition_shape", "partition_offset"} <= set(
+        parameters) or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
 
 
 def build_shard(initializer: Callable[..., Any], name: str, start: int, rows: int,
                 shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-    """One shard built by a partition-aware initializer, checked against its shape."""
+    """One shard built by a partition-aware initializer (``partition_aware``), checked
+    against its shape. TensorFlow's ``partition_shape``/``partition_offset`` form may return
+    the whole variable instead, which is sliced (as TensorFlow does)."""
     info = ShardInfo(shape=(rows, *shape[1:]), offset=(start, *(0,) * (len(shape) - 1)))
-    part = np.asarray(initializer(shard_info=info), dtype=dtype)
+    if "shard_info" in inspect.signature(initializer).parameters:
+        part = np.asarray(initializer(shard_info=info), dtype=dtype)
+    else:
+        part = np.asarray(initializer(partition_shape=info.shape,
+                                      partition_offset=info.offset), dtype=dtype)
+        if part.shape == tuple(shape) != info.shape:
+            part = part[start:start + rows]
     if part.shape != info.shape:
         raise ValueError(f"The initializer of {name!r} returned shape {part.shape} for "
-                         f"{info}; it must return an array of shard_info.shape.")
+                         f"{info}; it must return an array of shard_info.shape "
+                         "(partition_shape).")
     return part
 
 

@@ -29,13 +29,14 @@ from stratax._src.parameter_server import coordinator as coord
 from stratax._src.parameter_server.inputs import dataset_source
 from stratax._src.parameter_server.partitioners import (
     build_shard,
+    partition_aware,
     partition_count,
     shard_offsets,
     shard_sizes,
-    takes_shard_info,
 )
 from stratax._src.parameter_server.per_worker_variables import PerWorkerVariable
 from stratax._src.parameter_server.residency import Residency, hybrid_settings, require_tables
+from stratax._src.parameter_server.shard_init import ShardRecipe, remote_recipe
 from stratax._src.parameter_server.tasks import cluster_check, compute_threads
 from stratax._src.parameter_server.tasks.optimizers import DEFAULT_SPARSE_UPDATES
 from stratax._src.parameter_server.tasks.server import SERVED_JOBS, Server
@@ -355,9 +356,11 @@ class ParameterServerStrategy(Strategy):
 
     def refresh_keras_variables(self) -> None:
         """Copies the parameter servers' values into the Keras variables they came from, so
-        ``model.get_weights()``, ``model.save()`` and local evaluation see the trained values."""
+        ``model.get_weights()``, ``model.save()`` and local evaluation see the trained values
+        (not those built by their servers, which no process holds whole)."""
         for keras_var, ps_var in self._keras.values():
-            keras_var.assign(ps_var.numpy())
+            if remote_recipe(keras_var) is None:
+                keras_var.assign(ps_var.numpy())
 
     def pull_optimizer_state(self, optimizer: Any, variables: Sequence[Any]) -> None:
         """Copies the servers' optimizer slots of the placed Keras ``variables`` into the Keras
@@ -378,7 +381,10 @@ class ParameterServerStrategy(Strategy):
         return id(variable) in self._keras
 
     def _placed_pairs(self, variables: Sequence[Any]) -> list[tuple[Any, PSVariable]]:
-        return [self._keras[id(v)] for v in variables if id(v) in self._keras]
+        """The placed ones of ``variables`` with their ``PSVariable``, less those built by
+        their servers (their state never comes to the chief)."""
+        return [self._keras[id(v)] for v in variables
+                if id(v) in self._keras and remote_recipe(v) is None]
 
     def place_variables(self, variables: Any) -> Any:
         """Places the Keras variables of a pytree on the parameter servers now (they are
@@ -415,9 +421,13 @@ class ParameterServerStrategy(Strategy):
                 return leaf
             entry = self._keras.get(id(leaf))
             if entry is None:
-                ps_var = self.create_variable(np.asarray(leaf.numpy()), name=leaf.path,
-                                              trainable=bool(getattr(leaf, "trainable", True)),
-                                              aggregation=getattr(leaf, "aggregation", None))
+                recipe = remote_recipe(leaf)  # built by its servers, never here
+                ps_var = self.create_variable(
+                    np.asarray(leaf.numpy()) if recipe is None else recipe, name=leaf.path,
+                    trainable=bool(getattr(leaf, "trainable", True)),
+                    aggregation=getattr(leaf, "aggregation", None),
+                    shape=None if recipe is None else tuple(leaf.shape),
+                    dtype=None if recipe is None else leaf.dtype)
                 entry = self._keras[id(leaf)] = (leaf, ps_var)
             return entry[1]
 
@@ -437,10 +447,12 @@ class ParameterServerStrategy(Strategy):
         ``variable.read_all()`` gives each worker's value (see ``per_worker_variables``).
 
         Unpartitioned variables go to the least-loaded ps (round-robin by size); inside
-        ``colocate_vars_with(v)`` to ``v``'s ps, unpartitioned. An ``initial_value`` callable
-        with a ``shard_info`` parameter (``sx.partitioners.ShardInfo``) is called once per
-        shard, with ``shape`` (required) and ``dtype`` (default float32), so no task ever holds
-        the whole variable, as in TensorFlow.
+        ``colocate_vars_with(v)`` to ``v``'s ps, unpartitioned. A partition-aware
+        ``initial_value`` is called once per shard, with ``shape`` (required) and ``dtype``
+        (default float32), so no task ever holds the whole variable, as in TensorFlow: a
+        callable with a ``shard_info`` parameter (``sx.partitioners.ShardInfo``), or one that
+        takes TensorFlow's ``partition_shape`` and ``partition_offset`` keyword arguments (one
+        that returns the whole variable instead is sliced, as TensorFlow does).
 
         ``aggregation`` (TensorFlow's ``VariableAggregation`` or Keras' name: ``"none"``,
         ``"sum"``, ``"mean"``, ``"only_first_replica"``) is kept as ``variable.aggregation``.
@@ -451,12 +463,14 @@ class ParameterServerStrategy(Strategy):
           ValueError: an unknown ``aggregation``, or a bad shape (named in the message).
         """
         aggregation = aggregation_name(aggregation)
-        per_shard = callable(initial_value) and takes_shard_info(initial_value)
+        recipe = initial_value if isinstance(initial_value, ShardRecipe) else None
+        per_shard = recipe is not None or (callable(initial_value)
+                                           and partition_aware(initial_value))
         if per_worker:
             if per_shard:
                 raise ValueError(
-                    f"create_variable({name!r}, per_worker=True) got an initializer taking "
-                    "shard_info; a per-worker variable is not partitioned: pass its value or "
+                    f"create_variable({name!r}, per_worker=True) got a partition-aware "
+                    "initializer; a per-worker variable is not partitioned: pass its value or "
                     "a callable without arguments.")
             value = initial_array(initial_value, name, dtype, shape)
             name = self._unique_name(name or "Variable")
@@ -466,7 +480,7 @@ class ParameterServerStrategy(Strategy):
         if per_shard:
             if shape is None:
                 raise ValueError(
-                    f"create_variable({name!r}): an initializer taking shard_info builds one "
+                    f"create_variable({name!r}): a partition-aware initializer builds one "
                     "shard at a time, so it needs the whole variable's shape=(rows, ...).")
             value = None
             full_shape, full_dtype = tuple(int(d) for d in shape), np.dtype(dtype or "float32")
@@ -493,7 +507,9 @@ class ParameterServerStrategy(Strategy):
                    aggregation)
         if value is not None:
             self._write("create", placements, value)
-        for p in placements if per_shard else ():
+        elif recipe is not None:
+            self._build_on_servers(recipe, placements, full_shape, full_dtype)
+        for p in placements if per_shard and recipe is None else ():
             self._write("create", [p], build_shard(initial_value, name, p.start, p.rows,
                                                       full_shape, full_dtype))
         self._variables.append(var)
@@ -554,6 +570,22 @@ class ParameterServerStrategy(Strategy):
 
     def _assign(self, var: PSVariable, value: np.ndarray) -> None:
         self._write("assign", var.placements, value)
+
+    def _build_on_servers(self, recipe: ShardRecipe, placements: Sequence[Placement],
+                          shape: tuple[int, ...], dtype: np.dtype) -> None:
+        """Each ps builds its shards of a variable from ``recipe`` (one call per ps)."""
+        by_ps: dict[int, list[Placement]] = defaultdict(list)
+        for p in placements:
+            by_ps[p.ps].append(p)
+
+        def call(ps: int) -> Callable[[RpcClient], Any]:
+            meta = {"names": [p.key for p in by_ps[ps]], "recipe": recipe.describe(),
+                    "shape": list(shape), "dtype": dtype.name,
+                    "starts": [p.start for p in by_ps[ps]],
+                    "rows": [p.rows for p in by_ps[ps]]}
+            return lambda c: c.call("build", meta)
+
+        self._ps.each({ps: call(ps) for ps in by_ps})
 
     def _write(self, method: str, placements: Sequence[Placement], value: np.ndarray) -> None:
         """Sends each shard of ``value`` to its ps (``create`` or ``assign``), one call per ps."""

@@ -29,7 +29,9 @@ from typing import Any
 import jax
 import numpy as np
 
+from stratax._src import seam
 from stratax._src.keras import feed as feed_lib
+from stratax._src.keras import shard_recipes
 from stratax._src.keras.dataset_creator import DatasetCreator
 from stratax._src.keras.runners.ps_fit import (
     BatchRef,
@@ -39,6 +41,7 @@ from stratax._src.keras.runners.ps_fit import (
 )
 from stratax._src.keras.runners.runner import KerasRunner
 from stratax._src.parameter_server.inputs import worker_data
+from stratax._src.parameter_server.shard_init import remote_recipe
 
 logger = logging.getLogger(__name__)
 _KINDS = {"fit": "train", "evaluate": "test", "predict": "predict"}
@@ -106,6 +109,11 @@ class ParameterServerRunner(KerasRunner):
         self._pipelines: dict[tuple[int, str], GroupPipeline] = {}
 
     # ------------------------------------------------------------------ runner interface
+    def placement_scope(self) -> contextlib.AbstractContextManager[Any]:
+        """Large variables with a Keras built-in initializer are built by their parameter
+        servers, never on the chief (``shard_recipes``)."""
+        return seam.variables_built_elsewhere(shard_recipes.built_on_servers)
+
     def prepare(self, method: str, arguments: dict[str, Any]) -> dict[str, Any]:
         call = _Call(method, {}, [])
         try:
@@ -177,7 +185,8 @@ class ParameterServerRunner(KerasRunner):
         self.strategy.cluster_coordinator().drop_replicas()
         self.strategy.push_optimizer_state(model.optimizer, model.trainable_variables)
         for variable in model.non_trainable_variables:
-            self.strategy.place_variables(variable).assign(np.asarray(variable.numpy()))
+            if remote_recipe(variable) is None:
+                self.strategy.place_variables(variable).assign(np.asarray(variable.numpy()))
 
     def hold_after(self, model: Any, steps: int) -> None:
         pipeline = self._pipelines.get((id(model), "train"))

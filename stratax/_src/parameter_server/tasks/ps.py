@@ -1,9 +1,10 @@
 """The parameter-server task: holds variable shards (numpy) and applies optimizer updates.
 
-No user code runs here: variables arrive as tensors, the optimizer as a Keras config (JSON),
-gradients as tensors. Each push carries a step id; a per-shard ledger of applied step ids makes
-a re-sent push (a re-run closure, a retried call) a no-op, so every step is applied at most once
-per shard, and ``iterations`` counts exactly the updates applied.
+No user code runs here: variables arrive as tensors or as recipes to build them from
+(``shard_init``), the optimizer as a Keras config (JSON), gradients as tensors. Each push
+carries a step id; a per-shard ledger of applied step ids makes a re-sent push (a re-run
+closure, a retried call) a no-op, so every step is applied at most once per shard, and
+``iterations`` counts exactly the updates applied.
 
 Every request is validated completely before any state changes, so a malformed or inconsistent
 request leaves the server as it was.
@@ -20,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from stratax._src.parameter_server import checkpoint
+from stratax._src.parameter_server import checkpoint, shard_init
 from stratax._src.parameter_server.tasks.optimizers import ShardOptimizer
 from stratax._src.parameter_server.transport import rpc, wire
 
@@ -63,7 +64,8 @@ class ParameterServer(rpc.Dispatcher):
         self._lock = threading.Lock()
         self.shutdown_requested = threading.Event()
         self._methods = {
-            "ping": self._ping, "create": self._create, "set_optimizer": self._set_optimizer,
+            "ping": self._ping, "create": self._create, "build": self._build,
+            "set_optimizer": self._set_optimizer,
             "pull": self._pull, "push": self._push,
             "assign": self._assign, "stats": self._stats, "shutdown": self._shutdown,
             "ledger": self._ledger,
@@ -108,8 +110,40 @@ class ParameterServer(rpc.Dispatcher):
         names = _names(frame.meta)
         if len(names) != len(frame.tensors):
             raise wire.WireError(f"create got {len(names)} names and {len(frame.tensors)} tensors.")
+        self._store(names, frame.tensors)
+        return rpc.response()
+
+    def _build(self, frame: wire.Frame) -> bytes:
+        """Builds the named shards here from a ``ShardRecipe``: the chief sends the recipe,
+        the whole variable's shape and dtype, and each shard's first row and row count."""
+        names = _names(frame.meta)
+        starts = wire.require(frame.meta, "starts", list)
+        rows = wire.require(frame.meta, "rows", list)
+        shape = wire.require(frame.meta, "shape", list)
+        try:
+            recipe = shard_init.ShardRecipe.from_description(
+                wire.require(frame.meta, "recipe", dict))
+            dtype = np.dtype(wire.require(frame.meta, "dtype", str))
+        except (TypeError, ValueError) as err:
+            raise wire.WireError(f"build: {err}") from None
+        if dtype.kind not in "fiu" or not (len(names) == len(starts) == len(rows)) or not all(
+                isinstance(d, int) and d >= 0 for d in [*shape, *starts, *rows]):
+            raise wire.WireError(f"build: names, starts and rows must align and shape, starts "
+                                 f"and rows hold non-negative ints; dtype numeric, got "
+                                 f"{names}, {starts}, {rows}, shape {shape}, dtype {dtype}.")
+        try:
+            values = [shard_init.build_rows(recipe, start, count, tuple(shape), dtype)
+                      for start, count in zip(starts, rows, strict=True)]
+        except ValueError as err:
+            raise wire.WireError(f"build: {err}") from None
+        self._store(names, values)
+        return rpc.response()
+
+    def _store(self, names: list[str], values: list[np.ndarray]) -> None:
+        """Keeps ``values`` as the named shards; one that exists keeps its value, and must
+        have the same shape and dtype."""
         with self._lock:
-            for name, value in zip(names, frame.tensors, strict=False):
+            for name, value in zip(names, values, strict=False):
                 existing = self._shards.get(name)
                 if existing is not None and (existing.value.shape != value.shape
                                              or existing.value.dtype != value.dtype):
@@ -118,13 +152,12 @@ class ParameterServer(rpc.Dispatcher):
                         f"{existing.value.dtype}, cannot re-create it as {value.shape} "
                         f"{value.dtype}."
                     )
-            for name, value in zip(names, frame.tensors, strict=False):
+            for name, value in zip(names, values, strict=False):
                 if name not in self._shards:
                     # A streamed frame's tensors are writable views of its own buffer: keep
                     # them (no second copy of a large table); a unary frame's are copied.
                     kept = value.flags.writeable and value.flags.aligned
                     self._shards[name] = _Shard(value if kept else np.array(value))
-        return rpc.response()
 
     def _set_optimizer(self, frame: wire.Frame) -> bytes:
         names = _names(frame.meta)
