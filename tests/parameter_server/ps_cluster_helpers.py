@@ -123,15 +123,15 @@ def wait_all(cluster: Cluster, timeout: float) -> dict[str, int]:
             for name, proc in cluster.procs.items()}
 
 
-@pytest.fixture
-def local_cluster():
-    """A cluster of 1 worker and 2 ps served by threads of this process (``sx.Server``), for
-    strategy API tests that need real servers but no process of their own; yields a function
-    that builds a chief strategy on it (each shut down at the end, before the servers)."""
+@contextlib.contextmanager
+def local_servers(ps: int = 2, workers: int = 1):
+    """A cluster of ``workers`` workers and ``ps`` ps served by threads of this process
+    (``sx.Server``); yields a function that builds a chief strategy on it (each shut down at
+    the end, before the servers)."""
     import stratax as sx
 
     spec = {job: [f"127.0.0.1:{free_port()}" for _ in range(n)]
-            for job, n in {"chief": 1, "worker": 1, "ps": 2}.items()}
+            for job, n in {"chief": 1, "worker": workers, "ps": ps}.items()}
     servers = [sx.Server(spec, job_name=job, task_index=i, timeout_seconds=20)
                for job in ("ps", "worker") for i in range(len(spec[job]))]
     strategies = []
@@ -148,3 +148,11 @@ def local_cluster():
             strategy.shutdown()
         for server in servers:
             server.stop()
+
+
+@pytest.fixture
+def local_cluster():
+    """A cluster of 1 worker and 2 ps served by threads of this process (``local_servers``),
+    for strategy API tests that need real servers but no process of their own."""
+    with local_servers() as make:
+        yield make

@@ -32,7 +32,8 @@ def _temp_prefix(path: Path) -> str:
 def write_atomically(path: str | os.PathLike[str], data: bytes | bytearray | memoryview | str
                      ) -> None:
     """Writes ``data`` to ``path`` through a temp file beside it, flushed to disk, then renamed
-    over ``path``. On any failure the temp file is removed and ``path`` is left as it was.
+    over ``path`` and the directory flushed. On any failure the temp file is removed and
+    ``path`` is left as it was.
 
     Raises:
       OSError: the write failed (a full disk, a read-only or removed directory); the message
@@ -50,11 +51,21 @@ def write_atomically(path: str | os.PathLike[str], data: bytes | bytearray | mem
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+        fsync_directory(path.parent)  # the rename itself survives a crash
     except BaseException as err:
         Path(tmp).unlink(missing_ok=True)
         if isinstance(err, OSError) and str(path) not in str(err):
             raise _naming(err, path, tmp) from err
         raise
+    finally:
+        os.close(fd)
+
+
+def fsync_directory(path: str | os.PathLike[str]) -> None:
+    """Flushes ``path``'s directory entries (files created or renamed in it) to disk."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
     finally:
         os.close(fd)
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -34,6 +33,14 @@ from typing import Any
 
 import numpy as np
 
+from stratax._src.parameter_server import sharded_checkpoint
+from stratax._src.parameter_server.checkpoint_entries import (
+    call,
+    find,
+    iterations_at,
+    join,
+    named,
+)
 from stratax._src.parameter_server.program import optimizer_spec
 from stratax._src.parameter_server.tasks.optimizers import DEFAULT_SPARSE_UPDATES, ShardOptimizer
 from stratax._src.parameter_server.tasks.snapshots import HEADER, write_npz
@@ -133,7 +140,7 @@ def pull_keras_optimizer(strategy: Any, optimizer: Any,
         keras_slots = slots_of(keras_var)
         for j, slot in enumerate(parts[0][0]["slots"]):
             if slot in keras_slots:
-                keras_slots[slot].assign(_join([tensors[1 + j] for _, tensors in parts],
+                keras_slots[slot].assign(join([tensors[1 + j] for _, tensors in parts],
                                                ps_var.shape))
 
 
@@ -153,7 +160,11 @@ def push_keras_optimizer(strategy: Any, optimizer: Any,
 
 
 def save(strategy: Any, path: str | os.PathLike, variables: Sequence[Any]) -> None:
-    """Writes ``variables`` (``PSVariable``s) with their optimizer state to ``path``."""
+    """Writes ``variables`` (``PSVariable``s) with their optimizer state to ``path``: one
+    ``.npz`` file, or a sharded checkpoint directory (``sharded_checkpoint``)."""
+    if sharded_checkpoint.is_sharded(path):
+        sharded_checkpoint.save(strategy, path, variables)
+        return
     shards = export_variables(strategy, variables)
     entries, arrays = [], {}
     for i, var in enumerate(variables):
@@ -162,9 +173,9 @@ def save(strategy: Any, path: str | os.PathLike, variables: Sequence[Any]) -> No
         keys = {state["optimizer"] for state in states}
         if len(keys) > 1:
             raise ValueError(f"The shards of {var.name!r} have different optimizers {keys}.")
-        arrays[f"value/{i}"] = _join([tensors[0] for _, tensors in parts], var.shape)
+        arrays[f"value/{i}"] = join([tensors[0] for _, tensors in parts], var.shape)
         for j, slot in enumerate(states[0]["slots"]):
-            arrays[f"slot/{i}/{slot}"] = _join([tensors[1 + j] for _, tensors in parts],
+            arrays[f"slot/{i}/{slot}"] = join([tensors[1 + j] for _, tensors in parts],
                                                var.shape)
         entries.append({"name": var.name, "shape": list(var.shape), "dtype": var.dtype.name,
                         "optimizer": states[0]["optimizer"], "slots": states[0]["slots"],
@@ -178,13 +189,15 @@ def restore(strategy: Any, path: str | os.PathLike, variables: Sequence[Any]) ->
     their current placement; returns the names restored. A variable saved without optimizer
     state (``save_variables``) keeps the optimizer state its shards have. Raises on a missing
     name or a shape mismatch, naming both."""
+    if sharded_checkpoint.is_sharded(path):
+        return sharded_checkpoint.restore(strategy, path, variables)
     entries, data = _read(path)
     imports = _ShardImports()
     for var in variables:
-        index, entry = _find(entries, var.name, tuple(var.shape), path)
+        index, entry = find(entries, var.name, tuple(var.shape), path)
         slots = {s: data[f"slot/{index}/{s}"] for s in entry["slots"]}
         imports.add(var, entry["optimizer"], data[f"value/{index}"], slots,
-                    lambda p, blocks=entry["iterations"]: _iterations_at(blocks, p.start))
+                    lambda p, blocks=entry["iterations"]: iterations_at(blocks, p.start))
     imports.send(strategy)
     return [var.name for var in variables]
 
@@ -250,12 +263,12 @@ def load_variables(path: str | os.PathLike, variables: Sequence[Any],
     strategy and placement (e.g. ``ParameterServerStrategy.save_checkpoint``), and, when
     ``optimizer`` (a Keras ``SGD`` or ``Adam``) is given, its slots and iterations; returns the
     names loaded."""
-    entries, data = _read(path)
+    entries, data = _read(path)  # a sharded directory's arrays are read as they are used
     if optimizer is not None and not optimizer.built:
         optimizer.build(list(variables))
     key, slots_of = _keras_optimizer(optimizer, variables)
     for var in variables:
-        index, entry = _find(entries, var.path, tuple(var.shape), path)
+        index, entry = find(entries, var.path, tuple(var.shape), path)
         var.assign(data[f"value/{index}"])
         if optimizer is None:
             continue
@@ -265,7 +278,7 @@ def load_variables(path: str | os.PathLike, variables: Sequence[Any],
                              f"for {var.path!r}; load it without `optimizer`.")
         for name, slot in slots_of(var).items():
             slot.assign(data[f"slot/{index}/{name}"])
-        optimizer.iterations.assign(_iterations_at(entry["iterations"], 0))
+        optimizer.iterations.assign(iterations_at(entry["iterations"], 0))
     return [var.path for var in variables]
 
 
@@ -292,38 +305,14 @@ def _keras_optimizer(optimizer: Any, variables: Sequence[Any]) -> tuple[str, Any
     return json.dumps({"spec": spec, "sparse": sparse}, sort_keys=True), slots_of
 
 
-def call(method: str, meta: dict[str, Any], tensors: Sequence[np.ndarray] = ()) -> Any:
-    """A ``PSClients.each`` call of ``method`` (streamed: shards may be large)."""
-    return lambda client: client.call(method, meta, list(tensors), stream=True)
-
-
 # ----- the file -----------------------------------------------------------------------------
-# Keras' automatic names of a top-level model (``Sequential``, functional ``Model``); a path
-# starting with one belongs to a model built in code (see the module docstring).
-_AUTO_MODEL = re.compile(r"(sequential|functional|model)(_\d+)?/")
-
-
-def entry_name(name: str) -> str:
-    """The checkpoint name of a variable path: ``sequential_3/dense/kernel`` -> ``dense/kernel``
-    (the same for the model from ``load_model``); other paths are kept."""
-    return name[_AUTO_MODEL.match(name).end():] if _AUTO_MODEL.match(name) else name
-
-
-def _named(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """``entries`` with names by ``entry_name``, except where two would then collide (variables
-    of two models in one file keep their full paths)."""
-    short = [entry_name(e["name"]) for e in entries]
-    return [{**e, "name": s if short.count(s) == 1 else e["name"]}
-            for e, s in zip(entries, short, strict=True)]
-
-
 def _write(path: str | os.PathLike, entries: list[dict[str, Any]],
            arrays: dict[str, np.ndarray]) -> None:
     path = Path(path)
     if path.suffix != ".npz":
         raise ValueError(f"Checkpoint path {str(path)!r} must end with '.npz'.")
     path.parent.mkdir(parents=True, exist_ok=True)
-    entries = _named(entries)
+    entries = named(entries)
     write_npz(path, {"format": FORMAT, "version": VERSION, "variables": entries},
               {_array_key(key, entries): value for key, value in arrays.items()})
 
@@ -345,7 +334,12 @@ def _array_key(key: str, entries: list[dict[str, Any]], named: bool = True) -> s
     raise ValueError(f"Checkpoint array {key!r} belongs to no variable of its header.")
 
 
-def _read(path: str | os.PathLike) -> tuple[list[dict[str, Any]], dict[str, np.ndarray]]:
+def _read(path: str | os.PathLike) -> tuple[list[dict[str, Any]], Any]:
+    """The entries of the checkpoint ``path`` and its arrays by entry number (``value/<i>``,
+    ``slot/<i>/<slot>``): a dict for a ``.npz`` file, a reader for a sharded directory."""
+    if sharded_checkpoint.is_sharded(path):
+        _, entries = sharded_checkpoint.read_manifest(path)
+        return entries, _ShardedArrays(path, entries)
     with np.load(path, allow_pickle=False) as npz:
         data = {k: np.array(npz[k]) for k in npz.files}
     header = json.loads(data.pop(HEADER).tobytes())
@@ -359,31 +353,16 @@ def _read(path: str | os.PathLike) -> tuple[list[dict[str, Any]], dict[str, np.n
     return entries, {_array_key(key, entries, named=False): value for key, value in data.items()}
 
 
-def _find(entries: list[dict[str, Any]], name: str, shape: tuple[int, ...],
-          path: Any) -> tuple[int, dict[str, Any]]:
-    """The entry named ``name``, else the one entry whose name equals it once Keras' automatic
-    top-level model name is stripped from both (see ``entry_name``)."""
-    found = [i for i, e in enumerate(entries) if e["name"] == name]
-    if not found:
-        found = [i for i, e in enumerate(entries)
-                 if entry_name(e["name"]) == entry_name(name)]
-    if len(found) == 1:
-        entry = entries[found[0]]
-        if tuple(entry["shape"]) != shape:
-            raise ValueError(f"Checkpoint {str(path)!r} has {entry['name']!r} with shape "
-                             f"{tuple(entry['shape'])}, the variable {name!r} has {shape}.")
-        return found[0], entry
-    raise ValueError(f"Checkpoint {str(path)!r} has {'several entries for' if found else 'no'} "
-                     f"variable {name!r}; it has {[e['name'] for e in entries]}.")
 
 
-def _join(parts: list[np.ndarray], shape: tuple[int, ...]) -> np.ndarray:
-    return parts[0] if len(parts) == 1 or not shape else np.concatenate(parts, axis=0)
+class _ShardedArrays:
+    """``data[key]`` of ``_read`` for a sharded checkpoint: each array assembled from its parts
+    when asked for."""
 
+    def __init__(self, path: str | os.PathLike, entries: list[dict[str, Any]]) -> None:
+        self._path, self._entries = path, entries
 
-def _iterations_at(blocks: list[list[int]], row: int) -> int:
-    for start, rows, iterations in blocks:
-        if start <= row < start + max(rows, 1):
-            return int(iterations)
-    return int(blocks[0][2]) if blocks else 0
-
+    def __getitem__(self, key: str) -> np.ndarray:
+        kind, index, *slot = key.split("/")
+        return sharded_checkpoint.load_whole(self._path, self._entries[int(index)],
+                                             slot[0] if kind == "slot" else None)

@@ -21,6 +21,7 @@ import numpy as np
 
 from stratax._src.core.config import config
 from stratax._src.parameter_server import checkpoint
+from stratax._src.parameter_server import checkpoint_entries as entries_lib
 from stratax._src.parameter_server.program import Program
 from stratax._src.parameter_server.variables import PSVariable
 
@@ -105,7 +106,7 @@ class Residency:
                 tensors += reply.tensors[position:position + count]
                 position += count
             self._strategy._ps.each({
-                ps: checkpoint.call("import", {"names": names, "shards": states}, tensors)
+                ps: entries_lib.call("import", {"names": names, "shards": states}, tensors)
                 for ps, (names, states, tensors) in calls.items()})
 
     def drop(self, workers: Sequence[Any]) -> None:

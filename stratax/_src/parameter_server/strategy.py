@@ -24,7 +24,14 @@ from stratax._src.cluster.cluster_spec import ClusterSpec
 from stratax._src.cluster.resolver import ClusterResolver
 from stratax._src.core.context import replica_context_scope
 from stratax._src.data.input_context import InputContext
-from stratax._src.parameter_server import checkpoint, closures, functions, program, shared_session
+from stratax._src.parameter_server import (
+    checkpoint,
+    closures,
+    functions,
+    program,
+    sharded_checkpoint,
+    shared_session,
+)
 from stratax._src.parameter_server import coordinator as coord
 from stratax._src.parameter_server.inputs import dataset_source
 from stratax._src.parameter_server.partitioners import (
@@ -156,6 +163,7 @@ class ParameterServerStrategy(Strategy):
             raise
         self._variables: list[PSVariable] = []
         self._names: set[str] = set()
+        self._built_on_servers: set[str] = set()  # names of variables no process holds whole
         self._load = [0] * len(self._ps_addresses)
         self._programs: dict[Any, program.Program] = {}
         # id(Keras variable) -> (that variable, its PSVariable); the variable is kept alive.
@@ -509,6 +517,7 @@ class ParameterServerStrategy(Strategy):
             self._write("create", placements, value)
         elif recipe is not None:
             self._build_on_servers(recipe, placements, full_shape, full_dtype)
+            self._built_on_servers.add(name)
         for p in placements if per_shard and recipe is None else ():
             self._write("create", [p], build_shard(initial_value, name, p.start, p.rows,
                                                       full_shape, full_dtype))
@@ -536,15 +545,36 @@ class ParameterServerStrategy(Strategy):
                 for p in variable.placements]
 
     def save_checkpoint(self, path: str, variables: Sequence[Any] | None = None) -> None:
-        """Writes ``variables`` (default: all) to ``path`` (``.npz``), unsharded, with their
-        optimizer state, atomically; it restores with any number of parameter servers and any
-        partitioner, and into Keras under any strategy (``sx.checkpoint.load_variables``)."""
-        checkpoint.save(self, path, self._checkpointed(variables))
+        """Writes ``variables`` (default: all) with their optimizer state to ``path``.
+
+        A directory (a path without ``.npz``): each parameter server writes its own shards in
+        parallel and the chief commits the version with a manifest, so no process holds a
+        variable whole and a save killed at any point leaves the previous version (see
+        ``sharded_checkpoint``). A ``.npz`` file: the variables whole, from the chief, for
+        models that fit it. Either restores with any number of parameter servers and any
+        partitioner, and into Keras under any strategy (``sx.checkpoint.load_variables``).
+
+        Raises:
+          ValueError: a ``.npz`` path for a variable built by its servers (too large for the
+            chief): the message names it; save to a directory instead.
+        """
+        chosen = self._checkpointed(variables)
+        if not sharded_checkpoint.is_sharded(path):
+            large = [v.name for v in chosen if v.name in self._built_on_servers]
+            if large:
+                raise ValueError(
+                    f"save_checkpoint({path!r}) would gather {large} whole on the chief, which "
+                    "never holds them (built by their parameter servers); save to a directory "
+                    "instead, e.g. strategy.save_checkpoint('ckpt'), where each server writes "
+                    "its own shards.")
+        checkpoint.save(self, path, chosen)
 
     def restore_checkpoint(self, path: str, variables: Sequence[Any] | None = None) -> list[str]:
-        """Loads ``path`` (from ``save_checkpoint`` or ``sx.checkpoint.save_variables``) into
-        ``variables`` (default: all; Keras variables are matched by ``path``), resharding to
-        this strategy's placement; returns the names restored."""
+        """Loads ``path`` (a directory or ``.npz`` file from ``save_checkpoint``, or
+        ``sx.checkpoint.save_variables``' file) into ``variables`` (default: all; Keras
+        variables are matched by ``path``), resharding to this strategy's placement; returns
+        the names restored. From a directory each parameter server reads only the saved rows
+        of its own shards."""
         return checkpoint.restore(self, path, self._checkpointed(variables))
 
     def _checkpointed(self, variables: Sequence[Any] | None) -> list[PSVariable]:

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from stratax._src.parameter_server import checkpoint, shard_init
+from stratax._src.parameter_server import checkpoint, shard_init, sharded_checkpoint
 from stratax._src.parameter_server.tasks.optimizers import ShardOptimizer
 from stratax._src.parameter_server.transport import rpc, wire
 
@@ -71,6 +71,8 @@ class ParameterServer(rpc.Dispatcher):
             "ledger": self._ledger,
             "export": lambda f: checkpoint.export_shards(self, f),
             "import": lambda f: checkpoint.import_shards(self, f),
+            "save_shards": lambda f: sharded_checkpoint.save_shards(self, f),
+            "load_shards": lambda f: sharded_checkpoint.load_shards(self, f),
         }
         if snapshots is not None:  # a ``snapshots.Snapshots``: restore, then snapshot pushes
             snapshots.attach(self)
