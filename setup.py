@@ -1,14 +1,14 @@
 """Installs ``stratax-keras-backend.pth`` beside the package (the rest is in pyproject.toml).
 
-The ``.pth`` file makes JAX Keras' default backend in this environment only where TensorFlow
-is not installed and ``KERAS_BACKEND`` is unset: there Keras' own default (TensorFlow) could not
-run anyway, and TensorFlow programs ported by changing two import lines run even when they
-import ``keras`` before ``stratax``, as TensorFlow's guides do. Where TensorFlow is installed the
-hook does nothing, so ``tf.keras`` and every Keras program that never imports stratax keep
-TensorFlow; a program that uses stratax there imports it before ``keras`` and ``tensorflow``
-(or sets ``KERAS_BACKEND=jax``), else ``import stratax`` says so (``stratax._src.startup``).
-The hook asks ``sys.meta_path``'s finders directly rather than ``importlib.util.find_spec``,
-which a bare virtual environment has not imported yet at start-up (~3 ms more per start).
+The ``.pth`` file's one line imports ``_stratax_keras_backend`` (a top-level module, listed in
+pyproject.toml) at every interpreter start in this environment. That module makes JAX Keras'
+backend only where the user chose none (no ``KERAS_BACKEND``, no ``keras.json`` naming one)
+and TensorFlow, Keras' own default, is not installed, so that TensorFlow programs ported by
+changing two import lines run even when they import ``keras`` before ``stratax``, as
+TensorFlow's guides do. It sets ``KERAS_BACKEND`` only while ``keras`` is first imported, so
+programs that never import Keras, and child processes, see no change; its docstring has the
+rules. Elsewhere a program that uses stratax imports it before ``keras`` and ``tensorflow`` (or
+sets ``KERAS_BACKEND=jax``), else ``import stratax`` says so (``stratax._src.startup``).
 """
 
 import os

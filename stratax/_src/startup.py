@@ -34,8 +34,9 @@ def ensure_jax_backend() -> None:
     if keras is not None:
         backend = keras.backend.backend()
         if backend != "jax":
-            # Where TensorFlow is installed, stratax's .pth hook leaves Keras' default alone
-            # (setup.py), and `import tensorflow` imports Keras too.
+            # stratax's start-up hook (_stratax_keras_backend.py) leaves Keras' default alone
+            # where TensorFlow is installed or the user named a backend (KERAS_BACKEND,
+            # keras.json), and `import tensorflow` imports Keras too.
             raise RuntimeError(
                 f"Keras was imported with the {backend!r} backend before stratax (by `import "
                 "keras`, or by `import tensorflow`, which imports Keras); stratax needs the JAX "

@@ -122,7 +122,8 @@ def test_copied_files_build_the_project(path: Path, tmp_path: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     package_files = {p.relative_to(ROOT).as_posix() for p in (ROOT / "stratax").rglob("*.py")}
     assert package_files <= names, sorted(package_files - names)[:5]
-    assert {"stratax-keras-backend.pth", "stratax/_src/datasets/digits.npz"} <= names
+    assert {"stratax-keras-backend.pth", "_stratax_keras_backend.py",
+            "stratax/_src/datasets/digits.npz"} <= names
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     assert "stratax = stratax._src.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
 
