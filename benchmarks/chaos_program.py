@@ -1,6 +1,8 @@
 """One chaos trial's training program: ``fit`` with ``sx.BackupAndRestore``, under
-``MultiWorkerMirroredStrategy`` or ``ParameterServerStrategy`` (sync, async, or hybrid: sync
-tables on the servers, the dense layers replicated on the workers).
+``MultiWorkerMirroredStrategy`` or ``ParameterServerStrategy`` (sync, async, hybrid: sync
+tables on the servers, the dense layers replicated on the workers, or ps-table: sync, with an
+embedding table and its Adam slots built by the servers, never held by the chief, so its
+backup is the servers' sharded checkpoint).
 
 Usage (every task of the launch runs it)::
 
@@ -23,7 +25,9 @@ import numpy as np
 
 import stratax as sx
 
-EPOCHS, STEPS_PER_EPOCH, GLOBAL_BATCH, FEATURES, VOCAB = 4, 12, 32, 16, 50
+EPOCHS, STEPS_PER_EPOCH, GLOBAL_BATCH, FEATURES = 4, 12, 32, 16
+VOCAB = {"hybrid": 50, "ps-table": 1000}  # rows of the table, in the modes that have one
+TABLE_BYTES = 8192  # ps-table: variables this large (the table: 16 KB) are built by the servers
 BACKUP_EVERY = 4          # steps between backups
 TIMEOUT_SECONDS = 10.0    # every wait on a peer (the strategy's timeout_seconds)
 
@@ -35,7 +39,7 @@ def _strategy(mode: str):
     if mode == "hybrid":
         return sx.ParameterServerStrategy(mode="sync", dense_variables="workers",
                                           timeout_seconds=TIMEOUT_SECONDS)
-    return sx.ParameterServerStrategy(mode=mode.removeprefix("ps-"),
+    return sx.ParameterServerStrategy(mode="sync" if mode == "ps-table" else mode[3:],
                                       timeout_seconds=TIMEOUT_SECONDS)
 
 
@@ -44,23 +48,23 @@ def _data(mode: str) -> tuple[object, np.ndarray]:
     x = rng.normal(size=(STEPS_PER_EPOCH * GLOBAL_BATCH, FEATURES)).astype(np.float32)
     teacher = rng.normal(size=(FEATURES, 1)).astype(np.float32)
     y = np.tanh(x @ teacher) + 0.1 * x[:, :1]
-    if mode != "hybrid":
+    if mode not in VOCAB:
         return x, y
-    # Hybrid mode keeps a table on the servers: ids that carry part of the signal.
-    ids = (np.abs(x[:, :2]) * 20).astype(np.int32) % VOCAB
+    # A table on the servers: ids that carry part of the signal.
+    ids = (np.abs(x[:, :2]) * 20).astype(np.int32) % VOCAB[mode]
     return {"ids": ids, "features": x}, y
 
 
 def _model(mode: str):
     import keras
 
-    if mode != "hybrid":
+    if mode not in VOCAB:
         return keras.Sequential([keras.Input((FEATURES,)),
                                  keras.layers.Dense(32, activation="relu"),
                                  keras.layers.Dense(1)])
     ids = keras.Input((2,), dtype="int32", name="ids")
     features = keras.Input((FEATURES,), name="features")
-    rows = keras.layers.Flatten()(keras.layers.Embedding(VOCAB, 4)(ids))
+    rows = keras.layers.Flatten()(keras.layers.Embedding(VOCAB[mode], 4)(ids))
     hidden = keras.layers.Dense(32, activation="relu")(
         keras.layers.Concatenate()([rows, features]))
     return keras.Model({"ids": ids, "features": features}, keras.layers.Dense(1)(hidden))
@@ -94,6 +98,8 @@ def main() -> None:
 
     x, y = _data(mode)
     keras.utils.set_random_seed(7)
+    if mode == "ps-table":
+        sx.config.update("ps_build_on_servers_bytes", TABLE_BYTES)
     with strategy.scope():
         model = _model(mode)
         model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
@@ -109,7 +115,10 @@ def main() -> None:
     if mode != "mwms":
         placed = strategy.place_variables(model.trainable_variables)
         result["shard_updates"] = [n for v in placed for n in strategy.optimizer_iterations(v)]
-    np.savez(os.path.join(out_dir, "weights.npz"), *model.get_weights())
+    # The servers' values (a table they built is never whole on the chief: read it from them).
+    weights = ([np.asarray(v.numpy()) for v in strategy.place_variables(model.variables)]
+               if mode == "ps-table" else model.get_weights())
+    np.savez(os.path.join(out_dir, "weights.npz"), *weights)
     _write_atomically(os.path.join(out_dir, "result.json"), json.dumps(result))
 
 

@@ -339,6 +339,18 @@ class ClusterCoordinator:
                 self._cancel_queued(error)
                 self._cond.notify_all()
 
+    def fail_all(self, error: BaseException) -> None:
+        """Fails every step running or not yet started with ``error``, which ``join``,
+        ``done`` or ``schedule`` raise once even when none was pending: the cluster lost state
+        that no step can be exact from."""
+        with self._cond:
+            for closure in list(self._running.values()):
+                self._fail(closure, error)
+            self._cancel_queued(error)
+            if self._error is None:
+                self._error = error
+            self._cond.notify_all()
+
     def worker_restarted(self, client: rpc.RpcClient) -> None:
         """Called when the heartbeat finds ``client``'s worker answering as a new process: it
         lost its programs, iterators and per-worker variables, which are rebuilt before its

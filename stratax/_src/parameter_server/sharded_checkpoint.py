@@ -154,9 +154,9 @@ def _fill(target: np.ndarray, version: Path, sources: list[list[Any]], suffix: s
 
 
 # ----- on the coordinator -----------------------------------------------------------------
-def save(strategy: Any, path: str | os.PathLike, variables: Sequence[Any]) -> None:
+def save(strategy: Any, path: str | os.PathLike, variables: Sequence[Any]) -> str:
     """Writes ``variables`` (``PSVariable``s) as a new version of the sharded checkpoint
-    ``path`` (see the module docstring)."""
+    ``path`` (see the module docstring); returns the version's name."""
     root = Path(path).absolute()
     root.mkdir(parents=True, exist_ok=True)
     current = _committed(root)
@@ -196,12 +196,15 @@ def save(strategy: Any, path: str | os.PathLike, variables: Sequence[Any]) -> No
     for entry in root.iterdir():  # keep the new version and the one before it
         if _VERSION_NAME.fullmatch(entry.name) and entry.name not in (version.name, current):
             shutil.rmtree(entry, ignore_errors=True)
+    return version.name
 
 
-def restore(strategy: Any, path: str | os.PathLike, variables: Sequence[Any]) -> list[str]:
-    """Loads the committed version of ``path`` into ``variables`` (matched by name as in the
-    single-file format), each ps reading the saved rows of its own shards; returns the names."""
-    version, entries = read_manifest(path)
+def restore(strategy: Any, path: str | os.PathLike, variables: Sequence[Any],
+            version_name: str | None = None) -> list[str]:
+    """Loads the committed version of ``path`` (or ``version_name``) into ``variables``
+    (matched by name as in the single-file format), each ps reading the saved rows of its own
+    shards; returns the names."""
+    version, entries = read_manifest(path, version_name)
     calls: dict[int, tuple[list[str], list[dict[str, Any]]]] = defaultdict(lambda: ([], []))
     for var in variables:
         _, entry = entries_lib.find(entries, var.name, tuple(var.shape), path)
@@ -218,15 +221,20 @@ def restore(strategy: Any, path: str | os.PathLike, variables: Sequence[Any]) ->
     return [var.name for var in variables]
 
 
-def read_manifest(path: str | os.PathLike) -> tuple[Path, list[dict[str, Any]]]:
-    """The committed version directory of ``path`` and its variables' entries.
+def read_manifest(path: str | os.PathLike, version_name: str | None = None
+                  ) -> tuple[Path, list[dict[str, Any]]]:
+    """The committed version directory of ``path`` (or its version ``version_name``) and its
+    variables' entries.
 
     Raises:
       ValueError: no ``latest`` file, one that names no version inside ``path``, or a
         manifest that is not this format; the message names the file and the fix.
     """
     root = Path(path).absolute()
-    name = _committed(root)
+    if version_name is not None and not _VERSION_NAME.fullmatch(version_name):
+        raise ValueError(f"{version_name!r} is not a version of checkpoint {str(path)!r} "
+                         "(v<n>).")
+    name = version_name or _committed(root)
     if name is None:
         raise ValueError(f"{str(path)!r} holds no committed sharded checkpoint (no "
                          f"{root / LATEST}); pass the directory given to "

@@ -23,6 +23,7 @@ import numpy as np
 from stratax._src.cluster.cluster_spec import ClusterSpec
 from stratax._src.cluster.resolver import ClusterResolver
 from stratax._src.core.context import replica_context_scope
+from stratax._src.core.errors import StrataxError
 from stratax._src.data.input_context import InputContext
 from stratax._src.parameter_server import (
     checkpoint,
@@ -192,11 +193,21 @@ class ParameterServerStrategy(Strategy):
 
     def _restarted(self, client: RpcClient) -> None:
         """The heartbeat saw the task of ``client`` (the session's) answer as a new process:
-        the coordinator rebuilds a restarted worker's state before its next closure."""
-        if self._coordinator is not None:
-            for own in self._worker_clients:
-                if own.name == client.name:
-                    self._coordinator.worker_restarted(own)
+        the coordinator rebuilds a restarted worker's state before its next closure. A ps
+        restarted in ``mode="sync"`` (its snapshot, if any, lacks the steps after it and the
+        partial sums in flight) fails the steps, so the run resumes from its last backup or
+        checkpoint instead of going on with updates lost."""
+        if self._coordinator is None:
+            return
+        for own in self._worker_clients:
+            if own.name == client.name:
+                self._coordinator.worker_restarted(own)
+        if self.mode == "sync" and client.name.startswith("ps "):
+            self._coordinator.fail_all(StrataxError(
+                f"{client.name} at {client.address} was restarted: in mode='sync' its state "
+                "after its last snapshot is lost, so training cannot go on exactly. Restart "
+                "the program; sx.BackupAndRestore (or restore_checkpoint) resumes it from the "
+                "last backup, as `stratax launch --max-restarts` does."))
 
     def _serve_and_exit(self, spec: Any, task_type: str, task_id: int | None) -> None:
         if task_type == "worker" and task_id is not None:  # a process that only serves
@@ -576,6 +587,17 @@ class ParameterServerStrategy(Strategy):
         the names restored. From a directory each parameter server reads only the saved rows
         of its own shards."""
         return checkpoint.restore(self, path, self._checkpointed(variables))
+
+    def save_checkpoint_version(self, path: str, variables: Sequence[Any]) -> str:
+        """``save_checkpoint`` into the directory ``path``; returns the version written, which
+        ``restore_checkpoint_version`` reads while ``path`` keeps it (the newest two)."""
+        return sharded_checkpoint.save(self, path, self._checkpointed(variables))
+
+    def restore_checkpoint_version(self, path: str, version: str,
+                                   variables: Sequence[Any]) -> list[str]:
+        """``restore_checkpoint`` of one version of the directory ``path`` (not its newest
+        necessarily): the one a backup recorded."""
+        return sharded_checkpoint.restore(self, path, self._checkpointed(variables), version)
 
     def _checkpointed(self, variables: Sequence[Any] | None) -> list[PSVariable]:
         return list(self._variables if variables is None else self._on_ps(list(variables)))

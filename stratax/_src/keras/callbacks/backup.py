@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import threading
 from collections.abc import Callable
@@ -36,12 +37,16 @@ from jax.experimental import multihost_utils
 from stratax._src import seam
 from stratax._src.keras import binding, call_stack, checkpoint_io
 from stratax._src.keras.runners.runner import runner_for
+from stratax._src.parameter_server.shard_init import remote_recipe
 from stratax._src.runtime import worker_exit
 
 logger = logging.getLogger(__name__)
 
 PREEMPTION_EXIT_CODE = 42
 _FORMAT = 2  # 1: arrays by position (arr_0, ...); 2: by name (model/..., optimizer/...)
+# Beside the versions: the sharded checkpoints of the variables the parameter servers build,
+# written by the servers; a version's metadata names the one it goes with.
+_SERVERS = "servers"
 _pending: dict[str, _Write] = {}  # backup_dir -> its write in flight (any callback's)
 _pending_lock = threading.Lock()
 
@@ -155,6 +160,7 @@ class BackupAndRestore(keras.callbacks.Callback):
         wait_for_writes(self.backup_dir)
         if self.delete_checkpoint and self._strategy.is_chief:
             checkpoint_io.remove(self.backup_dir)
+            shutil.rmtree(os.path.join(self.backup_dir, _SERVERS), ignore_errors=True)
 
     # --------------------------------------------------------------- state
     def _hold_at_next_save(self) -> None:
@@ -180,6 +186,8 @@ class BackupAndRestore(keras.callbacks.Callback):
         for group, variables in (("model", model.variables), ("optimizer", optimizer_vars),
                                  ("metrics", model.metrics_variables)):
             for variable in variables:
+                if remote_recipe(variable) is not None:  # saved by its servers
+                    continue
                 name, n = f"{group}/{variable.path}", 0
                 while name in named:
                     n += 1
@@ -199,7 +207,9 @@ class BackupAndRestore(keras.callbacks.Callback):
         feed = _running_feed()
         meta = {"format": _FORMAT, "epoch": epoch, "steps_in_epoch": steps_in_epoch,
                 "global_step": self._global_step,
-                "data_seed": None if feed is None else feed.seed}
+                "data_seed": None if feed is None else feed.seed,
+                **runner_for(self._strategy).save_held_elsewhere(
+                    self.model, os.path.join(self.backup_dir, _SERVERS))}
         wait_for_writes(self.backup_dir)
         if not self.save_in_background:
             checkpoint_io.save(self.backup_dir, arrays, meta)
@@ -216,6 +226,8 @@ class BackupAndRestore(keras.callbacks.Callback):
         for variable, value in _match(arrays, self._state_variables(), self.backup_dir):
             variable.assign(value)
         runner_for(self._strategy).after_restore(self.model)
+        runner_for(self._strategy).restore_held_elsewhere(
+            self.model, os.path.join(self.backup_dir, _SERVERS), meta)
         epoch, self._skip = self._normalize(int(meta["epoch"]), int(meta["steps_in_epoch"]))
         seam.set_initial_epoch(self.model, epoch)
         self._consumed_offset = self._skip

@@ -188,6 +188,29 @@ class ParameterServerRunner(KerasRunner):
             if remote_recipe(variable) is None:
                 self.strategy.place_variables(variable).assign(np.asarray(variable.numpy()))
 
+    def save_held_elsewhere(self, model: Any, directory: str) -> dict[str, Any]:
+        """The variables built by their servers (and their optimizer state) into a sharded
+        checkpoint under ``directory``, written by the servers; the backup records its
+        version."""
+        remote = _built_on_servers(model)
+        if not remote:
+            return {}
+        version = self.strategy.save_checkpoint_version(
+            directory, self.strategy.place_variables(remote))
+        return {"servers_version": version}
+
+    def restore_held_elsewhere(self, model: Any, directory: str, meta: dict[str, Any]) -> None:
+        remote = _built_on_servers(model)
+        if not remote:
+            return
+        if "servers_version" not in meta:
+            raise ValueError(
+                f"The backup in {directory!r} holds no state of {[v.path for v in remote]}, "
+                "which its parameter servers build: it was written for another model. Use "
+                "another backup_dir, or delete this one to start over.")
+        self.strategy.restore_checkpoint_version(
+            directory, meta["servers_version"], self.strategy.place_variables(remote))
+
     def hold_after(self, model: Any, steps: int) -> None:
         pipeline = self._pipelines.get((id(model), "train"))
         if pipeline is not None:
@@ -295,6 +318,11 @@ class ParameterServerRunner(KerasRunner):
                 _set_iterations(self.strategy, pipeline.model)
                 self.strategy.pull_optimizer_state(pipeline.model.optimizer,
                                                    pipeline.model.trainable_variables)
+
+
+def _built_on_servers(model: Any) -> list[Any]:
+    """The model's variables its parameter servers built (``shard_recipes``)."""
+    return [v for v in model.variables if remote_recipe(v) is not None]
 
 
 def _set_iterations(strategy: Any, model: Any) -> None:

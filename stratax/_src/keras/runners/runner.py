@@ -105,6 +105,18 @@ class KerasRunner:
         """Makes the values just assigned to ``model``'s variables (a backup restored inside
         ``fit``) the ones its steps train on."""
 
+    def save_held_elsewhere(self, model: Any, directory: str) -> dict[str, Any]:
+        """Saves the part of ``model``'s state no process holds whole (none under this
+        strategy) into ``directory``, beside a backup; returns what the backup's metadata
+        records to restore exactly that version (``restore_held_elsewhere``)."""
+        del model, directory
+        return {}
+
+    def restore_held_elsewhere(self, model: Any, directory: str, meta: dict[str, Any]) -> None:
+        """Restores what ``save_held_elsewhere`` saved for the backup whose metadata is
+        ``meta`` (after ``after_restore``)."""
+        del model, directory, meta
+
     def hold_after(self, model: Any, steps: int) -> None:
         """Runs no training step of ``model`` more than ``steps`` steps past the last one whose
         callbacks ran, until they have: the state read there (a backup) is exactly theirs."""

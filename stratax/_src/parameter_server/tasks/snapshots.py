@@ -80,7 +80,7 @@ class Snapshots:
         self._writing = False
         self._server: Any = None
         self._push: Any = None
-        self._warned_sync = False
+        self._synchronous = False
 
     @classmethod
     def configured(cls, task_index: int, directory: str | None = None,
@@ -105,11 +105,11 @@ class Snapshots:
         server._methods["push"] = self._guarded_push
 
     def _guarded_push(self, frame: wire.Frame) -> bytes:
-        if frame.meta.get("sync", 1) != 1 and not self._warned_sync:
-            self._warned_sync = True
-            logger.warning("ps snapshots do not hold synchronous steps' partial sums: a ps "
-                           "restarted from %s stalls synchronous training (until the "
-                           "timeout); restore a checkpoint instead", self.path)
+        if frame.meta.get("sync", 1) != 1 and not self._synchronous:
+            self._synchronous = True  # and the snapshots say so: they are not restored
+            logger.warning("ps snapshots do not hold synchronous steps' partial sums: %s "
+                           "will not be restored (a restarted ps starts empty and the chief "
+                           "resumes from its backup or checkpoint)", self.path)
         with self._cond:
             while self._writing:
                 self._cond.wait()
@@ -151,7 +151,7 @@ class Snapshots:
                     arrays[f"slot/{slot}/{name}"] = opt.slots[slot].copy()
             shards.append(entry)
         write_npz(self.path, {"version": VERSION, "session": self._server.session,
-                              "shards": shards}, arrays)
+                              "shards": shards, "synchronous": self._synchronous}, arrays)
         self.written += 1
         logger.info("snapshot of %d shard(s) written to %s in %.3f s", len(shards), self.path,
                     time.perf_counter() - start)
@@ -163,6 +163,14 @@ class Snapshots:
                 raise ValueError(f"Snapshot {self.path} has version {header.get('version')!r}, "
                                  f"this stratax reads 1 and {VERSION}; delete it to start "
                                  "afresh.")
+            if header.get("synchronous"):
+                # It lacks the steps after it, which the other workers will not push again:
+                # serving it would lose them silently. Empty, this ps fails the chief's next
+                # call, and the run resumes from its backup or checkpoint.
+                logger.warning("not restoring snapshot %s: it was written during synchronous "
+                               "training, which it cannot resume exactly; starting empty (the "
+                               "chief resumes from its backup or checkpoint)", self.path)
+                return
             for i, entry in enumerate(header["shards"]):
                 key = entry["name"] if header["version"] == VERSION else i
                 shard = self._server.shard_type(np.array(data[f"value/{key}"]))
