@@ -89,3 +89,15 @@ def test_create_variable_takes_an_aggregation(local_cluster):  # noqa: F811
     with strategy.scope():   # a Keras variable keeps its own aggregation on the ps
         counter = keras.Variable(np.zeros(2, np.float32), aggregation="sum", trainable=False)
     assert strategy.place_variables(counter).aggregation == "sum"
+
+
+def test_a_distributed_dataset_used_directly_on_the_chief_is_a_value_error(local_cluster):  # noqa: F811
+    # TensorFlow's testDistributeDatasetUsedDirectly.
+    tf = pytest.importorskip("tensorflow")
+    strategy = local_cluster()
+    dataset = tf.data.Dataset.range(3)
+    for distributed in (strategy.experimental_distribute_dataset(dataset),
+                        strategy.distribute_datasets_from_function(lambda: dataset)):
+        with pytest.raises(ValueError, match=r"pass it to coordinator\.create_per_worker_dataset"):
+            iter(distributed)
+
