@@ -101,3 +101,19 @@ def test_a_distributed_dataset_used_directly_on_the_chief_is_a_value_error(local
         with pytest.raises(ValueError, match=r"pass it to coordinator\.create_per_worker_dataset"):
             iter(distributed)
 
+
+def test_scatter_mul_and_div_update_the_shards_on_the_servers(local_cluster):  # noqa: F811
+    tf = pytest.importorskip("tensorflow")
+    strategy = local_cluster(variable_partitioner=sx.partitioners.FixedShardsPartitioner(3))
+    start = np.arange(1, 19, dtype=np.float32).reshape(9, 2)
+    table = strategy.create_variable(start, name="scaled")
+    expected = tf.Variable(start)
+    for op, delta in [("scatter_mul", tf.IndexedSlices(tf.constant([[2.0, 3.0], [4.0, 0.5]]),
+                                                       tf.constant([8, 8]))),
+                      ("scatter_div", tf.IndexedSlices(tf.constant([[4.0, -2.0], [8.0, 1.0]]),
+                                                       tf.constant([0, 4])))]:
+        assert getattr(table, op)(delta) is table
+        getattr(expected, op)(delta)
+    assert len(table.variables) == 3 and len({p.ps for p in table.placements}) == 2
+    np.testing.assert_allclose(table.numpy(), expected.numpy(), rtol=1e-6)
+    assert table.numpy()[8].tolist() == [17.0 * 8, 18.0 * 1.5]   # a repeated row compounds

@@ -49,6 +49,43 @@ def test_scatter_ops_touch_only_the_shards_holding_the_rows(table):
     assert value[1].tolist() == [0.0, 0.0] and value[2].tolist() == [4.0, 5.0]
 
 
+SCATTER_OPS = ["scatter_update", "scatter_add", "scatter_sub", "scatter_mul", "scatter_div",
+               "scatter_max", "scatter_min"]
+
+
+@pytest.mark.parametrize("op", SCATTER_OPS)
+def test_scatter_ops_equal_tensorflows_on_a_plain_variable(table, op):
+    # TensorFlow's sharded_variable_test.test_scatter_ops_even_partition, from a value that a
+    # multiplication or division changes, with a repeated row (TF compounds repeats in turn).
+    tf = pytest.importorskip("tensorflow")
+    delta = tf.IndexedSlices(values=tf.constant([[1.5, 2.0], [3.0, -4.0], [0.5, 5.0],
+                                                 [-2.0, 6.0]]),
+                             indices=tf.constant([0, 4, 4, 9]))
+    expected = tf.Variable(np.asarray(table))
+    getattr(expected, op)(delta)
+    table.pulls.clear()
+    assert getattr(table, op)(delta) is table
+    assert table.pulls == ["t/part_0", "t/part_1", "t/part_2"]  # each shard once
+    np.testing.assert_allclose(np.asarray(table), expected.numpy(), rtol=1e-6)
+
+
+def test_integer_scatter_div_truncates_as_tensorflow_and_refuses_zero():
+    tf = pytest.importorskip("tensorflow")
+    value = np.array([[-7, 7], [9, 3], [5, 5]], np.int32)
+    store = {"i": value.copy()}
+    var = PSVariable("i", (3, 2), np.int32, True, [Placement(0, "i", 0, 3)],
+                     lambda v: store["i"].copy(), lambda v, x: store.update(i=np.array(x)))
+    delta = tf.IndexedSlices(values=tf.constant([[2, -2], [2, 2], [1, 3]]),
+                             indices=tf.constant([0, 1, 1]))
+    expected = tf.Variable(value)
+    expected.scatter_div(delta)
+    var.scatter_div(delta)
+    assert store["i"].tolist() == expected.numpy().tolist() == [[-3, -3], [4, 0], [5, 5]]
+    with pytest.raises(ValueError, match=r"scatter_div on 'i': sparse_delta\.values holds a zero"):
+        var.scatter_div(slices([2, 0], [[1, 1], [0, 1]]))
+    assert store["i"].tolist() == [[-3, -3], [4, 0], [5, 5]]   # no row changed
+
+
 def test_reads_and_operators_pull_the_value(table):
     assert table.sparse_read([[9, 0], [4, 4]]).shape == (2, 2, 2)
     assert table.sparse_read([9, 0])[:, 0].tolist() == [18.0, 0.0]
