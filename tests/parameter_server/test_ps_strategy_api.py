@@ -5,6 +5,7 @@
 
 import enum
 import logging
+import types
 
 import numpy as np
 import pytest
@@ -117,3 +118,18 @@ def test_scatter_mul_and_div_update_the_shards_on_the_servers(local_cluster):  #
     assert len(table.variables) == 3 and len({p.ps for p in table.placements}) == 2
     np.testing.assert_allclose(table.numpy(), expected.numpy(), rtol=1e-6)
     assert table.numpy()[8].tolist() == [17.0 * 8, 18.0 * 1.5]   # a repeated row compounds
+
+
+def test_sharded_variables_compare_elementwise_and_hash_by_identity(local_cluster):  # noqa: F811
+    # TensorFlow's sharded_variable_test.test_operator_overload, on the servers.
+    strategy = local_cluster(variable_partitioner=sx.partitioners.FixedShardsPartitioner(2))
+    sv1 = strategy.create_variable(np.array([1.0, 2.0], np.float32), name="sv1")
+    sv2 = strategy.create_variable(np.array([1.0, 2.0], np.float32), name="sv2")
+    assert isinstance(sv1, sx.ShardedVariable) and isinstance(sv2, sx.ShardedVariable)
+    assert (sv1 == sv2).tolist() == [True, True] and (sv1 + sv2).tolist() == [2.0, 4.0]
+    sv2.scatter_update(types.SimpleNamespace(indices=np.array([1]), values=np.array([5.0])))
+    assert (sv1 != sv2).tolist() == [False, True] and (sv1 == sv2).tolist() == [True, False]
+    assert {sv1: "a", sv2: "b"}[sv2] == "b" and len({sv1, sv2, sv1}) == 2
+    with strategy.extended.colocate_vars_with(sv2):   # found among variables that compare equal
+        slot = strategy.create_variable(np.zeros(2, np.float32), name="slot")
+    assert slot.device == sv2.device

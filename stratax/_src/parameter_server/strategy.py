@@ -315,7 +315,7 @@ class ParameterServerStrategy(Strategy):
           TypeError: ``colocate_with_variable`` is not a variable of this strategy.
         """
         target = self._on_ps(colocate_with_variable)
-        if not isinstance(target, PSVariable) or target not in self._variables:
+        if not isinstance(target, PSVariable) or not any(target is v for v in self._variables):
             raise TypeError(
                 f"colocate_vars_with needs a variable of this strategy (created by "
                 f"strategy.create_variable or a Keras variable under strategy.scope()), got "

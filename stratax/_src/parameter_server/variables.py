@@ -48,10 +48,12 @@ class PSVariable:
     ``ShardedVariable``).
 
     On the chief, outside scheduled steps, it reads like TensorFlow's variables: ``np.asarray(v)``,
-    ``v[1:3]``, ``v + 1`` and other arithmetic pull the value (``==`` stays identity, so variables
-    remain usable as keys); ``assign_add``/``assign_sub`` and the ``scatter_*`` family
-    (``update``, ``add``, ``sub``, ``mul``, ``div``, ``max``, ``min``) update it: row-wise ones
-    touch only the shards holding the rows, and repeated rows compound in order, as in TensorFlow.
+    ``v[1:3]``, ``v + 1``, other arithmetic and comparisons pull the value (``==`` and ``!=``
+    elementwise, as TensorFlow's; hashing stays by identity, as TensorFlow's ``ShardedVariable``
+    hashes, so variables remain usable as dict keys); ``assign_add``/``assign_sub`` and the
+    ``scatter_*`` family (``update``, ``add``, ``sub``, ``mul``, ``div``, ``max``, ``min``)
+    update it: row-wise ones touch only the shards holding the rows, and repeated rows compound
+    in order, as in TensorFlow.
     These updates are read-modify-write from the chief: make them between ``join()`` calls, not
     while scheduled steps push gradients to the same variable.
 
@@ -211,6 +213,30 @@ class PSVariable:
 
     def __getitem__(self, key: Any) -> np.ndarray:
         return self.numpy()[key]
+
+    def __eq__(self, other: Any) -> Any:  # type: ignore[override]
+        """Elementwise on the pulled values, as TensorFlow compares variables: a boolean array,
+        or ``False`` for ``None`` and shapes that do not broadcast (TF's
+        ``incompatible_shape_error=False``)."""
+        return self._compare(other, np.equal, False)
+
+    def __ne__(self, other: Any) -> Any:  # type: ignore[override]
+        """Elementwise ``!=`` (``True`` for ``None`` and shapes that do not broadcast)."""
+        return self._compare(other, np.not_equal, True)
+
+    # By identity, as TensorFlow's ShardedVariable: stratax keeps variables in dicts and sets
+    # (identity is checked before ``==`` there). A list's ``in``/``index`` use ``==``: find a
+    # variable in a list with ``any(v is x for x in ...)``.
+    __hash__ = object.__hash__
+
+    def _compare(self, other: Any, ufunc: Any, mismatch: bool) -> Any:
+        if other is None:
+            return mismatch
+        theirs = other.numpy() if isinstance(other, PSVariable) else np.asarray(other)
+        try:
+            return ufunc(self.numpy(), theirs)
+        except ValueError:  # shapes that do not broadcast
+            return mismatch
 
     def describe(self) -> dict[str, Any]:
         """JSON-ready description (sent to workers inside programs)."""
