@@ -133,3 +133,45 @@ def test_sharded_variables_compare_elementwise_and_hash_by_identity(local_cluste
     with strategy.extended.colocate_vars_with(sv2):   # found among variables that compare equal
         slot = strategy.create_variable(np.zeros(2, np.float32), name="slot")
     assert slot.device == sv2.device
+
+
+def test_one_replica_fn_reads_variables_on_the_chief_and_on_a_worker(local_cluster,  # noqa: F811
+                                                                      caplog):
+    # TensorFlow's testRunNotUsedWithClusterCoordinator and StrategyIntegrationTest's
+    # testRunNotUsedWithClusterCoordinatorSchedule: the replica function that reads variables
+    # runs on the chief outside schedule (a warning) and on a worker inside it.
+    import jax.numpy as jnp
+    import keras
+
+    strategy = local_cluster(variable_partitioner=sx.partitioners.FixedShardsPartitioner(2))
+    coordinator = sx.coordinator.ClusterCoordinator(strategy)
+    with strategy.scope():
+        v = strategy.create_variable(np.float32(1.0), name="v")
+        table = strategy.create_variable(np.arange(12, dtype=np.float32).reshape(6, 2))
+        dense = keras.Variable(np.full(2, 3.0, np.float32), name="dense")
+        counter = strategy.create_variable(np.float32(0.0), name="counter", per_worker=True)
+
+    def replica_fn():
+        value = strategy.read(v)
+        rows, positions = strategy.read_rows(table, jnp.array([4, 0, 4]))
+        return value + 1, value - 1, rows[positions], strategy.read(dense) * 2
+
+    expected = [2.0, 0.0, [[8.0, 9.0], [0.0, 1.0], [8.0, 9.0]], [6.0, 6.0]]
+    with caplog.at_level(logging.WARNING):
+        outside = strategy.run(replica_fn)
+    assert "outside ClusterCoordinator.schedule" in caplog.text
+    assert [np.asarray(x).tolist() for x in outside] == expected
+    assert not strategy.is_placed(dense)          # read on the chief: not placed by the read
+    scheduled = coordinator.schedule(lambda: strategy.run(replica_fn)).fetch()
+    assert [np.asarray(x).tolist() for x in scheduled] == expected
+    v.assign(np.float32(5.0))
+    strategy.place_variables(dense).assign(np.full(2, 10.0, np.float32))   # the ps' value now
+    outside = strategy.run(replica_fn)
+    assert float(outside[0]) == 6.0 and np.asarray(outside[3]).tolist() == [20.0, 20.0]
+    assert float(strategy.read(v)) == 5.0       # between steps too
+    with pytest.raises(RuntimeError, match=r"per-worker variable has one value per worker; "
+                                        r"counter\.read_all\(\) gives them"):
+        strategy.run(lambda: strategy.read(counter))
+    with pytest.raises(RuntimeError, match=r"`strategy\.read` is only valid inside "
+                                           r"`strategy\.run"):
+        coordinator.schedule(lambda: strategy.read(v))   # in a scheduled function, not in run

@@ -329,13 +329,49 @@ class ParameterServerStrategy(Strategy):
     def read(self, variables: Any) -> Any:
         """Inside ``run``: this step's values of a pytree of variables (``PSVariable`` or Keras
         variables, placed on the parameter servers the first time a step uses them; a
-        ``PerWorkerVariable`` gives the running worker's copy)."""
+        ``PerWorkerVariable`` gives the running worker's copy).
+
+        Outside ``schedule`` (``run`` on the chief, as TensorFlow's
+        ``testRunNotUsedWithClusterCoordinator`` reads variables there, or between steps): their
+        values now, as numpy arrays pulled from the parameter servers (a Keras variable no step
+        used yet: its own value), so one replica function serves both.
+
+        Raises:
+          TypeError: a leaf is not a variable of the strategy.
+          RuntimeError: outside ``schedule``, a ``PerWorkerVariable``: it has a value per
+            worker (``read_all()`` gives them).
+        """
+        if not closures.is_recording():
+            return jax.tree_util.tree_map(self._value_now, variables)
         return program.read(self._on_ps(variables))
 
     def read_rows(self, table: Any, ids: Any) -> tuple[Any, Any]:
         """Inside ``run``: ``(rows, positions)`` with ``table[ids] == rows[positions]``; only
-        the distinct rows are pulled, and the gradient of ``rows`` is pushed row-sparse."""
+        the distinct rows are pulled, and the gradient of ``rows`` is pushed row-sparse.
+        Outside ``schedule``: the same pair from the table's value now (its distinct rows,
+        unpadded), as ``read`` there."""
+        if not closures.is_recording():
+            unique, positions = np.unique(np.asarray(ids), return_inverse=True)
+            placed = self._keras.get(id(table), (None, table))[1]
+            rows = (placed.sparse_read(unique) if isinstance(placed, PSVariable)
+                    else self._value_now(table)[unique])
+            return rows, positions.reshape(np.shape(ids))
         return program.read_rows(self._on_ps(table), ids)
+
+    def _value_now(self, leaf: Any) -> np.ndarray:
+        """A variable's value on the chief, outside scheduled steps (see ``read``)."""
+        leaf = self._keras.get(id(leaf), (None, leaf))[1]
+        if isinstance(leaf, PSVariable):
+            return leaf.numpy()
+        if isinstance(leaf, PerWorkerVariable):
+            raise RuntimeError(
+                f"strategy.read({leaf.name}) outside ClusterCoordinator.schedule: a per-worker "
+                f"variable has one value per worker; {leaf.name}.read_all() gives them, or read "
+                "it inside strategy.run in a scheduled function.")
+        if hasattr(leaf, "path") and hasattr(leaf, "assign"):  # a Keras variable no step used
+            return np.asarray(leaf.numpy())
+        raise TypeError(f"strategy.read expects variables created under the strategy, got "
+                        f"{type(leaf).__name__}.")
 
     def apply_gradients(self, grads_and_vars: Any, optimizer: Any,
                         sparse_updates: str = DEFAULT_SPARSE_UPDATES) -> None:
