@@ -56,6 +56,11 @@ written), what for, and which stratax module relies on it:
 - ``distribution_lib.distribute_tensor`` of Keras' JAX backend (wrapped once; unchanged unless
   this thread sets a placement): how a Keras variable under a layout takes a new value, here
   metric resets placed without JAX's cross-process equality check. -> ``keras.steps.metric_reset``
+- ``KerasVariable.__init__`` (wrapped once; unchanged unless this thread observes): the
+  keyword arguments of TensorFlow's variables that Keras does not take (``per_worker_variable``)
+  taken out and handed to the strategy, so ``keras.Variable(..., per_worker_variable=True)``
+  under ``ParameterServerStrategy.scope()`` makes a per-worker variable.
+  -> ``keras.runners.ps_runner``
 - ``Variable._value`` (read) and ``model._jax_state``/``_jax_state_synced`` (written): after a
   failed call, which variables Keras left purged (``None``) and its pending step state
   dropped, so that the model holds its last completed step. -> ``keras.recovery``
@@ -447,6 +452,36 @@ def variable_placement(place: Callable[[Any, Any], Any]) -> Iterator[None]:
         distribution_lib.distribute_tensor = distribute_tensor
         setattr(distribution_lib, _HOOKED, True)
     with _set_in_thread(_variable_placement, place):
+        yield
+
+
+_variable_options = threading.local()
+# TensorFlow's ``tf.Variable`` keyword arguments that Keras' ``Variable`` does not take.
+TF_VARIABLE_OPTIONS = ("per_worker_variable",)
+
+
+@contextlib.contextmanager
+def keras_variable_options(observe: Callable[[Any, dict[str, Any]], None]) -> Iterator[None]:
+    """While active in this thread, the ``TF_VARIABLE_OPTIONS`` given to a Keras variable's
+    constructor are taken out of its arguments (Keras would drop or refuse them) and passed to
+    ``observe(variable, options)`` once Keras has built the variable."""
+    from keras.src.backend.common import KerasVariable
+
+    if not getattr(KerasVariable, _HOOKED, False):
+        original = KerasVariable.__init__
+
+        @functools.wraps(original)
+        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+            active = getattr(_variable_options, "fn", None)
+            options = ({k: kwargs.pop(k) for k in TF_VARIABLE_OPTIONS if k in kwargs}
+                       if active is not None else {})
+            original(self, *args, **kwargs)
+            if options:
+                active(self, options)
+
+        KerasVariable.__init__ = __init__
+        setattr(KerasVariable, _HOOKED, True)
+    with _set_in_thread(_variable_options, observe):
         yield
 
 

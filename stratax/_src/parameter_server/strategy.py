@@ -159,6 +159,9 @@ class ParameterServerStrategy(Strategy):
         self._programs: dict[Any, program.Program] = {}
         # id(Keras variable) -> (that variable, its PSVariable); the variable is kept alive.
         self._keras: dict[int, tuple[Any, PSVariable]] = {}
+        # Keras variables marked per-worker, by id: the variable and its PerWorkerVariable
+        # (made when a step first uses it, as Keras variables are placed).
+        self._keras_per_worker: dict[int, tuple[Any, PerWorkerVariable | None]] = {}
         self._optimizers_set: set[tuple[str, str]] = set()
         self._residency = Residency(self) if self.hybrid is not None else None
         self._warned: set[str] = set()
@@ -360,6 +363,8 @@ class ParameterServerStrategy(Strategy):
 
     def _value_now(self, leaf: Any) -> np.ndarray:
         """A variable's value on the chief, outside scheduled steps (see ``read``)."""
+        if id(leaf) in self._keras_per_worker:
+            leaf = self._on_ps(leaf)
         leaf = self._keras.get(id(leaf), (None, leaf))[1]
         if isinstance(leaf, PSVariable):
             return leaf.numpy()
@@ -449,6 +454,12 @@ class ParameterServerStrategy(Strategy):
             if isinstance(leaf, PSVariable) or not (hasattr(leaf, "path")
                                                     and hasattr(leaf, "assign")):
                 return leaf
+            local = self._keras_per_worker.get(id(leaf))
+            if local is not None:
+                if local[1] is None:
+                    local = self._keras_per_worker[id(leaf)] = (leaf, self.create_variable(
+                        np.asarray(leaf.numpy()), name=leaf.path, per_worker=True))
+                return local[1]
             entry = self._keras.get(id(leaf))
             if entry is None:
                 ps_var = self.create_variable(np.asarray(leaf.numpy()), name=leaf.path,
@@ -459,14 +470,28 @@ class ParameterServerStrategy(Strategy):
 
         return jax.tree_util.tree_map(convert, variables)
 
+    def mark_per_worker(self, keras_variable: Any) -> None:
+        """Makes a Keras variable per-worker: steps read and assign each worker's own copy of it
+        (see ``create_variable(..., per_worker=True)``). ``keras.Variable(...,
+        per_worker_variable=True)`` under ``scope()`` calls it, as TensorFlow spells it.
+
+        Raises:
+          ValueError: a step already placed the variable on the parameter servers.
+        """
+        if self.is_placed(keras_variable):
+            raise ValueError(
+                f"{keras_variable.path!r} is already on the parameter servers (a step used it): "
+                "create it with per_worker_variable=True, before any step uses it.")
+        self._keras_per_worker.setdefault(id(keras_variable), (keras_variable, None))
+
     # ----- variables ------------------------------------------------------------------------
     def create_variable(self, initial_value: Any, name: str | None = None, trainable: bool = True,
                         dtype: Any = None, shape: Sequence[int] | None = None,
-                        aggregation: Any = "none",
-                        per_worker: bool = False) -> PSVariable | PerWorkerVariable:
+                        aggregation: Any = "none", per_worker: bool = False,
+                        per_worker_variable: bool = False) -> PSVariable | PerWorkerVariable:
         """Creates a variable on the parameter servers (partitioned if the partitioner says so).
 
-        With ``per_worker=True`` (TensorFlow's ``per_worker_variable=True``): a
+        With ``per_worker=True`` (or TensorFlow's spelling, ``per_worker_variable=True``): a
         ``PerWorkerVariable``, one unsynchronized copy on each worker, on no parameter server,
         never trained (``trainable`` and ``aggregation`` do not apply); a scheduled step reads
         and assigns its worker's copy with ``strategy.read``/``strategy.assign``, and
@@ -487,6 +512,7 @@ class ParameterServerStrategy(Strategy):
           ValueError: an unknown ``aggregation``, or a bad shape (named in the message).
         """
         aggregation = aggregation_name(aggregation)
+        per_worker = per_worker or per_worker_variable
         per_shard = callable(initial_value) and takes_shard_info(initial_value)
         if per_worker:
             if per_shard:

@@ -29,6 +29,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from stratax._src import seam
 from stratax._src.keras import feed as feed_lib
 from stratax._src.keras.dataset_creator import DatasetCreator
 from stratax._src.keras.runners.ps_fit import (
@@ -106,6 +107,15 @@ class ParameterServerRunner(KerasRunner):
         self._pipelines: dict[tuple[int, str], GroupPipeline] = {}
 
     # ------------------------------------------------------------------ runner interface
+    def placement_scope(self) -> contextlib.AbstractContextManager[Any]:
+        """A Keras variable made under ``scope()`` with TensorFlow's
+        ``per_worker_variable=True`` becomes a per-worker variable of the strategy."""
+        def observe(variable: Any, options: dict[str, Any]) -> None:
+            if options.get("per_worker_variable"):
+                self.strategy.mark_per_worker(variable)
+
+        return seam.keras_variable_options(observe)
+
     def prepare(self, method: str, arguments: dict[str, Any]) -> dict[str, Any]:
         call = _Call(method, {}, [])
         try:
