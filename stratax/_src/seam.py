@@ -62,6 +62,11 @@ written), what for, and which stratax module relies on it:
   tells traced reads, which get a stand-in): a large variable under
   ``ParameterServerStrategy`` built by its servers, never on the chief.
   -> ``keras.runners.ps_runner``, ``keras.shard_recipes``
+- ``KerasVariable.__init__`` (wrapped once; unchanged unless this thread observes): the
+  keyword arguments of TensorFlow's variables that Keras does not take (``per_worker_variable``)
+  taken out and handed to the strategy, so ``keras.Variable(..., per_worker_variable=True)``
+  under ``ParameterServerStrategy.scope()`` makes a per-worker variable.
+  -> ``keras.runners.ps_runner``
 - ``Variable._value`` (read) and ``model._jax_state``/``_jax_state_synced`` (written): after a
   failed call, which variables Keras left purged (``None``) and its pending step state
   dropped, so that the model holds its last completed step. -> ``keras.recovery``
@@ -470,7 +475,7 @@ def variables_built_elsewhere(decide: Callable[[Any, Any], Any]) -> Iterator[Non
     from keras.src.backend.jax import core as jax_core
 
     variable_class = jax_core.JaxVariable
-    if not getattr(variable_class, _HOOKED, False):
+    if _HOOKED not in vars(variable_class):  # its base class may carry another hook's mark
         original = variable_class._initialize_with_initializer
 
         @functools.wraps(original)
@@ -541,6 +546,36 @@ def _remote_class(base: type) -> type:
         "__module__": __name__})
     _remote_classes[base] = remote
     return remote
+
+
+_variable_options = threading.local()
+# TensorFlow's ``tf.Variable`` keyword arguments that Keras' ``Variable`` does not take.
+TF_VARIABLE_OPTIONS = ("per_worker_variable",)
+
+
+@contextlib.contextmanager
+def keras_variable_options(observe: Callable[[Any, dict[str, Any]], None]) -> Iterator[None]:
+    """While active in this thread, the ``TF_VARIABLE_OPTIONS`` given to a Keras variable's
+    constructor are taken out of its arguments (Keras would drop or refuse them) and passed to
+    ``observe(variable, options)`` once Keras has built the variable."""
+    from keras.src.backend.common import KerasVariable
+
+    if _HOOKED not in vars(KerasVariable):
+        original = KerasVariable.__init__
+
+        @functools.wraps(original)
+        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+            active = getattr(_variable_options, "fn", None)
+            options = ({k: kwargs.pop(k) for k in TF_VARIABLE_OPTIONS if k in kwargs}
+                       if active is not None else {})
+            original(self, *args, **kwargs)
+            if options:
+                active(self, options)
+
+        KerasVariable.__init__ = __init__
+        setattr(KerasVariable, _HOOKED, True)
+    with _set_in_thread(_variable_options, observe):
+        yield
 
 
 @contextlib.contextmanager

@@ -95,7 +95,7 @@ def api(coordinator):
     try:
         iter(on_chief)
         result["iterated_on_chief"] = ""
-    except RuntimeError as err:
+    except ValueError as err:  # TensorFlow's type
         result["iterated_on_chief"] = str(err)
     outputs = _run_all(coordinator, read_one,
                        (iter(coordinator.create_per_worker_dataset(on_chief)),), 8)

@@ -259,12 +259,22 @@ def shard_init(strategy, coordinator):
                                        "values": np.full((3, 3), 10.0, np.float32)})()
     table.scatter_add(delta)
     table.assign_sub(np.ones((11, 3), np.float32))
-    return {"calls": calls, "table": created,
+    result = {"calls": calls, "table": created,
             "shards": [v.shape[0] for v in table.variables], "dtype": str(table.dtype),
             "missing_shape": missing_shape,
             "after": np.asarray(table)[:, 0].tolist(), "slice": table[2:4, 1].tolist(),
             "sparse_read": table.sparse_read([[9, 0]])[..., 2].tolist(),
             "plus_one": (table + 1)[10, 0].item(), "device": table.variables[2].device}
+    # scatter_mul/div (row 9 twice: repeats compound), and == elementwise against a copy.
+    table.scatter_mul(type("IndexedSlices", (), {"indices": np.array([3, 9, 9]),
+                                                 "values": np.full((3, 3), 2.0, np.float32)})())
+    table.scatter_div(type("IndexedSlices", (), {"indices": np.array([3]),
+                                                 "values": np.full((1, 3), 4.0, np.float32)})())
+    copy = strategy.create_variable(np.asarray(table), name="per_shard_copy")
+    copy.scatter_update(type("IndexedSlices", (), {"indices": np.array([10]),
+                                                   "values": np.zeros((1, 3), np.float32)})())
+    return {**result, "scaled": np.asarray(table)[:, 0].tolist(),
+            "equal_rows": (table == copy).all(axis=1).tolist()}
 
 
 def second(strategy, coordinator):
@@ -293,7 +303,8 @@ def second(strategy, coordinator):
     return {"read": read, "after": after, "mine_last": mine.numpy().tolist(),
             "coordinators_differ": other_coordinator is not coordinator,
             "is_strategy": isinstance(other, sx.Strategy),
-            "outside": float(strategy.reduce("SUM", strategy.run(lambda: mine[0] + 1)))}
+            "outside": float(strategy.reduce("SUM", strategy.run(lambda: mine[0] + 1))),
+            "outside_read": strategy.run(lambda: strategy.read(mine) * 2).tolist()}
 
 
 def main():

@@ -46,7 +46,7 @@ def test_the_guides_per_worker_function_gets_the_workers_dataset():
 
 def test_distribute_datasets_from_function_on_the_chief_is_built_on_the_workers():
     on_chief = dataset_source.DistributedDatasetsFromFunction(tagged)
-    with pytest.raises(RuntimeError, match=r"coordinator\.create_per_worker_dataset"):
+    with pytest.raises(ValueError, match=r"coordinator\.create_per_worker_dataset"):
         iter(on_chief)
     source = dataset_source.describe(on_chief, strategy)
     assert source.meta["input_context"] and source.meta["fn"]["strategies"] == []

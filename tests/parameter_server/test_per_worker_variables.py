@@ -136,3 +136,47 @@ def test_scheduled_steps_update_the_running_workers_copy_only(local_cluster):  #
                                  per_worker=True)
     with pytest.raises(ValueError, match=r"shape=\(3,\) but the initial value has shape \(\)"):
         strategy.create_variable(0.0, shape=(3,), per_worker=True)
+
+
+@pytest.mark.parametrize("spelling", ["create_variable", "keras.Variable"])
+def test_tensorflows_per_worker_variable_spelling(local_cluster, spelling):  # noqa: F811
+    # TensorFlow's cluster_coordinator_test.testPerWorkerVariableCreation: a variable made
+    # under the scope with per_worker_variable=True, incremented by scheduled closures.
+    import keras
+
+    strategy = local_cluster()
+    coordinator = sx.coordinator.ClusterCoordinator(strategy)
+    with strategy.scope():
+        if spelling == "keras.Variable":
+            var = keras.Variable([0.0], dtype="float32", name="var", per_worker_variable=True)
+        else:
+            var = strategy.create_variable([0.0], shape=[1], dtype="float32", name="var",
+                                           per_worker_variable=True)
+
+    def worker_fn():
+        strategy.run(lambda: strategy.assign(var, strategy.read(var) + 1.0))
+
+    copies = strategy.place_variables(var)
+    assert isinstance(copies, sx.PerWorkerVariable) and copies.shape == (1,)
+    for ix in range(3):
+        coordinator.schedule(worker_fn)
+        coordinator.join()
+        assert float(sum(copies.read_all())[0]) == ix + 1   # read many times: up to date
+    for _ in range(3):
+        coordinator.schedule(worker_fn)
+    coordinator.join()
+    assert float(sum(copies.read_all())[0]) == 6.0 and strategy.variables == []
+    assert strategy.place_variables(var) is copies
+
+
+def test_keras_per_worker_variable_only_under_the_scope_and_before_placement(local_cluster):  # noqa: F811
+    import keras
+
+    strategy = local_cluster()
+    outside = keras.Variable([0.0], name="outside", per_worker_variable=True)  # Keras drops it
+    assert isinstance(strategy.place_variables(outside), sx.PSVariable)
+    with pytest.raises(ValueError, match="'outside' is already on the parameter servers"):
+        strategy.mark_per_worker(outside)
+    with strategy.scope():
+        plain = keras.Variable([0.0], name="plain", per_worker_variable=False)
+    assert isinstance(strategy.place_variables(plain), sx.PSVariable)

@@ -46,6 +46,9 @@ def test_custom_loop_sparse_exact_and_errors(cluster):  # noqa: F811 - fixture
     assert shard_init["sparse_read"] == [[expected[9], expected[0]]]
     assert shard_init["plus_one"] == expected[10] + 1
     assert shard_init["device"].startswith("/job:ps/replica:0/task:")
+    scaled = [e / 2 if r == 3 else e * 4 if r == 9 else e for r, e in enumerate(expected)]
+    assert shard_init["scaled"] == scaled                       # scatter_mul then scatter_div
+    assert shard_init["equal_rows"] == [True] * 10 + [False]     # == elementwise, as in TF
 
     scalar = result["scalar"]  # 3 steps of gradient 0.5: SGD 2 - 3 * 0.05; Adam ~ 2 - 3 * 0.1
     assert scalar["shape"] == [] and scalar["iterations"] == [3]
@@ -73,6 +76,7 @@ def test_custom_loop_sparse_exact_and_errors(cluster):  # noqa: F811 - fixture
     assert second["mine_last"] == [-2, -1, 0, 1], second  # the first went on after the second
     assert second["coordinators_differ"] and second["is_strategy"]
     assert second["outside"] == -1.0                       # run outside schedule: on the chief
+    assert second["outside_read"] == [-4, -2, 0, 2]       # strategy.read there: pulled now
 
     # Every worker and ps exits by itself once the chief is done.
     codes = wait_all(cluster, timeout=30)

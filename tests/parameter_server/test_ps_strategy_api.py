@@ -5,6 +5,7 @@
 
 import enum
 import logging
+import types
 
 import numpy as np
 import pytest
@@ -89,3 +90,88 @@ def test_create_variable_takes_an_aggregation(local_cluster):  # noqa: F811
     with strategy.scope():   # a Keras variable keeps its own aggregation on the ps
         counter = keras.Variable(np.zeros(2, np.float32), aggregation="sum", trainable=False)
     assert strategy.place_variables(counter).aggregation == "sum"
+
+
+def test_a_distributed_dataset_used_directly_on_the_chief_is_a_value_error(local_cluster):  # noqa: F811
+    # TensorFlow's testDistributeDatasetUsedDirectly.
+    tf = pytest.importorskip("tensorflow")
+    strategy = local_cluster()
+    dataset = tf.data.Dataset.range(3)
+    for distributed in (strategy.experimental_distribute_dataset(dataset),
+                        strategy.distribute_datasets_from_function(lambda: dataset)):
+        with pytest.raises(ValueError, match=r"pass it to coordinator\.create_per_worker_dataset"):
+            iter(distributed)
+
+
+def test_scatter_mul_and_div_update_the_shards_on_the_servers(local_cluster):  # noqa: F811
+    tf = pytest.importorskip("tensorflow")
+    strategy = local_cluster(variable_partitioner=sx.partitioners.FixedShardsPartitioner(3))
+    start = np.arange(1, 19, dtype=np.float32).reshape(9, 2)
+    table = strategy.create_variable(start, name="scaled")
+    expected = tf.Variable(start)
+    for op, delta in [("scatter_mul", tf.IndexedSlices(tf.constant([[2.0, 3.0], [4.0, 0.5]]),
+                                                       tf.constant([8, 8]))),
+                      ("scatter_div", tf.IndexedSlices(tf.constant([[4.0, -2.0], [8.0, 1.0]]),
+                                                       tf.constant([0, 4])))]:
+        assert getattr(table, op)(delta) is table
+        getattr(expected, op)(delta)
+    assert len(table.variables) == 3 and len({p.ps for p in table.placements}) == 2
+    np.testing.assert_allclose(table.numpy(), expected.numpy(), rtol=1e-6)
+    assert table.numpy()[8].tolist() == [17.0 * 8, 18.0 * 1.5]   # a repeated row compounds
+
+
+def test_sharded_variables_compare_elementwise_and_hash_by_identity(local_cluster):  # noqa: F811
+    # TensorFlow's sharded_variable_test.test_operator_overload, on the servers.
+    strategy = local_cluster(variable_partitioner=sx.partitioners.FixedShardsPartitioner(2))
+    sv1 = strategy.create_variable(np.array([1.0, 2.0], np.float32), name="sv1")
+    sv2 = strategy.create_variable(np.array([1.0, 2.0], np.float32), name="sv2")
+    assert isinstance(sv1, sx.ShardedVariable) and isinstance(sv2, sx.ShardedVariable)
+    assert (sv1 == sv2).tolist() == [True, True] and (sv1 + sv2).tolist() == [2.0, 4.0]
+    sv2.scatter_update(types.SimpleNamespace(indices=np.array([1]), values=np.array([5.0])))
+    assert (sv1 != sv2).tolist() == [False, True] and (sv1 == sv2).tolist() == [True, False]
+    assert {sv1: "a", sv2: "b"}[sv2] == "b" and len({sv1, sv2, sv1}) == 2
+    with strategy.extended.colocate_vars_with(sv2):   # found among variables that compare equal
+        slot = strategy.create_variable(np.zeros(2, np.float32), name="slot")
+    assert slot.device == sv2.device
+
+
+def test_one_replica_fn_reads_variables_on_the_chief_and_on_a_worker(local_cluster,  # noqa: F811
+                                                                      caplog):
+    # TensorFlow's testRunNotUsedWithClusterCoordinator and StrategyIntegrationTest's
+    # testRunNotUsedWithClusterCoordinatorSchedule: the replica function that reads variables
+    # runs on the chief outside schedule (a warning) and on a worker inside it.
+    import jax.numpy as jnp
+    import keras
+
+    strategy = local_cluster(variable_partitioner=sx.partitioners.FixedShardsPartitioner(2))
+    coordinator = sx.coordinator.ClusterCoordinator(strategy)
+    with strategy.scope():
+        v = strategy.create_variable(np.float32(1.0), name="v")
+        table = strategy.create_variable(np.arange(12, dtype=np.float32).reshape(6, 2))
+        dense = keras.Variable(np.full(2, 3.0, np.float32), name="dense")
+        counter = strategy.create_variable(np.float32(0.0), name="counter", per_worker=True)
+
+    def replica_fn():
+        value = strategy.read(v)
+        rows, positions = strategy.read_rows(table, jnp.array([4, 0, 4]))
+        return value + 1, value - 1, rows[positions], strategy.read(dense) * 2
+
+    expected = [2.0, 0.0, [[8.0, 9.0], [0.0, 1.0], [8.0, 9.0]], [6.0, 6.0]]
+    with caplog.at_level(logging.WARNING):
+        outside = strategy.run(replica_fn)
+    assert "outside ClusterCoordinator.schedule" in caplog.text
+    assert [np.asarray(x).tolist() for x in outside] == expected
+    assert not strategy.is_placed(dense)          # read on the chief: not placed by the read
+    scheduled = coordinator.schedule(lambda: strategy.run(replica_fn)).fetch()
+    assert [np.asarray(x).tolist() for x in scheduled] == expected
+    v.assign(np.float32(5.0))
+    strategy.place_variables(dense).assign(np.full(2, 10.0, np.float32))   # the ps' value now
+    outside = strategy.run(replica_fn)
+    assert float(outside[0]) == 6.0 and np.asarray(outside[3]).tolist() == [20.0, 20.0]
+    assert float(strategy.read(v)) == 5.0       # between steps too
+    with pytest.raises(RuntimeError, match=r"per-worker variable has one value per worker; "
+                                        r"counter\.read_all\(\) gives them"):
+        strategy.run(lambda: strategy.read(counter))
+    with pytest.raises(RuntimeError, match=r"`strategy\.read` is only valid inside "
+                                           r"`strategy\.run"):
+        coordinator.schedule(lambda: strategy.read(v))   # in a scheduled function, not in run

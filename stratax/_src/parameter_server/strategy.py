@@ -169,6 +169,9 @@ class ParameterServerStrategy(Strategy):
         self._programs: dict[Any, program.Program] = {}
         # id(Keras variable) -> (that variable, its PSVariable); the variable is kept alive.
         self._keras: dict[int, tuple[Any, PSVariable]] = {}
+        # Keras variables marked per-worker, by id: the variable and its PerWorkerVariable
+        # (made when a step first uses it, as Keras variables are placed).
+        self._keras_per_worker: dict[int, tuple[Any, PerWorkerVariable | None]] = {}
         self._optimizers_set: set[tuple[str, str]] = set()
         self._residency = Residency(self) if self.hybrid is not None else None
         self._warned: set[str] = set()
@@ -335,7 +338,7 @@ class ParameterServerStrategy(Strategy):
           TypeError: ``colocate_with_variable`` is not a variable of this strategy.
         """
         target = self._on_ps(colocate_with_variable)
-        if not isinstance(target, PSVariable) or target not in self._variables:
+        if not isinstance(target, PSVariable) or not any(target is v for v in self._variables):
             raise TypeError(
                 f"colocate_vars_with needs a variable of this strategy (created by "
                 f"strategy.create_variable or a Keras variable under strategy.scope()), got "
@@ -349,13 +352,51 @@ class ParameterServerStrategy(Strategy):
     def read(self, variables: Any) -> Any:
         """Inside ``run``: this step's values of a pytree of variables (``PSVariable`` or Keras
         variables, placed on the parameter servers the first time a step uses them; a
-        ``PerWorkerVariable`` gives the running worker's copy)."""
+        ``PerWorkerVariable`` gives the running worker's copy).
+
+        Outside ``schedule`` (``run`` on the chief, as TensorFlow's
+        ``testRunNotUsedWithClusterCoordinator`` reads variables there, or between steps): their
+        values now, as numpy arrays pulled from the parameter servers (a Keras variable no step
+        used yet: its own value), so one replica function serves both.
+
+        Raises:
+          TypeError: a leaf is not a variable of the strategy.
+          RuntimeError: outside ``schedule``, a ``PerWorkerVariable``: it has a value per
+            worker (``read_all()`` gives them).
+        """
+        if not closures.is_recording():
+            return jax.tree_util.tree_map(self._value_now, variables)
         return program.read(self._on_ps(variables))
 
     def read_rows(self, table: Any, ids: Any) -> tuple[Any, Any]:
         """Inside ``run``: ``(rows, positions)`` with ``table[ids] == rows[positions]``; only
-        the distinct rows are pulled, and the gradient of ``rows`` is pushed row-sparse."""
+        the distinct rows are pulled, and the gradient of ``rows`` is pushed row-sparse.
+        Outside ``schedule``: the same pair from the table's value now (its distinct rows,
+        unpadded), as ``read`` there."""
+        if not closures.is_recording():
+            unique, positions = np.unique(np.asarray(ids), return_inverse=True)
+            placed = self._keras.get(id(table), (None, table))[1]
+            rows = (placed.sparse_read(unique) if isinstance(placed, PSVariable)
+                    else self._value_now(table)[unique])
+            return rows, positions.reshape(np.shape(ids))
         return program.read_rows(self._on_ps(table), ids)
+
+    def _value_now(self, leaf: Any) -> np.ndarray:
+        """A variable's value on the chief, outside scheduled steps (see ``read``)."""
+        if id(leaf) in self._keras_per_worker:
+            leaf = self._on_ps(leaf)
+        leaf = self._keras.get(id(leaf), (None, leaf))[1]
+        if isinstance(leaf, PSVariable):
+            return leaf.numpy()
+        if isinstance(leaf, PerWorkerVariable):
+            raise RuntimeError(
+                f"strategy.read({leaf.name}) outside ClusterCoordinator.schedule: a per-worker "
+                f"variable has one value per worker; {leaf.name}.read_all() gives them, or read "
+                "it inside strategy.run in a scheduled function.")
+        if hasattr(leaf, "path") and hasattr(leaf, "assign"):  # a Keras variable no step used
+            return np.asarray(leaf.numpy())
+        raise TypeError(f"strategy.read expects variables created under the strategy, got "
+                        f"{type(leaf).__name__}.")
 
     def apply_gradients(self, grads_and_vars: Any, optimizer: Any,
                         sparse_updates: str = DEFAULT_SPARSE_UPDATES) -> None:
@@ -438,6 +479,12 @@ class ParameterServerStrategy(Strategy):
             if isinstance(leaf, PSVariable) or not (hasattr(leaf, "path")
                                                     and hasattr(leaf, "assign")):
                 return leaf
+            local = self._keras_per_worker.get(id(leaf))
+            if local is not None:
+                if local[1] is None:
+                    local = self._keras_per_worker[id(leaf)] = (leaf, self.create_variable(
+                        np.asarray(leaf.numpy()), name=leaf.path, per_worker=True))
+                return local[1]
             entry = self._keras.get(id(leaf))
             if entry is None:
                 recipe = remote_recipe(leaf)  # built by its servers, never here
@@ -452,14 +499,28 @@ class ParameterServerStrategy(Strategy):
 
         return jax.tree_util.tree_map(convert, variables)
 
+    def mark_per_worker(self, keras_variable: Any) -> None:
+        """Makes a Keras variable per-worker: steps read and assign each worker's own copy of it
+        (see ``create_variable(..., per_worker=True)``). ``keras.Variable(...,
+        per_worker_variable=True)`` under ``scope()`` calls it, as TensorFlow spells it.
+
+        Raises:
+          ValueError: a step already placed the variable on the parameter servers.
+        """
+        if self.is_placed(keras_variable):
+            raise ValueError(
+                f"{keras_variable.path!r} is already on the parameter servers (a step used it): "
+                "create it with per_worker_variable=True, before any step uses it.")
+        self._keras_per_worker.setdefault(id(keras_variable), (keras_variable, None))
+
     # ----- variables ------------------------------------------------------------------------
     def create_variable(self, initial_value: Any, name: str | None = None, trainable: bool = True,
                         dtype: Any = None, shape: Sequence[int] | None = None,
-                        aggregation: Any = "none",
-                        per_worker: bool = False) -> PSVariable | PerWorkerVariable:
+                        aggregation: Any = "none", per_worker: bool = False,
+                        per_worker_variable: bool = False) -> PSVariable | PerWorkerVariable:
         """Creates a variable on the parameter servers (partitioned if the partitioner says so).
 
-        With ``per_worker=True`` (TensorFlow's ``per_worker_variable=True``): a
+        With ``per_worker=True`` (or TensorFlow's spelling, ``per_worker_variable=True``): a
         ``PerWorkerVariable``, one unsynchronized copy on each worker, on no parameter server,
         never trained (``trainable`` and ``aggregation`` do not apply); a scheduled step reads
         and assigns its worker's copy with ``strategy.read``/``strategy.assign``, and
@@ -482,6 +543,7 @@ class ParameterServerStrategy(Strategy):
           ValueError: an unknown ``aggregation``, or a bad shape (named in the message).
         """
         aggregation = aggregation_name(aggregation)
+        per_worker = per_worker or per_worker_variable
         recipe = initial_value if isinstance(initial_value, ShardRecipe) else None
         per_shard = recipe is not None or (callable(initial_value)
                                            and partition_aware(initial_value))

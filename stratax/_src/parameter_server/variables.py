@@ -48,9 +48,12 @@ class PSVariable:
     ``ShardedVariable``).
 
     On the chief, outside scheduled steps, it reads like TensorFlow's variables: ``np.asarray(v)``,
-    ``v[1:3]``, ``v + 1`` and other arithmetic pull the value (``==`` stays identity, so variables
-    remain usable as keys); ``assign_add``/``assign_sub`` and
-    the ``scatter_*`` family update it (row-wise ones touch only the shards holding the rows).
+    ``v[1:3]``, ``v + 1``, other arithmetic and comparisons pull the value (``==`` and ``!=``
+    elementwise, as TensorFlow's; hashing stays by identity, as TensorFlow's ``ShardedVariable``
+    hashes, so variables remain usable as dict keys); ``assign_add``/``assign_sub`` and the
+    ``scatter_*`` family (``update``, ``add``, ``sub``, ``mul``, ``div``, ``max``, ``min``)
+    update it: row-wise ones touch only the shards holding the rows, and repeated rows compound
+    in order, as in TensorFlow.
     These updates are read-modify-write from the chief: make them between ``join()`` calls, not
     while scheduled steps push gradients to the same variable.
 
@@ -123,6 +126,33 @@ class PSVariable:
         """Subtracts ``sparse_delta.values`` from the rows at ``sparse_delta.indices``."""
         return self._scatter(sparse_delta, lambda old, new: old - new)
 
+    def scatter_mul(self, sparse_delta: Any) -> PSVariable:
+        """Multiplies the rows at ``sparse_delta.indices`` by ``sparse_delta.values``."""
+        return self._scatter(sparse_delta, np.multiply)
+
+    def scatter_div(self, sparse_delta: Any) -> PSVariable:
+        """Divides the rows at ``sparse_delta.indices`` by ``sparse_delta.values`` as
+        TensorFlow's ``scatter_div`` does: integers truncate toward zero, and a zero divisor is
+        refused before any row changes.
+
+        Raises:
+          ValueError: ``sparse_delta.values`` holds a zero.
+        """
+        values = getattr(sparse_delta, "values", None)
+        if values is not None and not np.all(np.asarray(values, dtype=self.dtype)):
+            raise ValueError(f"scatter_div on {self.name!r}: sparse_delta.values holds a zero; "
+                             "TensorFlow refuses a zero divisor too. Divide by non-zero values.")
+        return self._scatter(sparse_delta, self._divide)
+
+    @staticmethod
+    def _divide(old: np.ndarray, new: np.ndarray) -> np.ndarray:
+        """``old / new`` as TensorFlow's ``scatter_div`` computes it: C's integer division
+        (toward zero, where numpy's ``//`` floors) for integer variables."""
+        if np.issubdtype(np.result_type(old), np.integer):
+            quotient = np.abs(old) // np.abs(new)
+            return np.where((old < 0) != (new < 0), -quotient, quotient)
+        return old / new
+
     def scatter_max(self, sparse_delta: Any) -> PSVariable:
         """Rows become the element-wise maximum of themselves and ``sparse_delta.values``."""
         return self._scatter(sparse_delta, np.maximum)
@@ -183,6 +213,30 @@ class PSVariable:
 
     def __getitem__(self, key: Any) -> np.ndarray:
         return self.numpy()[key]
+
+    def __eq__(self, other: Any) -> Any:  # type: ignore[override]
+        """Elementwise on the pulled values, as TensorFlow compares variables: a boolean array,
+        or ``False`` for ``None`` and shapes that do not broadcast (TF's
+        ``incompatible_shape_error=False``)."""
+        return self._compare(other, np.equal, False)
+
+    def __ne__(self, other: Any) -> Any:  # type: ignore[override]
+        """Elementwise ``!=`` (``True`` for ``None`` and shapes that do not broadcast)."""
+        return self._compare(other, np.not_equal, True)
+
+    # By identity, as TensorFlow's ShardedVariable: stratax keeps variables in dicts and sets
+    # (identity is checked before ``==`` there). A list's ``in``/``index`` use ``==``: find a
+    # variable in a list with ``any(v is x for x in ...)``.
+    __hash__ = object.__hash__
+
+    def _compare(self, other: Any, ufunc: Any, mismatch: bool) -> Any:
+        if other is None:
+            return mismatch
+        theirs = other.numpy() if isinstance(other, PSVariable) else np.asarray(other)
+        try:
+            return ufunc(self.numpy(), theirs)
+        except ValueError:  # shapes that do not broadcast
+            return mismatch
 
     def describe(self) -> dict[str, Any]:
         """JSON-ready description (sent to workers inside programs)."""

@@ -109,10 +109,19 @@ class ParameterServerRunner(KerasRunner):
         self._pipelines: dict[tuple[int, str], GroupPipeline] = {}
 
     # ------------------------------------------------------------------ runner interface
-    def placement_scope(self) -> contextlib.AbstractContextManager[Any]:
+    @contextlib.contextmanager
+    def placement_scope(self) -> Iterator[None]:
         """Large variables with a Keras built-in initializer are built by their parameter
-        servers, never on the chief (``shard_recipes``)."""
-        return seam.variables_built_elsewhere(shard_recipes.built_on_servers)
+        servers, never on the chief (``shard_recipes``), and a Keras variable made under
+        ``scope()`` with TensorFlow's ``per_worker_variable=True`` becomes a per-worker variable
+        of the strategy."""
+        def observe(variable: Any, options: dict[str, Any]) -> None:
+            if options.get("per_worker_variable"):
+                self.strategy.mark_per_worker(variable)
+
+        with seam.variables_built_elsewhere(shard_recipes.built_on_servers), \
+                seam.keras_variable_options(observe):
+            yield
 
     def prepare(self, method: str, arguments: dict[str, Any]) -> dict[str, Any]:
         call = _Call(method, {}, [])

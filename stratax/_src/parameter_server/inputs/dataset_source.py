@@ -42,7 +42,7 @@ class DistributedDatasetsFromFunction:
         self.dataset_fn, self.options = dataset_fn, options
 
     def __iter__(self) -> Any:
-        raise RuntimeError(_NOT_ON_CHIEF.format(what="distribute_datasets_from_function"))
+        raise _not_on_chief("distribute_datasets_from_function")
 
 
 class DistributedDataset:
@@ -64,12 +64,16 @@ class DistributedDataset:
         return self.dataset.element_spec
 
     def __iter__(self) -> Any:
-        raise RuntimeError(_NOT_ON_CHIEF.format(what="experimental_distribute_dataset"))
+        raise _not_on_chief("experimental_distribute_dataset")
 
 
-_NOT_ON_CHIEF = (
-    "The dataset from strategy.{what}(...) is read by the workers, not on the chief: pass it to "
-    "coordinator.create_per_worker_dataset(...) and iterate that inside a scheduled function.")
+def _not_on_chief(what: str) -> ValueError:
+    """The error of iterating ``strategy.<what>(...)``'s result on the chief: a ``ValueError``,
+    the type TensorFlow raises there (its ``testDistributeDatasetUsedDirectly``)."""
+    return ValueError(
+        f"The dataset from strategy.{what}(...) is read by the workers, not on the chief: pass "
+        "it to coordinator.create_per_worker_dataset(...) and iterate that inside a scheduled "
+        "function.")
 
 
 def describe(source: Any, strategy: Any) -> Source:
