@@ -147,14 +147,63 @@ def test_live_dashboard_of_two_workers_in_chromium(tmp_path):
         assert len(list((tb_dir / "train").glob("events.out.tfevents.*"))) == 1
         _check_tensorboard_equals_reports(tb_dir / "train", run_dir / "metrics" / "worker_0.jsonl")
     finally:
-        if launcher.poll() is None:
-            os.killpg(launcher.pid, signal.SIGTERM)
-            try:
-                launcher.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(launcher.pid, signal.SIGKILL)
-                launcher.wait(timeout=10)
+        _stop(launcher)
         log.close()
+
+
+def _stop(launcher: subprocess.Popen) -> None:
+    """Stops the launcher's process group if it still runs (SIGTERM, then SIGKILL)."""
+    if launcher.poll() is None:
+        os.killpg(launcher.pid, signal.SIGTERM)
+        try:
+            launcher.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(launcher.pid, signal.SIGKILL)
+            launcher.wait(timeout=10)
+
+
+@pytest.mark.slow  # two starts of 2 training workers (~40 s), then the page in Chromium
+def test_a_run_resumed_by_backup_and_restore_continues_its_steps(tmp_path):
+    """The issue's run, for real: worker 1 is killed at step 50 of 96 (32 steps per epoch,
+    backups every 20), ``--max-restarts 1`` resumes the group from the backup. The second
+    start numbers its reports from the step the backup restored, up to 96; the page shows the
+    run recovered, the table at step 96, the step chart's restart marker at the resumed step."""
+    from stratax._src.observe.server import DashboardServer
+
+    chromium = _chromium()
+    run_dir, tb_dir, backup = tmp_path / "run", tmp_path / "tb", tmp_path / "backup"
+    log = open(tmp_path / "launch.log", "w")  # noqa: SIM115 - closed in finally
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "stratax._src.cli", "launch", "--nproc-per-node", "2",
+         "--max-restarts", "1", "--run-dir", str(run_dir), "--timeout", "200", str(PROGRAM),
+         str(tmp_path / "never"), "3", str(tb_dir), str(backup), "50"],
+        cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        assert launcher.wait(timeout=240) == 0, (tmp_path / "launch.log").read_text()[-3000:]
+    finally:
+        _stop(launcher)
+        log.close()
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    assert [e["kind"] for e in events] == ["start", "failure", "restart", "start", "end"]
+    second_start = events[3]["t"]
+    for task in ("worker_0", "worker_1"):
+        records = [json.loads(line) for line in
+                   (run_dir / "metrics" / f"{task}.jsonl").read_text().splitlines()]
+        first = [r for r in records if r["t"] < second_start]
+        resumed = [r for r in records if r["t"] >= second_start]
+        begin = resumed[0]
+        assert begin.get("fit_begin") == 1, resumed[:3]
+        # The backup of step 40 (or of step 20, had its write not finished before the kill).
+        assert begin["step"] in (20, 40) and begin["epoch"] == begin["step"] // 32
+        assert max(r["step"] for r in first) >= begin["step"]
+        steps = [r["step"] for r in resumed if "step_s" in r]
+        assert steps and steps[0] > begin["step"] and steps == sorted(steps)
+        assert resumed[-1]["step"] == 96 and resumed[-1].get("epoch_end") == 1
+    with DashboardServer(run_dir) as server:
+        dom = _browser(chromium, "--dump-dom", server.url)
+    assert _status(dom) == ("ended", "ended, recovered from 1 restart")
+    assert {cells[1] for cells in _rows(dom).values()} == {"96"}
+    assert _chart_marks(dom, "chart-loss-step") == [float(begin["step"])]
 
 
 def test_saved_run_shows_straggler_failure_cause_and_server_load(tmp_path):
