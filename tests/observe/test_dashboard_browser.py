@@ -10,6 +10,7 @@ Chromium is Debian's ``chromium`` package; when it is missing the test installs 
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import re
@@ -146,14 +147,63 @@ def test_live_dashboard_of_two_workers_in_chromium(tmp_path):
         assert len(list((tb_dir / "train").glob("events.out.tfevents.*"))) == 1
         _check_tensorboard_equals_reports(tb_dir / "train", run_dir / "metrics" / "worker_0.jsonl")
     finally:
-        if launcher.poll() is None:
-            os.killpg(launcher.pid, signal.SIGTERM)
-            try:
-                launcher.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(launcher.pid, signal.SIGKILL)
-                launcher.wait(timeout=10)
+        _stop(launcher)
         log.close()
+
+
+def _stop(launcher: subprocess.Popen) -> None:
+    """Stops the launcher's process group if it still runs (SIGTERM, then SIGKILL)."""
+    if launcher.poll() is None:
+        os.killpg(launcher.pid, signal.SIGTERM)
+        try:
+            launcher.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(launcher.pid, signal.SIGKILL)
+            launcher.wait(timeout=10)
+
+
+@pytest.mark.slow  # two starts of 2 training workers (~40 s), then the page in Chromium
+def test_a_run_resumed_by_backup_and_restore_continues_its_steps(tmp_path):
+    """The issue's run, for real: worker 1 is killed at step 50 of 96 (32 steps per epoch,
+    backups every 20), ``--max-restarts 1`` resumes the group from the backup. The second
+    start numbers its reports from the step the backup restored, up to 96; the page shows the
+    run recovered, the table at step 96, the step chart's restart marker at the resumed step."""
+    from stratax._src.observe.server import DashboardServer
+
+    chromium = _chromium()
+    run_dir, tb_dir, backup = tmp_path / "run", tmp_path / "tb", tmp_path / "backup"
+    log = open(tmp_path / "launch.log", "w")  # noqa: SIM115 - closed in finally
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "stratax._src.cli", "launch", "--nproc-per-node", "2",
+         "--max-restarts", "1", "--run-dir", str(run_dir), "--timeout", "200", str(PROGRAM),
+         str(tmp_path / "never"), "3", str(tb_dir), str(backup), "50"],
+        cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        assert launcher.wait(timeout=240) == 0, (tmp_path / "launch.log").read_text()[-3000:]
+    finally:
+        _stop(launcher)
+        log.close()
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    assert [e["kind"] for e in events] == ["start", "failure", "restart", "start", "end"]
+    second_start = events[3]["t"]
+    for task in ("worker_0", "worker_1"):
+        records = [json.loads(line) for line in
+                   (run_dir / "metrics" / f"{task}.jsonl").read_text().splitlines()]
+        first = [r for r in records if r["t"] < second_start]
+        resumed = [r for r in records if r["t"] >= second_start]
+        begin = resumed[0]
+        assert begin.get("fit_begin") == 1, resumed[:3]
+        # The backup of step 40 (or of step 20, had its write not finished before the kill).
+        assert begin["step"] in (20, 40) and begin["epoch"] == begin["step"] // 32
+        assert max(r["step"] for r in first) >= begin["step"]
+        steps = [r["step"] for r in resumed if "step_s" in r]
+        assert steps and steps[0] > begin["step"] and steps == sorted(steps)
+        assert resumed[-1]["step"] == 96 and resumed[-1].get("epoch_end") == 1
+    with DashboardServer(run_dir) as server:
+        dom = _browser(chromium, "--dump-dom", server.url)
+    assert _status(dom) == ("ended", "ended, recovered from 1 restart")
+    assert {cells[1] for cells in _rows(dom).values()} == {"96"}
+    assert _chart_marks(dom, "chart-loss-step") == [float(begin["step"])]
 
 
 def test_saved_run_shows_straggler_failure_cause_and_server_load(tmp_path):
@@ -191,9 +241,24 @@ def test_saved_run_shows_straggler_failure_cause_and_server_load(tmp_path):
     assert dom.count('class="uplot') >= 5  # ps load chart too
 
 
-def _outcome_run(run_dir: Path, *, restarted: bool, exit_code: int, failed: bool) -> None:
-    """A run directory: one worker, 6 reports per start (steps resumed from 40 after a
-    restart), then the end with ``exit_code`` (a failure's last lines when ``failed``)."""
+# A chained traceback longer than the launcher's summary quotes (40 lines): 2 x 25 frames.
+TRACEBACK = ["Traceback (most recent call last):",
+             *(f'  File "train.py", line {i}, in f{i}\n    return f{i + 1}()'
+               for i in range(25)),
+             "ValueError: bad batch", "",
+             "The above exception was the direct cause of the following exception:", "",
+             "Traceback (most recent call last):",
+             *(f'  File "keras.py", line {i}, in g{i}\n    return g{i + 1}()'
+               for i in range(25)),
+             "RuntimeError: training failed"]
+
+
+def _outcome_run(run_dir: Path, *, restarted: bool | str, exit_code: int | None,
+                 failed: bool) -> None:
+    """A run directory: one worker, 6 reports per start (the second start resumed from step 40
+    of a backup: its first record is ``fit_begin`` at step 40), then the end with ``exit_code``
+    (``None``: no end, a live run) after a failure with a whole traceback when ``failed``; a
+    restarted run whose second start has not reported when ``restarted == "waiting"``."""
     from stratax._src.observe import record as record_mod
     from stratax._src.observe.events import EventLog
 
@@ -207,48 +272,152 @@ def _outcome_run(run_dir: Path, *, restarted: bool, exit_code: int, failed: bool
     log.append("start", restart=0, tasks=["worker_0"], pids=[11])
     report(range(10, 70, 10), 2.0)
     if restarted:
-        log.failure(restart=0, task="worker_0", pid=11, returncode=42,
-                    message="worker 0 (local rank 0, pid 11) was preempted", tail=["epoch 2"])
+        log.failure(restart=0, task="worker_0", pid=11, returncode=-9,
+                    message="worker 0 (local rank 0, pid 11) failed with signal SIGKILL",
+                    tail=["epoch 2", "Killed"])
         log.append("restart", restart=1, message="restart 1 of 3")
+        if restarted == "waiting":
+            return
         time.sleep(0.05)
         log.append("start", restart=1, tasks=["worker_0"], pids=[12])
-        report(range(40, 100, 10), 1.8)
+        record_mod.record(step=40, run_dir=run_dir, task="worker_0", epoch=2, fit_begin=1)
+        report(range(50, 110, 10), 1.8)
     if failed:
-        log.failure(restart=int(restarted), task="worker_0", pid=12, returncode=1,
+        log.failure(restart=int(bool(restarted)), task="worker_0", pid=12, returncode=1,
                     message="worker 0 (local rank 0, pid 12) exited with code 1",
-                    tail=["Traceback (most recent call last):", "ValueError: bad batch"])
-    log.append("end", exit_code=exit_code, message=f"stratax launch: exit {exit_code}")
+                    tail=[*TRACEBACK[-18:], "shutting down"], traceback=TRACEBACK)
+    if exit_code is not None:
+        summary = (f"stratax launch: exit {exit_code}" if exit_code else
+                   "stratax launch: all 1 worker(s) exited with code 0 (1 restart(s)).")
+        log.append("end", exit_code=exit_code,
+                   message=summary + "\nFull log: logs/worker_0.log")
 
 
-@pytest.mark.parametrize("outcome", ["finished", "restarted-then-failed", "preempted"])
+def _pre(dom: str, cls: str, inside: str = "") -> list[str]:
+    """The texts of ``<pre class=cls>`` elements (within the element whose id is ``inside``)."""
+    if inside:
+        found = re.search(rf'id="{inside}".*?</(section|ol)>', dom, re.S)
+        dom = found.group(0) if found else ""
+    return [html.unescape(text) for text in re.findall(rf'<pre class="{cls}">(.*?)</pre>', dom,
+                                                        re.S)]
+
+
+def _status(dom: str) -> tuple[str, str]:
+    status = re.search(r'<span id="status" class="status (\w+)">([^<]*)</span>', dom)
+    assert status, dom[:3000]
+    return status.groups()
+
+
+def _chart_marks(dom: str, chart: str) -> list[float]:
+    found = re.search(rf'id="{chart}" data-restarts="([^"]*)"', dom)
+    assert found, dom[:3000]
+    return [float(x) for x in found.group(1).split()]
+
+
+@pytest.mark.parametrize("outcome", ["finished", "recovered", "restarted-then-failed",
+                                     "restarted-then-timed-out", "preempted"])
 def test_the_page_shows_how_the_run_ended(tmp_path, outcome):
-    """The end of a run on the page (and a screenshot of it): success, a failure with its root
-    cause, a preemption; a restart drawn as its own line with a marker, not spliced."""
+    """The end of a run on the page (and a screenshot of it): success; a recovery from a
+    restart (not a failure; the failure kept in the journal); a failure with its whole
+    traceback; a timeout after a restart (not blamed on the failure restarted from); a
+    preemption. A restart is drawn as its own dashed line, the legend saying which
+    start is which style, steps continuing from where the backup resumed."""
     from stratax._src.observe.server import DashboardServer
 
     chromium = _chromium()
     run_dir = tmp_path / "run"
-    restarted = outcome == "restarted-then-failed"
-    exit_code = {"finished": 0, "restarted-then-failed": 1, "preempted": 42}[outcome]
-    _outcome_run(run_dir, restarted=restarted, exit_code=exit_code, failed=restarted)
+    restarted = outcome.startswith(("recovered", "restarted"))
+    failed = outcome == "restarted-then-failed"
+    exit_code = {"finished": 0, "recovered": 0, "restarted-then-failed": 1,
+                 "restarted-then-timed-out": 124, "preempted": 42}[outcome]
+    _outcome_run(run_dir, restarted=restarted, exit_code=exit_code, failed=failed)
     screenshot = tmp_path / f"{outcome}.png"
     with DashboardServer(run_dir) as server:
         dom = _browser(chromium, "--dump-dom", server.url)
-        _browser(chromium, "--window-size=1400,1750", f"--screenshot={screenshot}", server.url)
+        _browser(chromium, "--window-size=1400,2400", f"--screenshot={screenshot}", server.url)
         assert server.serve_until_seen(0.0)  # the page received the end
-    status = re.search(r'<span id="status" class="status (\w+)">([^<]*)</span>', dom)
-    assert status, dom[:3000]
+    status = _status(dom)
+    # The end's summary in the journal: whole, its lines kept.
+    assert "Full log: logs/worker_0.log" in _pre(dom, "message", inside="events")[-1]
     if outcome == "finished":
-        assert status.groups() == ("ended", "ended")
+        assert status == ("ended", "ended")
         assert '<section id="outcome" hidden="">' in dom
     elif outcome == "preempted":
-        assert status.groups() == ("failed", "preempted (exit 42): stratax launch: exit 42")
+        assert status == ("failed", "preempted (exit 42): stratax launch: exit 42")
+    elif outcome == "restarted-then-timed-out":
+        assert status == ("failed", "failed (exit 124): stratax launch: exit 124")
+        assert '<section id="outcome" hidden="">' in dom
+    elif outcome == "recovered":
+        assert status == ("ended", "ended, recovered from 1 restart")
+        assert '<section id="outcome" hidden="">' in dom
+        assert "failed with signal SIGKILL" in dom  # the failure stays in the journal
     else:
-        assert status.groups() == (
+        assert status == (
             "failed", "failed (exit 1): worker 0 (local rank 0, pid 12) exited with code 1")
-        assert re.search(r'<section id="outcome">.*ValueError: bad batch', dom, re.S)
-        assert "ValueError: bad batch" in dom
-        # loss vs step: the second start is its own line (steps 40-90 kept, not dropped)
-        assert "worker_0 (start 1)" in dom
+        # The whole traceback, both exceptions and every frame, with its newlines, in the end
+        # panel and in the journal; then the output printed after it.
+        whole = "\n".join(TRACEBACK)
+        assert _pre(dom, "traceback", inside="outcome") == [whole]
+        assert _pre(dom, "traceback", inside="events") == [whole]
+        assert _pre(dom, "tail", inside="outcome") == ["shutting down"]
+    if restarted:
+        # Steps continue across the restart: the table ends at the last step trained (100),
+        # the marker on "loss vs step" sits where the second start resumed (step 40).
+        assert _rows(dom)["worker_0"][1] == "100"
+        assert _chart_marks(dom, "chart-loss-step") == [40.0]
+        assert len(_chart_marks(dom, "chart-throughput")) == 1
+        legend = re.findall(r'<div class="u-label">([^<]*)</div>', dom)
+        assert {"worker_0 (start 0, solid)", "worker_0 (start 1, dashed)"} <= set(legend)
+        assert re.search(r'<p class="note" id="restart-key">', dom)
+    else:
+        assert '<p class="note" id="restart-key" hidden="">' in dom
+        assert "worker_0 (start" not in dom
     assert "run ended" in dom and "not answering" not in dom
     assert screenshot.stat().st_size > 20_000
+
+
+def test_a_restart_is_marked_before_the_new_start_reports(tmp_path):
+    """Live, between the launcher's restart and the new start's first report: the restart is
+    on every chart already (on time charts at the restart, on the step chart after the last
+    step reached), the page still live."""
+    from stratax._src.observe.server import DashboardServer
+
+    chromium = _chromium()
+    run_dir = tmp_path / "run"
+    _outcome_run(run_dir, restarted="waiting", exit_code=None, failed=False)
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    records = [json.loads(line)
+               for line in (run_dir / "metrics" / "worker_0.jsonl").read_text().splitlines()]
+    restart_at = events[-1]["t"] - min(r["t"] for r in records)
+    with DashboardServer(run_dir) as server:
+        dom = _browser(chromium, "--dump-dom", server.url)
+    assert _status(dom) == ("live", "live")
+    assert _chart_marks(dom, "chart-loss-step") == [60.0]
+    assert _chart_marks(dom, "chart-throughput") == [pytest.approx(restart_at, abs=1e-3)]
+    assert re.search(r'<p class="note" id="restart-key">', dom)
+
+
+def test_a_page_that_lost_its_server_says_disconnected(tmp_path):
+    """The server stops answering mid-run (after the page's first poll): the badge turns from
+    live to disconnected and the last report's age counts on, marked stale."""
+    from stratax._src.observe.server import DashboardServer
+
+    class DiesAfterFirstPoll(DashboardServer):
+        polls = 0
+
+        def data(self, since):
+            self.polls += 1
+            if self.polls > 1:  # the socket closes without an answer: the fetch fails
+                raise ConnectionAbortedError("the dashboard server went away")
+            return super().data(since)
+
+    chromium = _chromium()
+    run_dir = tmp_path / "run"
+    _outcome_run(run_dir, restarted=False, exit_code=None, failed=False)
+    with DiesAfterFirstPoll(run_dir) as server:
+        dom = _browser(chromium, "--dump-dom", server.url)
+    assert server.polls >= 2
+    assert _status(dom) == ("disconnected", "disconnected")
+    assert "dashboard server not answering since" in dom
+    age = re.search(r'<td class="stale" title="[^"]*">([\d.]+) s ago</td>', dom)
+    assert age and float(age.group(1)) >= 1.0, dom[:3000]  # it counted on after the last poll

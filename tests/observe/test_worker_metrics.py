@@ -102,3 +102,51 @@ def test_fit_reports_by_itself_when_the_run_has_a_directory(tmp_path, monkeypatc
     assert [r["epoch"] for r in _records(tmp_path / "mine" / "metrics" / "worker_0.jsonl")
             if r.get("epoch_end")] == [0]
     assert len(_records(tmp_path / "auto" / "metrics" / "worker_0.jsonl")) == len(records)
+
+
+class _CrashAt(keras.callbacks.Callback):
+    def __init__(self, step):
+        super().__init__()
+        self.step, self.seen = step, 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.seen += 1
+        if self.seen == self.step:
+            raise RuntimeError("simulated crash")
+
+
+@pytest.mark.parametrize("metrics_first", [False, True])
+def test_steps_continue_from_the_step_a_backup_restored(tmp_path, metrics_first):
+    """A run that crashed at step 21 (16 steps per epoch, backups every 5 steps) and resumed
+    through BackupAndRestore numbers its reports from the restored global step 20 on, up to
+    the run's 48 steps, not from the 4 steps done in the resumed epoch; in either order of
+    the callbacks."""
+    from stratax._src.keras import checkpoint_io
+    from stratax._src.keras.callbacks.backup import wait_for_writes
+
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(512, 6)).astype(np.float32), rng.integers(0, 3, 512)
+    strategy = sx.MirroredStrategy(["cpu:0", "cpu:1"])
+    backup, run_dir = str(tmp_path / "backup"), tmp_path / "run"
+
+    def callbacks(*extra):
+        metrics = WorkerMetrics(run_dir, task="worker_0", every_seconds=1e-4, probe_repeats=0)
+        ordered = [metrics, sx.BackupAndRestore(backup, save_freq=5)]
+        return [*(ordered if metrics_first else ordered[::-1]), *extra]
+
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        _model(strategy).fit(x, y, batch_size=32, epochs=3, shuffle=False, verbose=0,
+                             callbacks=callbacks(_CrashAt(21)))
+    wait_for_writes(backup)
+    assert checkpoint_io.load(backup)[1]["global_step"] == 20
+    record_mod.close_all()
+    crashed = _records(run_dir / "metrics" / "worker_0.jsonl")
+
+    _model(strategy).fit(x, y, batch_size=32, epochs=3, shuffle=False, verbose=0,
+                         callbacks=callbacks())
+    resumed = _records(run_dir / "metrics" / "worker_0.jsonl")[len(crashed):]
+    assert crashed[0]["fit_begin"] == 1 and crashed[0]["step"] == 0
+    assert (resumed[0]["fit_begin"], resumed[0]["step"], resumed[0]["epoch"]) == (1, 20, 1)
+    steps = [r["step"] for r in resumed if "step_s" in r]
+    assert steps == sorted(steps) and steps[0] > 20 and steps[-1] == 48
+    assert [(r["epoch"], r["step"]) for r in resumed if r.get("epoch_end")] == [(1, 32), (2, 48)]

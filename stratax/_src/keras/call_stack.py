@@ -38,6 +38,9 @@ class Call:
     state: Any = None
     # The prefetch threads of this call's passes over its data, closed when the call ends.
     prefetchers: list[Prefetcher] = dataclasses.field(default_factory=list)
+    # The global step a ``BackupAndRestore`` resumed this call from (None: not resumed), so
+    # that reports (``WorkerMetrics``) number steps on from it, not from the resumed epoch.
+    resumed_step: int | None = None
 
 
 class _Calls(threading.local):

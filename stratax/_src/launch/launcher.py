@@ -35,6 +35,7 @@ from stratax._src.launch.network import (
     reserve_free_ports,
     wait_until_reachable,
 )
+from stratax._src.launch.output import abbreviate
 from stratax._src.launch.process_group import Worker, WorkerGroup, describe_returncode
 from stratax._src.observe.events import EventLog
 
@@ -56,7 +57,8 @@ class TaskFailure:
     returncode: int  # as subprocess reports it: negative = killed by that signal
     restart_count: int
     tail: tuple[str, ...]
-    traceback: tuple[str, ...] = ()  # the worker's last Python traceback, if it printed one
+    # The worker's last Python traceback, whole, if it printed one (the summary abbreviates it).
+    traceback: tuple[str, ...] = ()
     # The peer that named this worker as silent (hung, frozen, lost); ``traceback`` then holds
     # that peer's words (its traceback, or the line JAX's coordination service printed).
     reported_by: str | None = None
@@ -377,7 +379,7 @@ class _Launcher:
             self._events.failure(restart=failure.restart_count,
                                  task=f"worker_{failure.global_rank}", pid=failure.pid,
                                  returncode=failure.returncode, message=failure.describe(),
-                                 tail=failure.tail)
+                                 tail=failure.tail, traceback=failure.traceback)
 
     def _notice(self, message: str) -> None:
         """Tells the user what the launcher does (restart, timeout) on its stderr."""
@@ -441,10 +443,10 @@ def _failure_text(failure: TaskFailure, config: LaunchConfig, restarts: int) -> 
     ]
     if failure.reported_by:
         lines.append(f"What {failure.reported_by} said:")
-        lines.extend(f"  [{failure.reported_by}] {line}" for line in failure.traceback)
+        lines.extend(f"  [{failure.reported_by}] {line}" for line in abbreviate(failure.traceback))
     elif failure.traceback:
         lines.append(f"{failure.name}'s last Python traceback:")
-        lines.extend(f"  [{failure.name}] {line}" for line in failure.traceback)
+        lines.extend(f"  [{failure.name}] {line}" for line in abbreviate(failure.traceback))
     elif failure.tail:
         lines.append(f"Last {len(failure.tail)} line(s) of {failure.name}'s output:")
         lines.extend(f"  [{failure.name}] {line}" for line in failure.tail)

@@ -3,8 +3,9 @@
 One reader thread per pipe writes ``[worker 1] <line>`` to the launcher's own stdout or stderr
 (like ``mpirun --tag-output`` and TF's ``multi_process_runner``), appends the raw line to the
 worker's log file when a log directory is given, and keeps what the failure summary quotes: the
-last lines, and the worker's last Python traceback with the time it began (the launcher orders
-failures by it, so a traceback printed before a peer's abort names the worker that raised).
+last lines, and the worker's last Python traceback (whole, chained exceptions included, for the
+run's journal; the summary quotes its ends) with the time it began (the launcher orders failures
+by it, so a traceback printed before a peer's abort names the worker that raised).
 """
 
 from __future__ import annotations
@@ -13,12 +14,17 @@ import collections
 import os
 import threading
 import time
+from collections.abc import Sequence
 from typing import IO, TextIO
 
 TAIL_LINES = 20
-TRACEBACK_LINES = 40  # the last traceback is quoted in at most this many lines
+TRACEBACK_LINES = 40  # the summary quotes the last traceback in at most this many lines
+TRACEBACK_KEPT_LINES = 1000  # the journal's copy of it (a longer one loses middle lines)
 LINES_AFTER_EXCEPTION = 5  # lines kept after its exception line (chained messages, notes)
 TRACEBACK_HEADER = "Traceback (most recent call last):"
+# Lines by which Python joins the tracebacks of chained exceptions into one report.
+CHAIN_LINES = ("The above exception was the direct cause of the following exception:",
+               "During handling of the above exception, another exception occurred:")
 
 
 class WorkerOutput:
@@ -45,11 +51,13 @@ class WorkerOutput:
         self._write_lock = write_lock
         self._tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         self._traceback_head = ""
-        self._traceback: collections.deque[str] = collections.deque(maxlen=TRACEBACK_LINES - 1)
+        self._traceback: collections.deque[str] = collections.deque(
+            maxlen=TRACEBACK_KEPT_LINES - 1)
         self._traceback_omitted = 0
         self._after_exception: int | None = None
         self.traceback_at: float | None = None  # time.monotonic() of the last header
         self._exception_line = ""  # the "SomeError: message" line of the last traceback
+        self._chained = False  # a chain line followed the exception: the next header goes on
         self._captured: list[str] | None = [] if capture else None
         self._state_lock = threading.Lock()
         self._threads: list[threading.Thread] = []
@@ -99,14 +107,13 @@ class WorkerOutput:
             return list(self._tail)
 
     def traceback(self) -> list[str]:
-        """The worker's last Python traceback: its header, its last lines (at most
-        ``TRACEBACK_LINES`` in all, a gap marked) and a few lines after the exception; ``[]`` if
-        the worker printed none."""
+        """The worker's last Python traceback, chained exceptions included: its header, its
+        lines (the last ``TRACEBACK_KEPT_LINES`` in all, a gap marked) and a few lines after the
+        last exception; ``[]`` if the worker printed none. :func:`abbreviate` shortens it."""
         with self._state_lock:
             if self.traceback_at is None:
                 return []
-            gap = ([f"  ... ({self._traceback_omitted} line(s) left out; see the full output)"]
-                   if self._traceback_omitted else [])
+            gap = [_gap(self._traceback_omitted)] if self._traceback_omitted else []
             return [self._traceback_head, *gap, *self._traceback]
 
     def ends_with_traceback(self) -> bool:
@@ -174,22 +181,46 @@ class WorkerOutput:
         and a few lines after the exception line; what follows belongs to the tail.
         """
         if line.startswith(TRACEBACK_HEADER):
+            self._after_exception = None
+            self._exception_line = ""
+            if self._chained:  # the next exception of a chain: the same report goes on
+                self._chained = False
+                self._keep_traceback_line(line)
+                return
             self.traceback_at = time.monotonic()
             self._traceback_head = line
             self._traceback.clear()
             self._traceback_omitted = 0
-            self._after_exception = None
-            self._exception_line = ""
             return
         if self.traceback_at is None:
             return
         if self._after_exception is not None:
+            if line.strip() in CHAIN_LINES:
+                self._chained = True
+            elif line.strip():
+                self._chained = False
             self._after_exception += 1
             if self._after_exception > LINES_AFTER_EXCEPTION:
                 return
         elif line and not line[0].isspace():
             self._after_exception = 0  # the "SomeError: message" line ends the frames
             self._exception_line = line
+        self._keep_traceback_line(line)
+
+    def _keep_traceback_line(self, line: str) -> None:
         if len(self._traceback) == self._traceback.maxlen:
             self._traceback_omitted += 1
         self._traceback.append(line)
+
+
+def abbreviate(traceback: Sequence[str], max_lines: int = TRACEBACK_LINES) -> list[str]:
+    """``traceback`` in at most ``max_lines`` lines: its header, a line saying how many were
+    left out, and its last lines (where the exception is)."""
+    if len(traceback) <= max_lines:
+        return list(traceback)
+    last = max_lines - 2
+    return [traceback[0], _gap(len(traceback) - 1 - last), *traceback[-last:]]
+
+
+def _gap(omitted: int) -> str:
+    return f"  ... ({omitted} line(s) left out; see the full output)"

@@ -5,9 +5,10 @@ failures with their root cause, live and after the run:
 
 - ``start``: ``restart`` (0, 1, ...), ``tasks`` (names), ``pids``;
 - ``failure``: ``restart``, ``task``, ``pid``, ``returncode``, ``message`` (one line),
-  ``tail`` (the task's last output lines: the root cause);
+  ``tail`` (the task's last output lines: the root cause), ``traceback`` (its last Python
+  traceback, whole, chained exceptions included; ``[]`` if it printed none);
 - ``restart``: ``restart`` (the coming start), ``message``;
-- ``end``: ``exit_code``, ``message`` (the launcher's summary).
+- ``end``: ``exit_code``, ``message`` (the launcher's summary, several lines).
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ class EventLog:
             file.write(line)
 
     def failure(self, *, restart: int, task: str, pid: int, returncode: int, message: str,
-                tail: Sequence[str]) -> None:
+                tail: Sequence[str], traceback: Sequence[str] = ()) -> None:
         """Appends a ``failure`` event: the first task that failed in start ``restart``."""
         self.append("failure", restart=restart, task=task, pid=pid, returncode=returncode,
-                    message=message, tail=list(tail))
+                    message=message, tail=list(tail), traceback=list(traceback))

@@ -232,6 +232,9 @@ class BackupAndRestore(keras.callbacks.Callback):
         seam.set_initial_epoch(self.model, epoch)
         self._consumed_offset = self._skip
         self._global_step = int(meta["global_step"])
+        call = call_stack.active()
+        if call is not None:
+            call.resumed_step = self._global_step
         feed = _running_feed()
         if feed is not None:
             feed.resume_at(epoch, self._skip)

@@ -35,6 +35,7 @@ import numpy as np
 
 from stratax._src.core.context import get_replica_context
 from stratax._src.core.reduce_op import ReduceOp
+from stratax._src.keras import call_stack
 from stratax._src.keras.binding import model_strategy
 from stratax._src.keras.steps.device_rows import RowBatch
 from stratax._src.observe.record import MetricsWriter, writer_for
@@ -82,7 +83,9 @@ class WorkerMetrics(keras.callbacks.Callback):
     ``<run_dir>/metrics/<task>.jsonl`` about once per ``every_seconds``: ``step``, ``epoch``,
     ``step_s``, ``samples_per_s``, ``input_s``, ``loss`` (Keras' running epoch mean), and
     ``collective_s`` (estimated, see the module docstring); at each epoch end, every value of
-    Keras' epoch logs (``loss``, ``accuracy``, ``val_loss``, ...).
+    Keras' epoch logs (``loss``, ``accuracy``, ``val_loss``, ...); at the first step, the step
+    ``fit`` starts from (``fit_begin=1``). Steps count on across ``fit`` calls of one callback
+    and, after a resume through ``sx.BackupAndRestore``, from the global step it restored.
 
     Args:
         run_dir: the run directory; default ``$STRATAX_RUN_DIR`` (set by ``stratax launch
@@ -166,6 +169,8 @@ class WorkerMetrics(keras.callbacks.Callback):
     # ------------------------------------------------------------------ measurement
     def _timed_train_function(self, state: Any, iterator: Iterator[Any]) -> Any:
         original = cast(Callable[..., Any], self._original)  # set by on_train_begin
+        if not self._warm:
+            self._report_begin()
         logs, new_state = original(state, _TimedIterator(iterator, self._window, self._rows))
         self._last_logs = logs
         window = self._window
@@ -178,6 +183,16 @@ class WorkerMetrics(keras.callbacks.Callback):
             jax.block_until_ready(logs)
             self._report(logs, time.perf_counter())
         return logs, new_state
+
+    def _report_begin(self) -> None:
+        """At the first step of ``fit``, once every callback's ``on_train_begin`` ran: numbers
+        steps on from the global step a ``BackupAndRestore`` restored (a resumed run continues
+        its step axis instead of counting from the resumed epoch), and reports that step with
+        ``fit_begin=1``, where the dashboard marks the restart on its step axis."""
+        call = call_stack.active()
+        if call is not None and call.resumed_step is not None:
+            self._step = call.resumed_step
+        self.writer.write(self._step, epoch=self._epoch, fit_begin=1)
 
     def _close_window(self) -> None:
         """Reports the steps of the open window, if any (waiting for the last to finish)."""
