@@ -39,6 +39,7 @@ _EXPORTS = {
     "partitioners": "stratax.partitioners",
     "coordinator": "stratax.coordinator",
     "checkpoint": "stratax.checkpoint",
+    "serving": "stratax.serving",
     "ShardedVariable": "stratax._src.parameter_server.variables",
     "PSVariable": "stratax._src.parameter_server.variables",
     "PerWorkerVariable": "stratax._src.parameter_server.per_worker_variables",

@@ -126,3 +126,22 @@ def test_the_job_ends_with_its_chief_and_no_task_is_restarted_after_it(tmp_path)
     # Only worker 1's own death was restarted; worker 0's failure after the chief was not.
     starts = (tmp_path / "died.starts").read_text().split()
     assert sorted(starts) == ["chief0", "ps0", "worker0", "worker1", "worker1"], starts
+
+
+@pytest.mark.timeout(150)
+def test_launch_runs_the_large_table_example(tmp_path):
+    """Train a table built by its servers, checkpoint it sharded, serve it from a .keras file."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("STRATAX_") and k not in ("TF_CONFIG", "PYTEST_CURRENT_TEST")}
+    env["STRATAX_PS_BUILD_ON_SERVERS_BYTES"] = "1000000"  # the 6.4 MB table of this run
+    proc = subprocess.run(
+        [sys.executable, "-m", "stratax._src.cli", "launch", "--workers", "2", "--ps", "2",
+         "--timeout", "120", str(EXAMPLE.with_name("parameter_server_large_table.py")),
+         "--rows", "100000", "--steps", "40", "--out", str(tmp_path)],
+        check=False, env=env, capture_output=True, text=True, timeout=140)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "served predictions equal the trained model's: True" in proc.stdout, proc.stdout
+    first, last = map(float, re.search(r"loss ([\d.]+) -> ([\d.]+)", proc.stdout).groups())
+    assert last < first
+    assert sorted(p.name for p in (tmp_path / "checkpoint" / "v1").iterdir()) == [
+        "manifest.json", "ps0", "ps1"]

@@ -145,3 +145,33 @@ def test_a_table_built_on_its_servers_saves_sharded_only(local_cluster, tmp_path
         np.testing.assert_array_equal(table.sparse_read([0, 47, 999]), trained)
     finally:
         sx.config.reset("ps_build_on_servers_bytes")
+
+
+def test_a_model_with_a_server_built_table_serves_from_its_checkpoint(local_cluster,  # noqa: F811
+                                                                       tmp_path):
+    """for_serving: the Embedding becomes a RowLookup over the sharded checkpoint, the rest is
+    loaded from it; predictions equal the strategy's, also after a .keras round trip."""
+    sx.config.update("ps_build_on_servers_bytes", 4000)
+    try:
+        strategy = local_cluster(variable_partitioner=sx.partitioners.FixedShardsPartitioner(2))
+        with strategy.scope():
+            ids = keras.Input((3,), dtype="int32")
+            rows = keras.layers.Embedding(1000, 8)(ids)
+            out = keras.layers.Dense(1)(keras.layers.Flatten()(rows))
+            model = keras.Model(ids, out)
+            model.compile(optimizer=keras.optimizers.Adam(0.05), loss="mse")
+        x = np.random.default_rng(1).integers(0, 1000, (32, 3)).astype("int32")
+        model.fit(x, np.ones((32, 1), "float32"), batch_size=8, epochs=2, verbose=0)
+        expected = model.predict(x, batch_size=8, verbose=0)
+        strategy.save_checkpoint(str(tmp_path / "ckpt"))
+    finally:
+        sx.config.reset("ps_build_on_servers_bytes")
+    served = sx.serving.for_serving(model, str(tmp_path / "ckpt"))
+    assert isinstance(served.layers[1], sx.serving.RowLookup)
+    np.testing.assert_allclose(served.predict(x, verbose=0), expected, atol=1e-6)
+    served.save(tmp_path / "served.keras")
+    assert (tmp_path / "served.keras").stat().st_size < 1000 * 8 * 4     # no table inside
+    loaded = keras.models.load_model(tmp_path / "served.keras")
+    np.testing.assert_allclose(loaded.predict(x, verbose=0), expected, atol=1e-6)
+    with pytest.raises(Exception, match=r"ids must be in \[0, 1000\)"):  # JAX wraps it
+        loaded.predict(np.array([[0, 1, 1000]], "int32"), verbose=0)

@@ -36,17 +36,18 @@ def named(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
             for e, s in zip(entries, short, strict=True)]
 
 
-def find(entries: list[dict[str, Any]], name: str, shape: tuple[int, ...],
-          path: Any) -> tuple[int, dict[str, Any]]:
+def find(entries: list[dict[str, Any]], name: str, shape: tuple[int, ...] | None,
+         path: Any) -> tuple[int, dict[str, Any]]:
     """The entry named ``name``, else the one entry whose name equals it once Keras' automatic
-    top-level model name is stripped from both (see ``entry_name``)."""
+    top-level model name is stripped from both (see ``entry_name``), checked to have ``shape``
+    (unless ``None``)."""
     found = [i for i, e in enumerate(entries) if e["name"] == name]
     if not found:
         found = [i for i, e in enumerate(entries)
                  if entry_name(e["name"]) == entry_name(name)]
     if len(found) == 1:
         entry = entries[found[0]]
-        if tuple(entry["shape"]) != shape:
+        if shape is not None and tuple(entry["shape"]) != shape:
             raise ValueError(f"Checkpoint {str(path)!r} has {entry['name']!r} with shape "
                              f"{tuple(entry['shape'])}, the variable {name!r} has {shape}.")
         return found[0], entry
