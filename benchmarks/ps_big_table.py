@@ -70,6 +70,11 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--chief-mib", type=int, default=0,
                         help="the chief's memory cap (0: none); with --keras below the table")
     parser.add_argument("--ps-mib", type=int, default=0, help="each ps' memory cap (0: none)")
+    parser.add_argument("--ps", type=int, default=2, help="parameter servers (and shards)")
+    parser.add_argument("--checkpoint", default="",
+                        help="with --keras: save a sharded checkpoint here after fit, restore it")
+    parser.add_argument("--restore", default="",
+                        help="with --keras: restore this checkpoint instead of training")
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--out", default=str(HERE / "results" / "ps_big_table.json"))
     return parser.parse_args(argv)
@@ -115,6 +120,14 @@ def keras_main(strategy, result: dict) -> None:
     table = strategy.place_variables(model.layers[1].embeddings)
     result["create_s"] = time.perf_counter() - start
     print(strategy.describe_variables(), flush=True)
+    if ARGS.restore:  # another run's checkpoint, written by another number of ps
+        begin = time.perf_counter()
+        strategy.restore_checkpoint(ARGS.restore)
+        result.update(restore_s=time.perf_counter() - begin,
+                      iterations=strategy.optimizer_iterations(table),
+                      evaluate_loss=model.evaluate(sx.DatasetCreator(dataset_fn), steps=4,
+                                                   verbose=0))
+        return
     begin = time.perf_counter()
     history = model.fit(sx.DatasetCreator(dataset_fn), epochs=2, steps_per_epoch=ARGS.steps // 2,
                         verbose=0)
@@ -130,13 +143,20 @@ def keras_main(strategy, result: dict) -> None:
         model.get_weights()
     except ValueError as err:
         result["get_weights_refused"] = str(err)
+    if ARGS.checkpoint:  # every ps writes its shards (values and slots), then reads them back
+        begin = time.perf_counter()
+        strategy.save_checkpoint(ARGS.checkpoint)
+        result["checkpoint_write_s"] = time.perf_counter() - begin
+        begin = time.perf_counter()
+        strategy.restore_checkpoint(ARGS.checkpoint)
+        result["checkpoint_restore_s"] = time.perf_counter() - begin
 
 
 def task_main() -> None:
     import stratax as sx
 
     strategy = sx.ParameterServerStrategy(
-        variable_partitioner=sx.partitioners.FixedShardsPartitioner(num_shards=2),
+        variable_partitioner=sx.partitioners.FixedShardsPartitioner(num_shards=ARGS.ps),
         timeout_seconds=60, **({"mode": "sync", "dense_variables": "workers"}
                                if ARGS.hybrid else {}))
     # Only the chief gets here: worker and ps tasks serve inside the constructor.
@@ -232,7 +252,7 @@ def _capped(limit: int):
 def launch(args: argparse.Namespace, argv: list[str]) -> dict:
     """Runs the cluster once; returns the chief's result plus every task's peak RSS."""
     run = run_cluster([sys.executable, str(Path(__file__).resolve()), *argv],
-                      cluster_spec(workers=2, ps=2), args.timeout,
+                      cluster_spec(workers=2, ps=args.ps), args.timeout,
                       preexec={"worker": _capped(args.worker_mib << 20),
                                **({"chief": _capped(args.chief_mib << 20)}
                                   if args.chief_mib else {}),

@@ -109,19 +109,23 @@ def load_shards(server: Any, frame: wire.Frame) -> bytes:
         if covered != rows:
             raise wire.WireError(f"load_shards: the sources of {name!r} cover {covered} rows, "
                                  f"the shard has {rows}.")
-        checked.append((shard, sources, slots, plan))
-    for shard, sources, slots, plan in checked:
-        optimizer = None
-        if plan.get("optimizer") is not None:
-            parsed = json.loads(wire.require(plan, "optimizer", str))
-            optimizer = ShardOptimizer(parsed["spec"], shard.value, parsed["sparse"])
-            optimizer.iterations = int(wire.require(plan, "iterations", int))
+        key = plan.get("optimizer")
+        parsed = json.loads(wire.require(plan, "optimizer", str)) if key is not None else None
+        iterations = wire.require(plan, "iterations", int) if key is not None else 0
+        checked.append((shard, sources, slots, key, parsed, iterations))
+    for shard, sources, slots, key, parsed, iterations in checked:
         with shard.lock:
             _fill(shard.value, version, sources, "")
-            if optimizer is not None:
-                for slot in slots:
-                    _fill(optimizer.slots[slot], version, sources, f".{slot}")
-                shard.optimizer, shard.optimizer_key = optimizer, plan["optimizer"]
+            if parsed is None:
+                continue
+            optimizer = shard.optimizer if shard.optimizer_key == key else None
+            if optimizer is None:  # the old slots go before the new ones are allocated
+                shard.optimizer, shard.optimizer_key = None, ""
+                optimizer = ShardOptimizer(parsed["spec"], shard.value, parsed["sparse"])
+            for slot in slots:  # in place: a ps never holds two copies of its slots
+                _fill(optimizer.slots[slot], version, sources, f".{slot}")
+            optimizer.iterations = int(iterations)
+            shard.optimizer, shard.optimizer_key = optimizer, key
     return rpc.response()
 
 
