@@ -145,16 +145,30 @@ def _write_npy(path: Path, value: np.ndarray) -> None:
 
 
 def _fill(target: np.ndarray, version: Path, sources: list[list[Any]], suffix: str) -> None:
+    """Reads the ``sources``' rows straight into ``target`` (``readinto`` its own memory: no
+    buffer, and no mapped file pages counted in this process' memory)."""
     flat = target.reshape((-1, *target.shape[1:])) if target.ndim else target.reshape(1)
+    row_bytes = flat[:1].nbytes
     for file, first, rows, at in sources:
-        saved = np.load(version / f"{file}{suffix}.npy", mmap_mode="r", allow_pickle=False)
-        saved = saved.reshape((-1, *saved.shape[1:])) if saved.ndim else saved.reshape(1)
-        if saved.shape[1:] != flat.shape[1:] or first + rows > saved.shape[0] \
-                or at + rows > flat.shape[0]:
-            raise ValueError(f"Checkpoint part {version / file}{suffix}.npy has shape "
-                             f"{saved.shape}; rows {first}..{first + rows} do not fit "
-                             f"a shard of shape {target.shape}.")
-        flat[at:at + rows] = saved[first:first + rows]
+        path = version / f"{file}{suffix}.npy"
+        with open(path, "rb") as f:
+            major, _ = np.lib.format.read_magic(f)
+            read_header = (np.lib.format.read_array_header_1_0 if major == 1
+                           else np.lib.format.read_array_header_2_0)
+            shape, fortran, dtype = read_header(f)
+            saved = (-1, *shape[1:]) if shape else (1,)
+            if (fortran or dtype != flat.dtype or tuple(saved[1:]) != flat.shape[1:]
+                    or first + rows > (shape[0] if shape else 1) or at + rows > flat.shape[0]):
+                raise ValueError(f"Checkpoint part {path} holds {dtype} {shape}; rows "
+                                 f"{first}..{first + rows} do not fit a shard of {flat.dtype} "
+                                 f"{target.shape}.")
+            f.seek(f.tell() + first * row_bytes)
+            view = memoryview(flat[at:at + rows]).cast("B")
+            while view:
+                count = f.readinto(view)
+                if not count:
+                    raise ValueError(f"Checkpoint part {path} ends early: it is truncated.")
+                view = view[count:]
 
 
 # ----- on the coordinator -----------------------------------------------------------------
