@@ -75,6 +75,12 @@ def _call(address, request, token=None, method="Call"):
     return grpc.StatusCode.OK, wire.decode(reply).meta
 
 
+def _in_session(request, session):
+    """``request`` with the chief's ``session`` field added."""
+    frame = wire.decode(request)
+    return wire.encode({**frame.meta, "session": session}, frame.tensors)
+
+
 def test_a_local_process_cannot_make_a_worker_run_a_file(cluster, attack):  # noqa: F811
     _, marker, request = attack
     address = _worker(cluster)
@@ -101,9 +107,17 @@ def test_a_wrong_or_missing_token_is_refused_and_the_right_one_is_obeyed(cluster
         code, details = _call(address, b"", token=token, method="Local")
         assert code == grpc.StatusCode.UNAUTHENTICATED, (token, code, details)
     assert not marker.exists()
-    # The control: the same call with the cluster's token runs the file, so the refusals above
-    # are what stopped it.
+    # The token alone is not enough: a call outside the chief's session is refused too.
     code, meta = _call(address, request, token=secret)
+    assert code == grpc.StatusCode.OK and not meta["ok"] and meta["type"] == "SessionError"
+    assert not marker.exists()
+    # The control: the same call in a chief's session (claimed with the token) runs the file,
+    # so the refusals above are what stopped it.
+    session = "tester-1-" + "c" * 32
+    code, meta = _call(address, wire.encode({"method": "session", "session": session}),
+                       token=secret)
+    assert code == grpc.StatusCode.OK and meta["ok"], meta
+    code, meta = _call(address, _in_session(request, session), token=secret)
     assert code == grpc.StatusCode.OK and meta["ok"], meta
     assert marker.read_text() == "ran"
 
@@ -123,11 +137,15 @@ def test_another_uid_cannot_use_the_local_socket(cluster, attack):  # noqa: F811
     assert not marker.exists()
     log = cluster.output("worker0")
     assert f"running as uid {pwd.getpwnam('nobody').pw_uid}" in log, log[-2000:]
-    # The control: this process (the worker's uid) is trusted on the socket, as its chief is.
+    # The control: this process (the worker's uid) is trusted on the socket, as its chief is,
+    # once it claims a chief session.
+    session = "tester-1-" + "c" * 32
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(30)
         sock.connect(path)
-        sock.sendall(len(request).to_bytes(8, "little") + request)
-        reply = local_socket._recv_frame(sock, time.monotonic() + 30, "worker 0")
-    assert wire.decode(reply).meta["ok"]
+        for frame in (wire.encode({"method": "session", "session": session}),
+                      _in_session(request, session)):
+            sock.sendall(len(frame).to_bytes(8, "little") + frame)
+            reply = local_socket._recv_frame(sock, time.monotonic() + 30, "worker 0")
+            assert wire.decode(reply).meta["ok"], wire.decode(reply).meta
     assert marker.read_text() == "ran"

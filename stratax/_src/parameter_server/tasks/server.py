@@ -116,11 +116,18 @@ class Server:
         logger.info("%s serving at %s", name, self.address)
 
     def _handle(self, frame: wire.Frame) -> bytes:
-        if frame.meta.get("method") == "hello":  # the chief checks that we agree on the cluster
+        """Every call's one way in: the chief's questions before its claim (``hello``,
+        ``session``, a ``ping`` with no session, which says only that the task is up) are
+        answered here; every other call, whatever its method (a new one too), passes the
+        session check before the service sees it."""
+        method = frame.meta.get("method")
+        if method == "hello":  # the chief checks that we agree on the cluster
             return cluster_check.answer_hello(frame, self.cluster_spec, self.job_name,
                                               self.task_index)
-        if frame.meta.get("method") == "session":  # a chief's claim or heartbeat
+        if method == "session":  # a chief's claim or heartbeat
             return self._watch.claim(frame)
+        if method == "ping" and "session" not in frame.meta:
+            return rpc.response()
         self._watch.check(frame.meta)
         return self._service.handle(frame)
 
