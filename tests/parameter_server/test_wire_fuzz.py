@@ -4,8 +4,10 @@ A ``ParameterServer`` is served by a real ``RpcServer`` (gRPC on 127.0.0.1) hold
 a row-sparse variable with optimizers and a ledger. Each case mutates a valid request (truncated,
 bytes flipped, random bytes, wrong version, bad header length, wrong dtypes and shapes,
 oversized lengths, bad metadata, trailing or missing payload); every ``GRPC_EVERY``-th case is
-sent over gRPC, the others go straight to the running server's dispatch (what its gRPC handler
-calls once the call is authorised), which keeps the test within seconds. Every
+sent over gRPC, the next one over the server's local socket (one connection, length-prefixed
+frames: the socket's framing keeps in step after every malformed frame), the others go
+straight to the running server's dispatch (what both transports call once the call is
+authorised), which keeps the test within seconds. Every
 reply must be a well-formed frame; a rejected frame must leave the server exactly as it was:
 a reference server is fed only the frames the live one accepted (a mutation can keep a request
 valid, e.g. a changed step id), and the two are compared (values, optimizer iterations, ledger,
@@ -14,6 +16,7 @@ pending synchronous steps) every 500 cases and at the end. Errors other than ``K
 """
 
 import json
+import socket
 import struct
 import time
 
@@ -22,7 +25,7 @@ import numpy as np
 import pytest
 
 from stratax._src.parameter_server.tasks.ps import ParameterServer
-from stratax._src.parameter_server.transport import rpc, wire
+from stratax._src.parameter_server.transport import local_socket, rpc, wire
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -33,6 +36,7 @@ _REFUSALS = ("KeyError:", "ValueError:", "RuntimeError:")
 _BAD_DTYPES = ["object", "float128", "complex64", "<f4", "", "float32 ", "int4", "str", 5, None,
                ["float32"], "int32", "float64", "uint8", "bool", "float16", "int64"]
 _BAD_SHAPES = [[-1], [3, -2], [1.5], [True], ["3"], [[3]], [1] * 9, [2 ** 40], [2 ** 31, 2 ** 31],
+               [0, 2 ** 31, 2 ** 31, 2 ** 31],
                [], [0], [6], [2, 3], [3, 2, 1], [1 << 20, 1 << 20], None, 3, {"a": 1}]
 _BAD_VALUES = [None, True, -1, 0, 1, 2 ** 70, 1.5, "", "x" * 300, [], ["v", "v"], ["nope"],
                ["v", 3], {"k": "v"}, "v", "t", ["t"], ["v"], 65537, "fuzz:0"]
@@ -190,10 +194,15 @@ def test_ten_thousand_malformed_frames_change_nothing(live_server):
     rng = np.random.default_rng(2026)
     outcomes = {"accepted": 0, "malformed": 0, "refused": 0}
     start = time.monotonic()
+    local = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    local.connect(server.local.path)
     for case in range(CASES):
         data = _mutate(case, rng)
         if case % GRPC_EVERY == 0:
             reply = wire.decode(call(data, timeout=10))   # a deadline per call: no hang
+        elif case % GRPC_EVERY == 1:
+            local.sendall(len(data).to_bytes(8, "little") + data)
+            reply = wire.decode(local_socket._recv_frame(local, time.monotonic() + 10, "ps"))
         else:
             reply = wire.decode(server._dispatch(data))
         if reply.meta["ok"]:
@@ -208,9 +217,11 @@ def test_ten_thousand_malformed_frames_change_nothing(live_server):
         if case % 500 == 499:
             assert _state(service) == _state(reference), f"state differs after case {case}"
     elapsed = time.monotonic() - start
+    local.close()
     assert _state(service) == _state(reference)
     assert call(wire.encode({"method": "ping"}), timeout=10)  # still serving
-    print(f"\nwire fuzz: {CASES} frames ({CASES // GRPC_EVERY} over gRPC) in {elapsed:.1f} s: "
+    print(f"\nwire fuzz: {CASES} frames ({CASES // GRPC_EVERY} over gRPC, as many over the "
+          f"local socket) in {elapsed:.1f} s: "
           f"{outcomes}")
     assert outcomes["malformed"] > CASES // 2 and outcomes["refused"] > 0
 

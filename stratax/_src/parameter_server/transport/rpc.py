@@ -17,8 +17,14 @@ trusted in one of two ways, and nothing else reaches a handler:
   (checked with ``SO_PEERCRED``; such a process could read the token anyway).
 
 The one gRPC method that needs no trust is ``Local``: where the socket is (token-checked when
-the server has a token). A refused call is answered ``UNAUTHENTICATED`` before its bytes are
-parsed, and logged (at most once per 10 s, with a count).
+the server has a token). A refused call is answered ``UNAUTHENTICATED`` on its metadata, by an
+interceptor, before its body is read (a flood of large unauthenticated calls costs no memory),
+and logged (at most once per 10 s, with a count).
+
+Bounds: at most ``ps_max_connections`` concurrent calls (more are answered
+``RESOURCE_EXHAUSTED``), a connection that has not finished its handshake in
+``_HANDSHAKE_MS`` is closed, a server without a token takes no message over 64 KiB (it answers
+only ``Local``), and a streamed frame over ``ps_max_frame_mib`` is refused as it arrives.
 
 Same host: a client asks ``Local`` and, on the same host (and uid), sends its frames over the
 socket (same frames, same handler, same errors and deadlines; frames up to 4 MiB in a buffer
@@ -28,12 +34,12 @@ shared under the socket, see ``shared_frames``), unless ``STRATAX_PS_TRANSPORT=g
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import hmac
 import logging
 import os
 import threading
-import time
 from collections.abc import Callable, Iterator
 from concurrent import futures
 from typing import Any
@@ -42,8 +48,10 @@ import grpc
 
 from stratax._src.core import env
 from stratax._src.core.addresses import is_loopback
+from stratax._src.core.config import config
 from stratax._src.core.errors import StrataxError, WorkerUnavailableError
 from stratax._src.parameter_server.transport import local_socket, wire
+from stratax._src.parameter_server.transport.refusals import Refusals
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +69,8 @@ _OPTIONS = [
 _CLIENT_OPTIONS = [*_OPTIONS, ("grpc.initial_reconnect_backoff_ms", 200),
                    ("grpc.min_reconnect_backoff_ms", 200), ("grpc.max_reconnect_backoff_ms", 1000)]
 _TOKEN_KEY = "x-stratax-token"
+_HANDSHAKE_MS = 10_000
+_UNTRUSTED_MESSAGE = 64 << 10  # a server without a token answers only ``Local`` over gRPC
 Handler = Callable[[wire.Frame], bytes]
 
 
@@ -171,9 +181,15 @@ class RpcServer:
         self.name = name
         self._token = token
         self._handler = handler
+        self._limit = min(config.ps_max_frame_mib << 20, wire.MAX_FRAME_BYTES)
         self._executor = futures.ThreadPoolExecutor(max_workers=max_workers,
                                                     thread_name_prefix=f"stratax-{name}")
-        self._server = grpc.server(self._executor, options=_OPTIONS)
+        options = [*_OPTIONS, ("grpc.server_handshake_timeout_ms", _HANDSHAKE_MS)]
+        if not token:
+            options.append(("grpc.max_receive_message_length", _UNTRUSTED_MESSAGE))
+        self._server = grpc.server(self._executor, options=options,
+                                   interceptors=(_Gate(self),),
+                                   maximum_concurrent_rpcs=config.ps_max_connections)
         methods = {
             "Call": grpc.unary_unary_rpc_method_handler(self._call),
             "Stream": grpc.stream_stream_rpc_method_handler(self._stream),
@@ -190,7 +206,8 @@ class RpcServer:
         why_not = "STRATAX_PS_TRANSPORT=grpc" if not use_local else ""
         if use_local:
             try:
-                self.local = local_socket.LocalListener(name, self._dispatch)
+                self.local = local_socket.LocalListener(
+                    name, self._dispatch, lambda message: error_response(message, "wire"))
             except OSError as err:
                 why_not = str(err)
                 logger.warning("%s serves gRPC only: no local socket (%s)", name, err)
@@ -201,9 +218,7 @@ class RpcServer:
                 f"{name} would take no calls: without a shared token only its local socket is "
                 f"trusted, and it has none ({why_not}); set {env.STRATAX_PS_TOKEN}=<secret> (or "
                 f"{env.STRATAX_PS_TOKEN_FILE}=<path>) on every task of the cluster.")
-        self._refusals = 0
-        self._refusal_logged = -float("inf")
-        self._refusal_lock = threading.Lock()
+        self._refusals = Refusals()
         self.stopped = threading.Event()
 
     def start(self) -> None:
@@ -220,26 +235,30 @@ class RpcServer:
         self._executor.shutdown(wait=True)
         self.stopped.set()
 
-    def _authorized(self, context: grpc.ServicerContext, method: str) -> bool:
-        """Whether a gRPC call is trusted (see the module docstring); a refusal is logged."""
-        sent = dict(context.invocation_metadata()).get(_TOKEN_KEY)
+    def untrusted(self, metadata: dict[str, Any], method: str) -> str | None:
+        """Why a gRPC call with this ``metadata`` is not trusted (see the module docstring), or
+        None when it is."""
         if self._token:
+            sent = metadata.get(_TOKEN_KEY)
             if same_secret(sent, self._token):
-                return True
-            reason = "wrong token" if sent else "missing token"
-        elif method == "Local":
-            return True
-        else:
-            reason = "no token is set on this task"
-        now = time.monotonic()
-        with self._refusal_lock:
-            self._refusals += 1
-            if now - self._refusal_logged < 10.0:
-                return False
-            self._refusal_logged, count, self._refusals = now, self._refusals, 0
-        logger.warning("%s refused a gRPC call to %s from %s: %s (%d refused since the last "
-                       "such message)", self.name, method, context.peer(), reason, count)
-        return False
+                return None
+            return "wrong token" if sent else "missing token"
+        if method == "Local":
+            return None
+        return "no token is set on this task"
+
+    def refuse_unread(self, method: str, reason: str, requests: Iterator[bytes],
+                      context: grpc.ServicerContext) -> Iterator[bytes]:
+        """The handler of an untrusted call: logs it (rate-limited) and answers
+        ``UNAUTHENTICATED`` without reading ``requests``."""
+        del requests  # never read: its body is not buffered
+        count = self._refusals.note()
+        if count:
+            logger.warning("%s refused a gRPC call to %s from %s: %s (%d refused since the "
+                           "last such message)", self.name, method, context.peer(), reason,
+                           count)
+        self._refuse(context)
+        return iter(())
 
     def _refuse(self, context: grpc.ServicerContext) -> None:
         if self._token:
@@ -269,26 +288,40 @@ class RpcServer:
                                   error_type=type(err).__name__)
 
     def _local_endpoint(self, request: bytes, context: grpc.ServicerContext) -> bytes:
-        if not self._authorized(context, "Local"):
-            self._refuse(context)
         return response(self.local.endpoint() if self.local is not None else {"path": None})
 
     def _call(self, request: bytes, context: grpc.ServicerContext) -> bytes:
-        if not self._authorized(context, "Call"):
-            self._refuse(context)
         return self._dispatch(request)
 
     def _stream(self, chunks: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
-        if not self._authorized(context, "Stream"):
-            self._refuse(context)
         # A growing writable buffer (glibc grows large ones in place with mremap): decoded
         # tensors are views of it, which a server may keep (a created variable) as they are.
         data = bytearray()
         for chunk in chunks:
             data += chunk
-            if len(data) > wire.MAX_FRAME_BYTES:
-                context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "frame too large")
+            if len(data) > self._limit:
+                context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                              f"{self.name}: a frame over this task's limit of {self._limit} "
+                              f"bytes ({env.STRATAX_PS_MAX_FRAME_MIB})")
         yield from _chunks([self._dispatch(data)])
+
+
+class _Gate(grpc.ServerInterceptor):
+    """Trust decided on a call's metadata, before gRPC reads its body: an untrusted call gets
+    a streaming handler that never reads its requests (a unary handler would have the whole
+    message buffered first)."""
+
+    def __init__(self, server: RpcServer) -> None:
+        self._server = server
+
+    def intercept_service(self, continuation: Callable[[Any], Any],
+                          details: grpc.HandlerCallDetails) -> Any:
+        method = details.method.rsplit("/", 1)[-1]
+        reason = self._server.untrusted(dict(details.invocation_metadata or ()), method)
+        if reason is None:
+            return continuation(details)
+        return grpc.stream_stream_rpc_method_handler(
+            functools.partial(self._server.refuse_unread, method, reason))
 
 
 def _chunks(parts: list[bytes | memoryview]) -> Iterator[bytes]:
