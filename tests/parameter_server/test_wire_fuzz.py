@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 from stratax._src.parameter_server.tasks.ps import ParameterServer
-from stratax._src.parameter_server.transport import local_socket, rpc, wire
+from stratax._src.parameter_server.transport import cluster_tls, local_socket, rpc, wire
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -154,24 +154,12 @@ def _mutate(case, rng):
 _TOKEN = "fuzz-cluster-secret"
 
 
-class _Channel:
-    """A gRPC channel whose calls carry the cluster's token (a server takes no gRPC call
-    without one), so the frames reach the parser."""
-
-    def __init__(self, address: str) -> None:
-        self._channel = grpc.insecure_channel(address)
-        self._metadata = (("x-stratax-token", _TOKEN),)
-
-    def unary_unary(self, path):
-        method = self._channel.unary_unary(path)
-        return lambda request, **kw: method(request, metadata=self._metadata, **kw)
-
-    def stream_stream(self, path):
-        method = self._channel.stream_stream(path)
-        return lambda chunks, **kw: method(chunks, metadata=self._metadata, **kw)
-
-    def close(self) -> None:
-        self._channel.close()
+def _channel(address: str) -> grpc.Channel:
+    """A gRPC channel of the cluster (TLS keyed by its token: a server takes no gRPC call
+    without it), so the frames reach the parser."""
+    return grpc.secure_channel(address, cluster_tls.channel_credentials(_TOKEN),
+                               options=[("grpc.ssl_target_name_override",
+                                         cluster_tls.TARGET_NAME)])
 
 
 @pytest.fixture
@@ -180,7 +168,7 @@ def live_server():
     _setup(service)
     server = rpc.RpcServer("ps 0", "127.0.0.1", 0, service.handle, token=_TOKEN, max_workers=2)
     server.start()
-    channel = _Channel(f"127.0.0.1:{server.port}")
+    channel = _channel(f"127.0.0.1:{server.port}")
     yield service, channel, server
     channel.close()
     server.stop(0)

@@ -8,16 +8,19 @@ the bytes are ``wire`` frames, whose ``meta["method"]`` names the operation.
 Security (loopback is no trust boundary: any local user can reach a loopback port). A call is
 trusted in one of two ways, and nothing else reaches a handler:
 
-- over gRPC, with the cluster's shared token (``STRATAX_PS_TOKEN`` or the file named by
-  ``STRATAX_PS_TOKEN_FILE``; ``stratax launch`` makes one per run) in its metadata, compared in
-  constant time. A server without a token takes no ``Call``/``Stream`` over gRPC at all, and a
-  client without one sends none (whoever listens at the port gets no request); binding
-  anything but loopback requires a token;
+- over gRPC, with mutual TLS keyed by the cluster's shared token (``STRATAX_PS_TOKEN`` or the
+  file named by ``STRATAX_PS_TOKEN_FILE``; ``stratax launch`` makes one per run): each side
+  proves it holds the token without sending it (``cluster_tls``), so a listener at a task's
+  address (a squatter on a dead task's port) learns nothing and the client refuses it, and
+  every frame between hosts is encrypted. A server without a token takes no ``Call``/``Stream``
+  over gRPC at all, and a client without one sends none (whoever listens at the port gets no
+  request); binding anything but loopback requires a token;
 - over the server's Unix socket (``local_socket``), from a process of the server's own uid
   (checked with ``SO_PEERCRED``; such a process could read the token anyway).
 
-The one gRPC method that needs no trust is ``Local``: where the socket is (token-checked when
-the server has a token). A refused call is answered ``UNAUTHENTICATED`` on its metadata, by an
+The one gRPC method that needs no trust is ``Local``: where the socket is (over TLS when the
+server has a token). A peer without the token fails the TLS handshake before any request; on a
+server without a token, a ``Call``/``Stream`` is answered ``UNAUTHENTICATED`` by an
 interceptor, before its body is read (a flood of large unauthenticated calls costs no memory),
 and logged (at most once per 10 s, with a count).
 
@@ -35,8 +38,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
-import hmac
 import logging
 import os
 import threading
@@ -50,7 +51,7 @@ from stratax._src.core import env
 from stratax._src.core.addresses import is_loopback
 from stratax._src.core.config import config
 from stratax._src.core.errors import StrataxError, WorkerUnavailableError
-from stratax._src.parameter_server.transport import local_socket, wire
+from stratax._src.parameter_server.transport import cluster_tls, local_socket, wire
 from stratax._src.parameter_server.transport.refusals import Refusals
 
 logger = logging.getLogger(__name__)
@@ -68,7 +69,6 @@ _OPTIONS = [
 # Reconnect quickly to a restarted task (gRPC's default backoff grows to 2 minutes).
 _CLIENT_OPTIONS = [*_OPTIONS, ("grpc.initial_reconnect_backoff_ms", 200),
                    ("grpc.min_reconnect_backoff_ms", 200), ("grpc.max_reconnect_backoff_ms", 1000)]
-_TOKEN_KEY = "x-stratax-token"
 _HANDSHAKE_MS = 10_000
 _UNTRUSTED_MESSAGE = 64 << 10  # a server without a token answers only ``Local`` over gRPC
 Handler = Callable[[wire.Frame], bytes]
@@ -100,15 +100,6 @@ def read_token() -> str | None:
             raise ValueError(f"Token file {path!r} ({env.STRATAX_PS_TOKEN_FILE}) is empty.")
         return token
     return None
-
-
-def same_secret(sent: str | None, token: str) -> bool:
-    """Whether ``sent`` is ``token``, in time independent of both (digests of equal length
-    are compared in constant time, so neither the content nor the length leaks)."""
-    if sent is None:
-        return False
-    return hmac.compare_digest(hashlib.sha256(str(sent).encode()).digest(),
-                               hashlib.sha256(token.encode()).digest())
 
 
 def keep_buffers_in_heap() -> bool:
@@ -198,7 +189,10 @@ class RpcServer:
         self._server.add_generic_rpc_handlers(
             (grpc.method_handlers_generic_handler("stratax.Service", methods),))
         bind = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        self.port = self._server.add_insecure_port(bind)
+        if token:
+            self.port = self._server.add_secure_port(bind, cluster_tls.server_credentials(token))
+        else:
+            self.port = self._server.add_insecure_port(bind)
         if self.port == 0:
             raise OSError(f"{name} could not listen on {bind} (port in use?); free it or pick "
                           "another port in the cluster spec.")
@@ -235,15 +229,11 @@ class RpcServer:
         self._executor.shutdown(wait=True)
         self.stopped.set()
 
-    def untrusted(self, metadata: dict[str, Any], method: str) -> str | None:
-        """Why a gRPC call with this ``metadata`` is not trusted (see the module docstring), or
-        None when it is."""
-        if self._token:
-            sent = metadata.get(_TOKEN_KEY)
-            if same_secret(sent, self._token):
-                return None
-            return "wrong token" if sent else "missing token"
-        if method == "Local":
+    def untrusted(self, method: str) -> str | None:
+        """Why a gRPC call to ``method`` is not trusted (see the module docstring), or None
+        when it is: with a token, every call that reaches a handler came over a TLS connection
+        whose client proved it holds the token."""
+        if self._token or method == "Local":
             return None
         return "no token is set on this task"
 
@@ -261,10 +251,6 @@ class RpcServer:
         return iter(())
 
     def _refuse(self, context: grpc.ServicerContext) -> None:
-        if self._token:
-            context.abort(grpc.StatusCode.UNAUTHENTICATED,
-                          f"{self.name}: missing or wrong stratax token; set the cluster's "
-                          f"{env.STRATAX_PS_TOKEN} (or {env.STRATAX_PS_TOKEN_FILE}) on this task.")
         context.abort(
             grpc.StatusCode.UNAUTHENTICATED,
             f"{self.name} takes gRPC calls only with the cluster's shared token, and none is set "
@@ -307,8 +293,8 @@ class RpcServer:
 
 
 class _Gate(grpc.ServerInterceptor):
-    """Trust decided on a call's metadata, before gRPC reads its body: an untrusted call gets
-    a streaming handler that never reads its requests (a unary handler would have the whole
+    """Trust decided when a call starts, before gRPC reads its body: an untrusted call gets a
+    streaming handler that never reads its requests (a unary handler would have the whole
     message buffered first)."""
 
     def __init__(self, server: RpcServer) -> None:
@@ -317,7 +303,7 @@ class _Gate(grpc.ServerInterceptor):
     def intercept_service(self, continuation: Callable[[Any], Any],
                           details: grpc.HandlerCallDetails) -> Any:
         method = details.method.rsplit("/", 1)[-1]
-        reason = self._server.untrusted(dict(details.invocation_metadata or ()), method)
+        reason = self._server.untrusted(method)
         if reason is None:
             return continuation(details)
         return grpc.stream_stream_rpc_method_handler(
@@ -365,7 +351,13 @@ class RpcClient:
         mode = local_socket.transport_mode(transport)
         self._auto = mode != "grpc" and local_socket.SUPPORTED
         self._shared = mode == "auto"  # shared memory under the local socket
-        self._channel = grpc.insecure_channel(address, options=_CLIENT_OPTIONS)
+        if self._token:
+            self._channel = grpc.secure_channel(
+                address, cluster_tls.channel_credentials(self._token),
+                options=[*_CLIENT_OPTIONS, ("grpc.ssl_target_name_override",
+                                            cluster_tls.TARGET_NAME)])
+        else:
+            self._channel = grpc.insecure_channel(address, options=_CLIENT_OPTIONS)
         self._unary = self._channel.unary_unary("/stratax.Service/Call")
         self._stream = self._channel.stream_stream("/stratax.Service/Stream")
         self._endpoint = self._channel.unary_unary("/stratax.Service/Local")
@@ -411,8 +403,8 @@ class RpcClient:
                             f"token is set here for gRPC; set the same "
                             f"{env.STRATAX_PS_TOKEN}=<secret> (or "
                             f"{env.STRATAX_PS_TOKEN_FILE}=<path>) on every task of the cluster.")
-                    data = self._grpc(method, deadline, lambda metadata: self._grpc_call(
-                        parts, deadline, stream, metadata))
+                    data = self._grpc(method, deadline, lambda: self._grpc_call(
+                        parts, deadline, stream))
                     break
                 try:
                     data = local.call(parts, method, deadline)
@@ -432,20 +424,19 @@ class RpcClient:
                               remote_type if isinstance(remote_type, str) else None)
         return reply
 
-    def _grpc_call(self, parts: list[bytes | memoryview], deadline: float, stream: bool,
-                   metadata: Any) -> bytes:
+    def _grpc_call(self, parts: list[bytes | memoryview], deadline: float,
+                   stream: bool) -> bytes:
         if stream or sum(len(p) for p in parts) > CHUNK_BYTES:
-            return b"".join(self._stream(_chunks(parts), timeout=deadline, metadata=metadata))
+            return b"".join(self._stream(_chunks(parts), timeout=deadline))
         request = parts[0] if len(parts) == 1 else b"".join(parts)
-        return self._unary(request, timeout=deadline, metadata=metadata)
+        return self._unary(request, timeout=deadline)
 
-    def _grpc(self, method: str, deadline: float, invoke: Callable[[Any], bytes],
+    def _grpc(self, method: str, deadline: float, invoke: Callable[[], bytes],
               discovery: bool = False) -> bytes:
-        """``invoke(metadata)``, a gRPC call, with its errors turned into ours (except, when
+        """``invoke()``, a gRPC call, with its errors turned into ours (except, when
         ``discovery``, a server too old to offer a local socket: ``grpc.RpcError``)."""
-        metadata = ((_TOKEN_KEY, self._token),) if self._token else None
         try:
-            return invoke(metadata)
+            return invoke()
         except grpc.RpcError as err:
             code = err.code() if hasattr(err, "code") else None
             if code == grpc.StatusCode.UNAUTHENTICATED:
@@ -455,10 +446,18 @@ class RpcClient:
                                   f"{err.details()}{why}") from None
             if discovery and code == grpc.StatusCode.UNIMPLEMENTED:
                 raise
-            if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            details = err.details() if hasattr(err, "details") else ""
+            if "handshake" in (details or "").lower():
+                what = (f"failed {method!r}: the TLS handshake failed, so it does not hold this "
+                        f"cluster's key (another cluster's task, a task with another "
+                        f"{env.STRATAX_PS_TOKEN}, or an impostor at its address; nothing was "
+                        "sent to it)")
+            elif code == grpc.StatusCode.DEADLINE_EXCEEDED:
                 what = f"did not answer {method!r} within {deadline:g} s"
             else:
-                what = f"failed {method!r} ({code.name if code else err}: unreachable or died)"
+                what = f"failed {method!r} ({code.name if code else err}: unreachable or died"
+                what += (f"; or it takes only TLS: set the cluster's {env.STRATAX_PS_TOKEN} "
+                         "here too)") if not self._token else ")"
             raise WorkerUnavailableError(
                 f"{self.name} at {self.address} {what}; check that the task is running."
             ) from None
@@ -472,8 +471,8 @@ class RpcClient:
             if self._local is not None or self._grpc_only:
                 return self._local
             try:
-                data = self._grpc(method, deadline, lambda metadata: self._endpoint(
-                    b"", timeout=deadline, metadata=metadata), discovery=True)
+                data = self._grpc(method, deadline, lambda: self._endpoint(
+                    b"", timeout=deadline), discovery=True)
                 endpoint = wire.decode(data).meta
                 self._local = local_socket.LocalChannel(self.name, self.address, endpoint,
                                                         deadline, self._shared)
