@@ -189,13 +189,20 @@ class RpcServer:
         self._server.add_generic_rpc_handlers(
             (grpc.method_handlers_generic_handler("stratax.Service", methods),))
         bind = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        if token:
-            self.port = self._server.add_secure_port(bind, cluster_tls.server_credentials(token))
-        else:
-            self.port = self._server.add_insecure_port(bind)
+        try:
+            if token:
+                self.port = self._server.add_secure_port(
+                    bind, cluster_tls.server_credentials(token))
+            else:
+                self.port = self._server.add_insecure_port(bind)
+        except RuntimeError:  # gRPC's "Failed to bind to address ..."
+            self.port = 0
         if self.port == 0:
-            raise OSError(f"{name} could not listen on {bind} (port in use?); free it or pick "
-                          "another port in the cluster spec.")
+            raise OSError(
+                f"{name} could not listen on {bind}, its address in the cluster spec: the port "
+                "is in use (by another process, or a task of another run) or the host is not "
+                "an address of this machine; free the port or fix the address in the cluster "
+                "spec.")
         self.local: local_socket.LocalListener | None = None
         why_not = "STRATAX_PS_TRANSPORT=grpc" if not use_local else ""
         if use_local:
