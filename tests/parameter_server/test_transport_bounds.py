@@ -67,6 +67,7 @@ def served_ps(monkeypatch):
     monkeypatch.setenv("STRATAX_PS_MAX_CONNECTIONS", str(_CAP))
     monkeypatch.setattr(local_socket, "_FIRST_SECONDS", 1.0)
     monkeypatch.setattr(local_socket, "_STALL_SECONDS", 1.0)
+    monkeypatch.setattr(rpc, "_HANDSHAKE_MS", 1000)
     server, chief = _start_ps()
     yield server, chief
     chief.close()
@@ -202,4 +203,24 @@ def test_unauthenticated_grpc_calls_are_refused_before_their_bodies(served_ps):
         assert time.monotonic() - start < 5 and len(sent) < 100
     assert _rss_mib() - before < 150, (before, _rss_mib())
     assert _until(lambda: threading.active_count() <= threads + 2, 5.0)
+    assert _serves(chief)
+
+
+def test_half_open_grpc_connections_are_closed_after_the_handshake_deadline(served_ps):
+    server, chief = served_ps
+    threads = threading.active_count()
+    host, port = server.address.rsplit(":", 1)
+    flood = [socket.create_connection((host, int(port)), timeout=5) for _ in range(30)]
+    try:
+        time.sleep(0.3)
+        assert threading.active_count() <= threads + 1, threading.active_count()
+        assert _serves(chief)
+        for sock in flood:                    # no HTTP/2 preface ever sent: closed by gRPC
+            end = time.monotonic() + 10
+            while sock.recv(1 << 16) and time.monotonic() < end:
+                pass
+            assert time.monotonic() < end
+    finally:
+        for sock in flood:
+            sock.close()
     assert _serves(chief)
