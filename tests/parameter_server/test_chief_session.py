@@ -30,26 +30,60 @@ def test_chief_timeout_resolves_argument_then_environment(monkeypatch):
 def test_a_live_owner_keeps_the_task_and_a_quiet_one_is_replaced(monkeypatch):
     resets = []
     watch = ChiefWatch("ps 0", 60, lambda: resets.append(1))
-    first = _claim(watch, "A")
+    a, b = "hostA-11-" + "a" * 32, "hostB-22-" + "b" * 32
+    first = _claim(watch, a)
     assert first["took_over"] is False and resets == []
-    watch.check({"session": "A"})
-    watch.check({})                                   # calls without a session pass
-    with pytest.raises(SessionError, match=r"ps 0 is owned by another chief \(session A"):
-        _claim(watch, "B")
-    with pytest.raises(SessionError, match="belongs to chief session A, not to 'B'"):
-        watch.check({"session": "B"})
+    watch.check({"method": "pull", "session": a})
+    with pytest.raises(SessionError, match=r"ps 0 is owned by another chief \(the chief on "
+                                           r"host hostA, pid 11, heard") as refused:
+        _claim(watch, b)
+    assert a not in str(refused.value) and "a" * 32 not in str(refused.value)
+    with pytest.raises(SessionError, match="refused 'pull': it belongs to another chief") as late:
+        watch.check({"method": "pull", "session": b})
+    assert a not in str(late.value) and b not in str(late.value)
     monkeypatch.setattr(chief_session, "LIVE_SECONDS", 0.05)
     time.sleep(0.1)
-    second = _claim(watch, "B")                       # A went quiet: B takes over, state reset
+    second = _claim(watch, b)                         # A went quiet: B takes over, state reset
     assert second["took_over"] is True and resets == [1]
     assert second["incarnation"] == first["incarnation"]
     with pytest.raises(SessionError, match="this chief was replaced"):
-        watch.check({"session": "A"})                 # the replaced chief's late calls
+        watch.check({"method": "pull", "session": a})  # the replaced chief's late calls
+
+
+@pytest.mark.parametrize("meta", [{}, {"session": None}, {"session": ""}, {"session": 7},
+                                  {"session": "x" * 257}])
+def test_a_call_without_a_session_is_refused_claimed_or_not(meta):
+    watch = ChiefWatch("ps 0", 60, lambda: None)
+    with pytest.raises(SessionError, match="refused 'assign': the call carries no chief session"):
+        watch.check({"method": "assign", **meta})
+    _claim(watch, "A")
+    with pytest.raises(SessionError, match="carries no chief session"):
+        watch.check({"method": "assign", **meta})
 
 
 def test_an_unclaimed_task_serves_any_session():
     watch = ChiefWatch("ps 0", 60, lambda: None)
     watch.check({"session": "A"})                     # a restarted ps before the heartbeat
+
+
+def test_a_replaced_session_keeps_nothing_alive(monkeypatch):
+    """A's heartbeats (late, or replayed) after B took over neither reclaim the task nor count
+    as a chief heard: with B gone too, the task gives up after its chief timeout."""
+    monkeypatch.setattr(chief_session, "LIVE_SECONDS", 0.05)
+    watch = ChiefWatch("worker 0", 0.6, lambda: None)
+    _claim(watch, "A")
+    time.sleep(0.1)
+    _claim(watch, "B")                                # A quiet: B takes over; A is retired
+    watch.start()
+    try:
+        end = time.monotonic() + 3.0
+        while not watch.lost.is_set() and time.monotonic() < end:
+            with pytest.raises(SessionError, match="taken over by another chief session"):
+                _claim(watch, "A")                    # B is quiet by now, and still refused
+            time.sleep(0.05)
+        assert watch.lost.is_set()
+    finally:
+        watch.stop()
 
 
 def test_no_chief_for_the_timeout_sets_lost():

@@ -18,7 +18,7 @@ import pytest
 from as_nobody import send_as_nobody
 from ps_cluster_helpers import cluster  # noqa: F401 - `cluster` is a fixture
 
-from stratax._src.parameter_server.transport import local_socket, wire
+from stratax._src.parameter_server.transport import cluster_tls, local_socket, wire
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -50,29 +50,43 @@ def _worker(cluster, env=None):  # noqa: F811 - fixture
     spec = cluster.start("ps_program.py", {"worker": 1, "ps": 1}, generic=("worker0",),
                          skip=("ps0",), env=env)
     address = spec["worker"][0]
-    with grpc.insecure_channel(address) as channel:
+    host, port = address.rsplit(":", 1)
+    end = time.monotonic() + 60
+    while True:                    # a TCP connection: the port may take TLS only
         try:
-            grpc.channel_ready_future(channel).result(timeout=60)
-        except grpc.FutureTimeoutError:
-            pytest.fail("the worker did not listen within 60 s:\n" + cluster.output("worker0"))
-    return address
+            socket.create_connection((host, int(port)), timeout=1).close()
+            return address
+        except OSError:
+            if time.monotonic() > end:
+                pytest.fail("the worker did not listen within 60 s:\n" + cluster.output("worker0"))
+            time.sleep(0.2)
 
 
 def _call(address, request, token=None, method="Call"):
-    """One raw gRPC call to the worker, as any local process can make it; the error code and
-    details, or ``(OK, reply meta)``."""
-    metadata = (("x-stratax-token", token),) if token is not None else None
-    with grpc.insecure_channel(address) as channel:
+    """One raw gRPC call to the worker, as any local process can make it (over the cluster's
+    TLS keyed by ``token`` when one is given, else in clear); the error code and details, or
+    ``(OK, reply meta)``."""
+    if token is None:
+        channel = grpc.insecure_channel(address)
+    else:
+        channel = grpc.secure_channel(address, cluster_tls.channel_credentials(token), options=[
+            ("grpc.ssl_target_name_override", cluster_tls.TARGET_NAME)])
+    with channel:
         try:
             if method == "Stream":
                 stub = channel.stream_stream("/stratax.Service/Stream")
-                reply = b"".join(stub(iter([request]), timeout=30, metadata=metadata))
+                reply = b"".join(stub(iter([request]), timeout=30))
             else:
-                reply = channel.unary_unary(f"/stratax.Service/{method}")(
-                    request, timeout=30, metadata=metadata)
+                reply = channel.unary_unary(f"/stratax.Service/{method}")(request, timeout=30)
         except grpc.RpcError as err:
             return err.code(), err.details()
     return grpc.StatusCode.OK, wire.decode(reply).meta
+
+
+def _in_session(request, session):
+    """``request`` with the chief's ``session`` field added."""
+    frame = wire.decode(request)
+    return wire.encode({**frame.meta, "session": session}, frame.tensors)
 
 
 def test_a_local_process_cannot_make_a_worker_run_a_file(cluster, attack):  # noqa: F811
@@ -96,14 +110,24 @@ def test_a_wrong_or_missing_token_is_refused_and_the_right_one_is_obeyed(cluster
     secret = "the-cluster-secret-0123456789"
     address = _worker(cluster, env={"STRATAX_PS_TOKEN": secret})
     for token in (None, "", "wrong", secret[:-1], secret + "0", secret.upper()):
+        # No TLS handshake without the cluster's key: no call reaches the worker at all.
         code, details = _call(address, request, token=token)
-        assert code == grpc.StatusCode.UNAUTHENTICATED, (token, code, details)
+        assert code == grpc.StatusCode.UNAVAILABLE, (token, code, details)
+        assert ("handshake failed" if token is not None else "Socket closed") in details, details
         code, details = _call(address, b"", token=token, method="Local")
-        assert code == grpc.StatusCode.UNAUTHENTICATED, (token, code, details)
+        assert code == grpc.StatusCode.UNAVAILABLE, (token, code, details)
     assert not marker.exists()
-    # The control: the same call with the cluster's token runs the file, so the refusals above
-    # are what stopped it.
+    # The token alone is not enough: a call outside the chief's session is refused too.
     code, meta = _call(address, request, token=secret)
+    assert code == grpc.StatusCode.OK and not meta["ok"] and meta["type"] == "SessionError"
+    assert not marker.exists()
+    # The control: the same call in a chief's session (claimed with the token) runs the file,
+    # so the refusals above are what stopped it.
+    session = "tester-1-" + "c" * 32
+    code, meta = _call(address, wire.encode({"method": "session", "session": session}),
+                       token=secret)
+    assert code == grpc.StatusCode.OK and meta["ok"], meta
+    code, meta = _call(address, _in_session(request, session), token=secret)
     assert code == grpc.StatusCode.OK and meta["ok"], meta
     assert marker.read_text() == "ran"
 
@@ -123,11 +147,15 @@ def test_another_uid_cannot_use_the_local_socket(cluster, attack):  # noqa: F811
     assert not marker.exists()
     log = cluster.output("worker0")
     assert f"running as uid {pwd.getpwnam('nobody').pw_uid}" in log, log[-2000:]
-    # The control: this process (the worker's uid) is trusted on the socket, as its chief is.
+    # The control: this process (the worker's uid) is trusted on the socket, as its chief is,
+    # once it claims a chief session.
+    session = "tester-1-" + "c" * 32
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(30)
         sock.connect(path)
-        sock.sendall(len(request).to_bytes(8, "little") + request)
-        reply = local_socket._recv_frame(sock, time.monotonic() + 30, "worker 0")
-    assert wire.decode(reply).meta["ok"]
+        for frame in (wire.encode({"method": "session", "session": session}),
+                      _in_session(request, session)):
+            sock.sendall(len(frame).to_bytes(8, "little") + frame)
+            reply = local_socket._recv_frame(sock, time.monotonic() + 30, "worker 0")
+            assert wire.decode(reply).meta["ok"], wire.decode(reply).meta
     assert marker.read_text() == "ran"

@@ -49,6 +49,8 @@ def _frame(header, payload=b"", version=wire.VERSION, magic=wire.MAGIC):
     (_frame({"meta": {}, "tensors": [{"dtype": "float32", "shape": [4]}]}, bytes(17)), "trailing"),
     (_frame({"meta": {}, "tensors": [{"dtype": "float32", "shape": [1 << 20, 1 << 20]}]}),
      "larger"),
+    (_frame({"meta": {}, "tensors": [{"dtype": "float32", "shape": [0, 2 ** 31, 2 ** 31,
+                                                                    2 ** 31]}]}), "larger"),
     (_frame({"meta": {}, "tensors": [{"dtype": "float32"}]}), "'dtype' and 'shape'"),
 ])
 def test_malformed_frames_are_rejected(data, match):

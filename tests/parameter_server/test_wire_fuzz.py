@@ -4,8 +4,10 @@ A ``ParameterServer`` is served by a real ``RpcServer`` (gRPC on 127.0.0.1) hold
 a row-sparse variable with optimizers and a ledger. Each case mutates a valid request (truncated,
 bytes flipped, random bytes, wrong version, bad header length, wrong dtypes and shapes,
 oversized lengths, bad metadata, trailing or missing payload); every ``GRPC_EVERY``-th case is
-sent over gRPC, the others go straight to the running server's dispatch (what its gRPC handler
-calls once the call is authorised), which keeps the test within seconds. Every
+sent over gRPC, the next one over the server's local socket (one connection, length-prefixed
+frames: the socket's framing keeps in step after every malformed frame), the others go
+straight to the running server's dispatch (what both transports call once the call is
+authorised), which keeps the test within seconds. Every
 reply must be a well-formed frame; a rejected frame must leave the server exactly as it was:
 a reference server is fed only the frames the live one accepted (a mutation can keep a request
 valid, e.g. a changed step id), and the two are compared (values, optimizer iterations, ledger,
@@ -14,6 +16,7 @@ pending synchronous steps) every 500 cases and at the end. Errors other than ``K
 """
 
 import json
+import socket
 import struct
 import time
 
@@ -22,7 +25,7 @@ import numpy as np
 import pytest
 
 from stratax._src.parameter_server.tasks.ps import ParameterServer
-from stratax._src.parameter_server.transport import rpc, wire
+from stratax._src.parameter_server.transport import cluster_tls, local_socket, rpc, wire
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -33,6 +36,7 @@ _REFUSALS = ("KeyError:", "ValueError:", "RuntimeError:")
 _BAD_DTYPES = ["object", "float128", "complex64", "<f4", "", "float32 ", "int4", "str", 5, None,
                ["float32"], "int32", "float64", "uint8", "bool", "float16", "int64"]
 _BAD_SHAPES = [[-1], [3, -2], [1.5], [True], ["3"], [[3]], [1] * 9, [2 ** 40], [2 ** 31, 2 ** 31],
+               [0, 2 ** 31, 2 ** 31, 2 ** 31],
                [], [0], [6], [2, 3], [3, 2, 1], [1 << 20, 1 << 20], None, 3, {"a": 1}]
 _BAD_VALUES = [None, True, -1, 0, 1, 2 ** 70, 1.5, "", "x" * 300, [], ["v", "v"], ["nope"],
                ["v", 3], {"k": "v"}, "v", "t", ["t"], ["v"], 65537, "fuzz:0"]
@@ -150,24 +154,12 @@ def _mutate(case, rng):
 _TOKEN = "fuzz-cluster-secret"
 
 
-class _Channel:
-    """A gRPC channel whose calls carry the cluster's token (a server takes no gRPC call
-    without one), so the frames reach the parser."""
-
-    def __init__(self, address: str) -> None:
-        self._channel = grpc.insecure_channel(address)
-        self._metadata = (("x-stratax-token", _TOKEN),)
-
-    def unary_unary(self, path):
-        method = self._channel.unary_unary(path)
-        return lambda request, **kw: method(request, metadata=self._metadata, **kw)
-
-    def stream_stream(self, path):
-        method = self._channel.stream_stream(path)
-        return lambda chunks, **kw: method(chunks, metadata=self._metadata, **kw)
-
-    def close(self) -> None:
-        self._channel.close()
+def _channel(address: str) -> grpc.Channel:
+    """A gRPC channel of the cluster (TLS keyed by its token: a server takes no gRPC call
+    without it), so the frames reach the parser."""
+    return grpc.secure_channel(address, cluster_tls.channel_credentials(_TOKEN),
+                               options=[("grpc.ssl_target_name_override",
+                                         cluster_tls.TARGET_NAME)])
 
 
 @pytest.fixture
@@ -176,7 +168,7 @@ def live_server():
     _setup(service)
     server = rpc.RpcServer("ps 0", "127.0.0.1", 0, service.handle, token=_TOKEN, max_workers=2)
     server.start()
-    channel = _Channel(f"127.0.0.1:{server.port}")
+    channel = _channel(f"127.0.0.1:{server.port}")
     yield service, channel, server
     channel.close()
     server.stop(0)
@@ -190,10 +182,15 @@ def test_ten_thousand_malformed_frames_change_nothing(live_server):
     rng = np.random.default_rng(2026)
     outcomes = {"accepted": 0, "malformed": 0, "refused": 0}
     start = time.monotonic()
+    local = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    local.connect(server.local.path)
     for case in range(CASES):
         data = _mutate(case, rng)
         if case % GRPC_EVERY == 0:
             reply = wire.decode(call(data, timeout=10))   # a deadline per call: no hang
+        elif case % GRPC_EVERY == 1:
+            local.sendall(len(data).to_bytes(8, "little") + data)
+            reply = wire.decode(local_socket._recv_frame(local, time.monotonic() + 10, "ps"))
         else:
             reply = wire.decode(server._dispatch(data))
         if reply.meta["ok"]:
@@ -208,9 +205,11 @@ def test_ten_thousand_malformed_frames_change_nothing(live_server):
         if case % 500 == 499:
             assert _state(service) == _state(reference), f"state differs after case {case}"
     elapsed = time.monotonic() - start
+    local.close()
     assert _state(service) == _state(reference)
     assert call(wire.encode({"method": "ping"}), timeout=10)  # still serving
-    print(f"\nwire fuzz: {CASES} frames ({CASES // GRPC_EVERY} over gRPC) in {elapsed:.1f} s: "
+    print(f"\nwire fuzz: {CASES} frames ({CASES // GRPC_EVERY} over gRPC, as many over the "
+          f"local socket) in {elapsed:.1f} s: "
           f"{outcomes}")
     assert outcomes["malformed"] > CASES // 2 and outcomes["refused"] > 0
 

@@ -102,6 +102,15 @@ config = Options([
     Option("ps_chief_timeout_seconds", env.STRATAX_PS_CHIEF_TIMEOUT_SECONDS,
            Number(3, "seconds a served task waits for a chief"), 120.0,
            "Seconds a served ps/worker task waits without a chief before it exits."),
+    Option("ps_max_frame_mib", env.STRATAX_PS_MAX_FRAME_MIB,
+           Integer(1, "MiB of the largest frame a parameter-server task takes"), 2048,
+           "Largest frame (MiB) a ps/worker task receives; a larger one is refused before "
+           "anything is allocated for it."),
+    Option("ps_max_connections", env.STRATAX_PS_MAX_CONNECTIONS,
+           Integer(1, "connections (and concurrent gRPC calls) one parameter-server task "
+                      "serves"), 256,
+           "Local-socket connections, and concurrent gRPC calls, one ps/worker task serves; "
+           "more are refused."),
     Option("ps_worker_threads", env.STRATAX_PS_WORKER_THREADS,
            ChoiceOrInteger(Choice(("auto", "all"), "a thread setting"),
                            Integer(1, "XLA threads per worker, or 'all' for XLA's default",

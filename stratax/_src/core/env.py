@@ -160,6 +160,10 @@ STRATAX_PS_BUILD_ON_SERVERS_BYTES = "STRATAX_PS_BUILD_ON_SERVERS_BYTES"
 # Seconds a served ps/worker task waits without hearing from a chief before it exits (status
 # 1); default 120 (parameter_server/tasks/chief_session.py; Server(chief_timeout_seconds=)).
 STRATAX_PS_CHIEF_TIMEOUT_SECONDS = "STRATAX_PS_CHIEF_TIMEOUT_SECONDS"
+# Largest frame (MiB, default 2048) a ps/worker task receives, and how many local-socket
+# connections (and concurrent gRPC calls) it serves (default 256): parameter_server/transport.
+STRATAX_PS_MAX_FRAME_MIB = "STRATAX_PS_MAX_FRAME_MIB"
+STRATAX_PS_MAX_CONNECTIONS = "STRATAX_PS_MAX_CONNECTIONS"
 # Parameter-server transport: "auto" (default: a Unix socket with shared memory to servers on
 # the same host, gRPC to the others), "socket" (the same without shared memory) or "grpc"
 # (always gRPC); see docs/parameter_server.md, Transport and security.

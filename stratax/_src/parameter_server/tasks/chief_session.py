@@ -13,7 +13,11 @@ chief started on the same tasks trains on the first one's variables with collidi
   its own initial values (or its checkpoint) and no step id of the old session is kept;
 - every call of the chief, and every ps call a worker makes for one of its closures, carries
   the session; a claimed task refuses calls of another session (a replaced chief's late
-  calls);
+  calls), and every task refuses calls with no session (``ChiefWatch.check``, which every call
+  but the chief's ``hello``, ``session`` and a bare ``ping`` passes through);
+- the session id is the chief's capability: no reply, error or log names it (a refusal says
+  which host and pid hold the task), and a session that was replaced is retired for good, so
+  its heartbeats (a late chief's, or a replay) keep nothing alive;
 - the chief repeats the claim every ``HEARTBEAT_SECONDS`` (the *heartbeat*): it tells each task
   the chief is alive and the coordinator which tasks answer (a stopped worker's closure moves
   on) and which were restarted (each process has its own ``incarnation``);
@@ -21,13 +25,18 @@ chief started on the same tasks trains on the first one's variables with collidi
   ``STRATAX_PS_CHIEF_TIMEOUT_SECONDS``, default 120 s, counted from its start) exits with status
   1, releasing its port; the launcher's or Kubernetes' restart policy then decides.
 
-Calls without a session (tools and tests that talk to one server) are served as before.
+A task no chief has claimed yet (a restarted ps that the workers reach before the chief's next
+heartbeat claims it) serves calls of any session; calls without one it refuses all the same.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import logging
 import os
+import re
+import secrets
 import socket
 import threading
 import time
@@ -48,10 +57,35 @@ HEARTBEAT_SECONDS = 0.5
 # A chief not heard from for this long may be replaced by another chief's claim.
 LIVE_SECONDS = 5.0
 _OWNED = "is owned by another chief"  # in a refusal: the claim may succeed later
+_MAX_SESSION_CHARS = 256
+_RETIRED_KEPT = 64  # digests of replaced sessions a task remembers
+_SESSION_SHAPE = re.compile(r"(?P<host>.+)-(?P<pid>\d+)-[0-9a-f]{32}")
 
 
 class SessionError(StrataxError):
-    """A task refused a call: it belongs to another chief's session."""
+    """A task refused a call: it carries no session, or another chief's session owns the task."""
+
+
+def describe(session: str | None) -> str:
+    """Who holds ``session``, for errors and logs, without the id itself (the id is the
+    chief's capability: whoever knows it can act as that chief)."""
+    match = _SESSION_SHAPE.fullmatch(session or "")
+    if match is None:
+        return "another chief"
+    return f"the chief on host {match['host']}, pid {match['pid']}"
+
+
+def _digest(session: str) -> bytes:
+    return hashlib.sha256(session.encode("utf-8", "surrogatepass")).digest()
+
+
+def _session_of(meta: dict[str, Any]) -> str | None:
+    """The call's ``session`` field if it is a usable one (a non-empty string of bounded
+    length), else None."""
+    session = meta.get("session")
+    if isinstance(session, str) and 0 < len(session) <= _MAX_SESSION_CHARS:
+        return session
+    return None
 
 
 def resolve_chief_timeout(seconds: float | None = None) -> float:
@@ -89,6 +123,7 @@ class ChiefWatch:
         self.lost = threading.Event()
         self._reset, self._adopt = reset, adopt
         self._owner: str | None = None
+        self._retired: list[bytes] = []  # digests of replaced sessions, newest last
         self._heard = time.monotonic()
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -114,38 +149,58 @@ class ChiefWatch:
     def claim(self, frame: wire.Frame) -> bytes:
         """Answers a chief's ``session`` call: accepted (and the owner refreshed) when the
         session owns the task, when the task has no owner, or when the owner is quiet (then the
-        task's state is reset); refused while another owner is live."""
-        session = wire.require(frame.meta, "session", str)
+        task's state is reset and the old session retired); refused while another owner is
+        live, and always for a retired session (a replaced chief's heartbeats, or a replay of
+        them, keep nothing alive)."""
+        session = _session_of(frame.meta)
+        if session is None:
+            raise wire.WireError(
+                f"A session call needs a 'session' string of 1 to {_MAX_SESSION_CHARS} "
+                "characters.")
+        digest = _digest(session)
         with self._lock:
             quiet = time.monotonic() - self._heard
             owner = self._owner
-            if owner not in (None, session):
+            if any(hmac.compare_digest(digest, old) for old in self._retired):
+                raise SessionError(
+                    f"{self.name} was taken over by another chief session; this chief was "
+                    "replaced: stop it.")
+            if owner is not None and not hmac.compare_digest(digest, _digest(owner)):
                 if quiet < LIVE_SECONDS:
                     raise SessionError(
-                        f"{self.name} {_OWNED} (session {owner}, heard {quiet:.1f} s ago); stop "
-                        "that chief first: two chiefs on one cluster would train over each "
-                        "other.")
-                logger.warning("%s: chief session %s takes over from %s (quiet for %.1f s); "
-                               "dropping that session's state", self.name, session, owner, quiet)
+                        f"{self.name} {_OWNED} ({describe(owner)}, heard {quiet:.1f} s ago); "
+                        "stop that chief first: two chiefs on one cluster would train over "
+                        "each other.")
+                logger.warning("%s: %s takes over from %s (quiet for %.1f s); dropping that "
+                               "session's state", self.name, describe(session), describe(owner),
+                               quiet)
+                self._retired = [*self._retired[-_RETIRED_KEPT + 1:], _digest(owner)]
                 self._reset()
+            took_over = owner not in (None, session)
             self._owner, self._heard = session, time.monotonic()
         self._adopt(frame.meta)
         return rpc.response({"incarnation": self.incarnation, "chief_timeout_s": self.timeout,
-                             "took_over": owner not in (None, session)})
+                             "took_over": took_over})
 
     def check(self, meta: dict[str, Any]) -> None:
-        """Refuses a call of a session that does not own this task. Calls without a session
-        pass, and so does every call to a task no chief has claimed yet (a restarted ps that
-        the workers reach before the chief's next heartbeat claims it)."""
-        session = meta.get("session")
+        """Refuses a call that carries no session, or a session that does not own this task:
+        the one check every call that reads or changes the task's state or lifecycle passes
+        (``Server`` calls it before its service sees the frame). A task no chief has claimed
+        yet serves any session (a restarted ps that the workers reach before the chief's next
+        heartbeat claims it)."""
+        session = _session_of(meta)
+        method = meta.get("method")
         if session is None:
-            return
+            raise SessionError(
+                f"{self.name} refused {method!r}: the call carries no chief session; only the "
+                "calls of the chief that claimed this task (a ParameterServerStrategy, and its "
+                "workers' calls for its closures) may read or change it.")
         with self._lock:
             owner = self._owner
-        if owner is not None and session != owner:
+        if owner is not None and not hmac.compare_digest(_digest(session), _digest(owner)):
             raise SessionError(
-                f"{self.name} belongs to chief session {owner}, not to {session!r}: this chief "
-                "was replaced by another one (or the task restarted); stop this chief.")
+                f"{self.name} refused {method!r}: it belongs to another chief session; this "
+                "chief was replaced by another one (or the task restarted): stop this chief.")
 
 
 class ChiefSession:
@@ -160,7 +215,8 @@ class ChiefSession:
 
     def __init__(self, clients: Sequence[rpc.RpcClient], timeout: float,
                  on_restart: Callable[[rpc.RpcClient], None] = lambda client: None) -> None:
-        self.id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        # Host and pid for people (``describe``), then 128 random bits: the capability.
+        self.id = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(16)}"
         self._clients = list(clients)
         self._timeout = timeout
         self._on_restart = on_restart

@@ -16,7 +16,7 @@ import json
 import logging
 from typing import Any
 
-from stratax._src.cluster.cluster_spec import ClusterSpec
+from stratax._src.cluster.cluster_spec import ClusterSpec, parse_address
 from stratax._src.parameter_server.transport import rpc, wire
 
 logger = logging.getLogger(__name__)
@@ -32,7 +32,9 @@ KNOWN_JOBS = ("chief", "worker", "ps", "evaluator")  # TensorFlow's allowed task
 def require_jobs(spec: ClusterSpec) -> None:
     """Checks, before any connection, that ``spec`` is a parameter-server cluster as TensorFlow
     validates one: only ``chief``/``worker``/``ps``/``evaluator`` jobs, at most one ``chief``
-    and one ``evaluator``, at least one ``worker`` and one ``ps`` task, with no gap.
+    and one ``evaluator``, at least one ``worker`` and one ``ps`` task, with no gap, each at a
+    fixed port (a task served on port 0 would listen on a random port that no other task
+    finds at its spec address).
 
     Raises:
       ValueError: naming the job and the fix.
@@ -61,6 +63,12 @@ def require_jobs(spec: ClusterSpec) -> None:
                 f"Job {job!r} has no task {tasks.index(None)} (got {spec.as_dict()[job]}); a "
                 f"parameter-server cluster numbers its {job!r} tasks 0..{len(tasks) - 1} "
                 "without gaps.")
+        for index, address in enumerate(tasks):
+            if parse_address(address, f"{job}[{index}]")[1] == 0:
+                raise ValueError(
+                    f"{job}[{index}] has the address {address!r}, port 0: it would listen on a "
+                    "random port, and the other tasks look for it at the port its cluster spec "
+                    f"names; give it a fixed port, e.g. {address.rsplit(':', 1)[0]}:2222.")
 
 
 def view(spec: ClusterSpec) -> dict[str, list[str]]:

@@ -81,6 +81,11 @@ class ResidentReplica:
         for client in self._peers.values():
             client.timeout = timeout
 
+    def set_session(self, session: str | None) -> None:
+        """The chief session the exchange's calls to the other workers carry."""
+        for client in self._peers.values():
+            client.session = session
+
     def clear(self) -> None:
         """Drops the replica and the outbox (a new chief session took over)."""
         with self._lock:

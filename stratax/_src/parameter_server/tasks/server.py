@@ -13,6 +13,8 @@ chief has been heard for ``chief_timeout_seconds`` (see ``chief_session``).
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import threading
 import time
 from typing import Any
@@ -116,11 +118,18 @@ class Server:
         logger.info("%s serving at %s", name, self.address)
 
     def _handle(self, frame: wire.Frame) -> bytes:
-        if frame.meta.get("method") == "hello":  # the chief checks that we agree on the cluster
+        """Every call's one way in: the chief's questions before its claim (``hello``,
+        ``session``, a ``ping`` with no session, which says only that the task is up) are
+        answered here; every other call, whatever its method (a new one too), passes the
+        session check before the service sees it."""
+        method = frame.meta.get("method")
+        if method == "hello":  # the chief checks that we agree on the cluster
             return cluster_check.answer_hello(frame, self.cluster_spec, self.job_name,
                                               self.task_index)
-        if frame.meta.get("method") == "session":  # a chief's claim or heartbeat
+        if method == "session":  # a chief's claim or heartbeat
             return self._watch.claim(frame)
+        if method == "ping" and "session" not in frame.meta:
+            return rpc.response()
         self._watch.check(frame.meta)
         return self._service.handle(frame)
 
@@ -150,3 +159,32 @@ class Server:
             self._rpc.stop(1.0)
             if hasattr(self._service, "close"):
                 self._service.close()
+
+
+def serve(server: Server) -> int:
+    """Serves until the chief is done (returns 0) or no chief was heard for the chief timeout
+    (returns 1), as ``stratax server`` and a served task of ``ParameterServerStrategy`` do.
+
+    SIGTERM (a launcher's or Kubernetes' stop) first stops the server, which releases its port
+    and removes its local socket's directory, then ends the process by the same signal, as
+    its default action would (which would leave the directory behind). Called from another
+    thread than the main one (where Python runs signal handlers), it only joins.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        server.join()
+        return 1 if server.chief_lost else 0
+
+    def terminate(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        server.join()
+    except SystemExit:
+        server.stop()
+        logger.info("%s %d: stopped by SIGTERM", server.job_name, server.task_index)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+        raise
+    signal.signal(signal.SIGTERM, previous)
+    return 1 if server.chief_lost else 0

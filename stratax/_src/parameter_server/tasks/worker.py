@@ -115,7 +115,10 @@ class WorkerService(rpc.Dispatcher):
 
     def adopt(self, meta: dict[str, Any]) -> None:
         """Takes the chief's ``timeout_seconds`` for this worker's calls to the parameter
-        servers (deadline and retries of a ps that does not answer)."""
+        servers (deadline and retries of a ps that does not answer), and its session for the
+        calls to the other workers (hybrid mode's exchange), which check it as every task
+        does."""
+        self._replica.set_session(meta.get("session"))
         timeout = meta.get("timeout_s")
         if isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and timeout > 0:
             self._ps.set_timeout(float(timeout))

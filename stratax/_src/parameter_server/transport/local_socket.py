@@ -19,6 +19,15 @@ connects only to a path the server named over gRPC (a call that carries the toke
 set), on a host with the same identity (boot id, hostname, network namespace), in a private
 directory it owns, and only if the process listening there is the one that named it (pid and
 uid from ``SO_PEERCRED``); anything else keeps the call on gRPC.
+
+Bounds (a buggy or hostile client of the same uid must not exhaust the task): a frame larger
+than ``ps_max_frame_mib`` (``STRATAX_PS_MAX_FRAME_MIB``) is answered with the wire's error and
+the connection closed, and a frame's buffer is committed only as its bytes arrive (an
+announced length costs no memory); a connection gets ``_FIRST_SECONDS`` for its first bytes,
+``_IDLE_SECONDS`` between requests (clients drop their idle connections at half that) and
+``_STALL_SECONDS`` between two pieces of a frame or of its reply; at most
+``ps_max_connections`` (``STRATAX_PS_MAX_CONNECTIONS``) connections, one thread each, are served
+at once, and more are closed at once (the refusals logged at most once per 10 s).
 """
 
 from __future__ import annotations
@@ -36,10 +45,13 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
+
 from stratax._src.core import env
 from stratax._src.core.config import config
 from stratax._src.core.errors import WorkerUnavailableError
 from stratax._src.parameter_server.transport import shared_frames, wire
+from stratax._src.parameter_server.transport.refusals import Refusals
 from stratax._src.parameter_server.transport.shared_frames import SharedFrames
 
 logger = logging.getLogger(__name__)
@@ -52,6 +64,16 @@ _MAX_PATH = 107  # sun_path holds 108 bytes with the terminating NUL
 _IOV = 512  # buffers per sendmsg (Linux' IOV_MAX is 1024)
 _BUFFER_BYTES = 4 << 20  # socket buffers asked for (the kernel caps them at its maximum)
 _PREFIX = "stratax-rpc-"  # then the server's pid: a killed server's directory is found later
+# Read deadlines of the server's side of a connection (see the module docstring).
+_FIRST_SECONDS = 10.0
+_IDLE_SECONDS = 300.0
+_STALL_SECONDS = 30.0
+
+
+class FrameRefused(ConnectionError):
+    """A peer announced a frame this side will not take (over the limit, or in a shared buffer
+    it never gave or cannot hold): answered with an error, then the connection is closed (its
+    stream of frames is out of step)."""
 
 
 def transport_mode(value: str | None = None) -> str:
@@ -99,9 +121,13 @@ def _remaining(end: float | None) -> float | None:
     return left
 
 
-def _recv_exact(sock: socket.socket, view: memoryview, end: float | None) -> bool:
-    """Fills ``view`` from ``sock``; False on a clean end of stream before the first byte."""
+def _recv_exact(sock: socket.socket, view: memoryview, end: float | None,
+                stall: float | None = None) -> bool:
+    """Fills ``view`` from ``sock`` by ``end``, or (``end`` None) with at most ``stall``
+    seconds between two pieces; False on a clean end of stream before the first byte."""
     got = 0
+    if end is None and stall is not None:
+        sock.settimeout(stall)
     while got < len(view):
         if end is not None:
             sock.settimeout(_remaining(end))
@@ -115,25 +141,38 @@ def _recv_exact(sock: socket.socket, view: memoryview, end: float | None) -> boo
 
 
 def _recv_frame(sock: socket.socket, end: float | None, peer: str,
-                shared: SharedFrames | None = None, half: int = 0,
-                head: bytes = b"") -> bytearray | None:
+                shared: SharedFrames | None = None, half: int = 0, head: bytes = b"",
+                limit: int = wire.MAX_FRAME_BYTES,
+                stall: float | None = None) -> memoryview | bytearray | None:
     """One length-prefixed frame into a fresh buffer (decoded tensors are views of it, which a
     receiver may keep): from the socket, or copied out of ``shared``'s ``half`` when the
     length word says so; None on a clean end of stream. ``head``: the length word's first
-    bytes, already read."""
+    bytes, already read. The length word must arrive by ``end``; the body too, or with
+    ``stall``, with at most that many seconds between two pieces.
+
+    Raises:
+      FrameRefused: the frame is over ``limit`` bytes, or in a shared buffer that cannot
+        hold it; nothing was allocated for it.
+    """
     word = bytearray(head) + bytearray(_LENGTH.size - len(head))
     if not _recv_exact(sock, memoryview(word)[len(head):], end) and not head:
         return None
     (length,) = _LENGTH.unpack(word)
-    if length & shared_frames.IN_BUFFER:
-        if shared is None:
-            raise ConnectionError(f"{peer} announced a frame in a shared buffer it never gave")
-        return shared.read(half, length & ~shared_frames.IN_BUFFER)
-    if length > wire.MAX_FRAME_BYTES:
-        raise ConnectionError(f"{peer} announced a frame of {length} bytes, over the limit of "
-                              f"{wire.MAX_FRAME_BYTES}")
-    data = bytearray(length)
-    if not _recv_exact(sock, memoryview(data), end) and length:
+    in_buffer = bool(length & shared_frames.IN_BUFFER)
+    length &= ~shared_frames.IN_BUFFER
+    if length > limit:
+        raise FrameRefused(
+            f"{peer} announced a frame of {length} bytes, over this task's limit of {limit} "
+            f"bytes ({env.STRATAX_PS_MAX_FRAME_MIB}={limit >> 20})")
+    if in_buffer:
+        if shared is None or length > shared_frames.HALF_BYTES:
+            raise FrameRefused(f"{peer} announced a frame of {length} bytes in a shared buffer "
+                               "it never gave or that cannot hold it")
+        return shared.read(half, length)
+    # Uninitialised memory: pages are committed as the bytes arrive, so a length announced
+    # and never sent costs nothing (a zeroed bytearray would commit all of it at once).
+    data = memoryview(np.empty(length, np.uint8))
+    if not _recv_exact(sock, data, None if stall is not None else end, stall) and length:
         raise ConnectionError("connection closed before the frame's body")
     return data
 
@@ -172,16 +211,23 @@ def _tune(sock: socket.socket) -> None:
 
 class LocalListener:
     """The server side: a Unix socket in a private directory, one thread per connection, each
-    request answered by ``dispatch(frame bytes) -> reply bytes``.
+    request answered by ``dispatch(frame bytes) -> reply bytes``, and a refused frame by
+    ``refuse(message) -> error frame``.
 
     Example:
       >>> listener = LocalListener("ps 0", dispatch)     # doctest: +SKIP
       >>> listener.start(); listener.endpoint()["path"]  # doctest: +SKIP
     """
 
-    def __init__(self, name: str, dispatch: Callable[[bytearray], bytes]) -> None:
+    def __init__(self, name: str, dispatch: Callable[[Any], bytes],
+                 refuse: Callable[[str], bytes]) -> None:
         self.name = name
         self._dispatch = dispatch
+        self._refuse = refuse  # the error frame answering a refused frame
+        self._limit = min(config.ps_max_frame_mib << 20, wire.MAX_FRAME_BYTES)
+        self._max_connections = config.ps_max_connections
+        self._refused = Refusals()
+        self._dropped = Refusals()
         self._uid = os.getuid()
         _remove_dead_directories()
         self.directory = tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-")
@@ -250,6 +296,16 @@ class LocalListener:
                                "(only uid %d may connect)", self.name, pid, uid, self._uid)
                 conn.close()
                 continue
+            with self._lock:
+                full = len(self._connections) >= self._max_connections
+            if full:
+                conn.close()
+                count = self._refused.note()
+                if count:
+                    logger.warning("%s refused %d local connection(s): %d are open, the limit "
+                                   "(%s)", self.name, count, self._max_connections,
+                                   env.STRATAX_PS_MAX_CONNECTIONS)
+                continue
             _tune(conn)
             thread = threading.Thread(target=self._serve, args=(conn, pid), daemon=True,
                                       name=f"stratax-{self.name}-local-{pid}")
@@ -264,18 +320,28 @@ class LocalListener:
         peer = f"local client pid {pid}"
         shared = None
         try:
+            conn.settimeout(_FIRST_SECONDS)
             shared, head = shared_frames.receive_first(conn)
             if shared is None and not head:
                 return
             while True:
-                data = _recv_frame(conn, None, peer, shared, 0, head)
+                try:
+                    data = _recv_frame(conn, time.monotonic() + _IDLE_SECONDS, peer, shared, 0,
+                                       head, self._limit, _STALL_SECONDS)
+                except FrameRefused as err:
+                    _send_frame(conn, [self._refuse(str(err))], time.monotonic() + _STALL_SECONDS)
+                    raise
                 head = b""
                 if data is None:
                     return
-                _send_frame(conn, [self._dispatch(data)], None, shared, 1)
+                reply = self._dispatch(data)
+                conn.settimeout(_STALL_SECONDS)
+                _send_frame(conn, [reply], None, shared, 1)
         except (OSError, ValueError) as err:
-            if not self._stopping:
-                logger.warning("%s: dropped the connection of %s: %s", self.name, peer, err)
+            count = 0 if self._stopping else self._dropped.note()
+            if count:
+                logger.warning("%s: dropped the connection of %s: %s (%d dropped since the "
+                               "last such message)", self.name, peer, err, count)
         finally:
             if shared is not None:
                 shared.close()
@@ -329,12 +395,12 @@ class LocalChannel:
         self.path = _checked_path(endpoint)
         self._pid = endpoint["pid"]
         self._lock = threading.Lock()
-        self._idle: list[socket.socket] = []
+        self._idle: list[tuple[socket.socket, float]] = []  # with when each was last used
         self._closed = False
         self._owner = os.getpid()
         self._shared = shared and shared_frames.SUPPORTED
         self._frames: dict[socket.socket, SharedFrames] = {}  # each connection's buffer
-        self._idle.append(self._connect(time.monotonic() + timeout))
+        self._idle.append((self._connect(time.monotonic() + timeout), time.monotonic()))
 
     def _connect(self, end: float) -> socket.socket:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -368,16 +434,20 @@ class LocalChannel:
         with self._lock:
             self._closed = True
             idle, self._idle = self._idle, []
-        for sock in idle:
+        for sock, _ in idle:
             self._discard(sock)
 
     def _take(self, end: float) -> socket.socket:
         """An idle connection the server has not closed (it closes them when it stops or
-        dies), else a new one; ``SocketGone`` if none can be made."""
+        dies, or after ``_IDLE_SECONDS``: one idle for half that is dropped here first, so a
+        request never meets that close), else a new one; ``SocketGone`` if none can be made."""
         with self._lock:
             if self._owner != os.getpid():  # a forked child: never share the parent's
                 self._idle, self._owner, self._frames = [], os.getpid(), {}
-            sock = self._idle.pop() if self._idle else None
+            sock, used = self._idle.pop() if self._idle else (None, 0.0)
+        if sock is not None and time.monotonic() - used > _IDLE_SECONDS / 2:
+            self._discard(sock)
+            sock = None
         if sock is not None:
             sock.settimeout(0)
             try:
@@ -394,7 +464,8 @@ class LocalChannel:
                              f"{self.path} ({type(err).__name__}: {err}: unreachable or "
                              "died); check that the task is running.") from None
 
-    def call(self, parts: Sequence[Any], method: str, timeout: float) -> bytearray:
+    def call(self, parts: Sequence[Any], method: str,
+             timeout: float) -> memoryview | bytearray:
         """Sends one request frame and returns the reply frame's bytes.
 
         Raises:
@@ -424,7 +495,7 @@ class LocalChannel:
         with self._lock:
             closed = self._closed
             if not closed:
-                self._idle.append(sock)
+                self._idle.append((sock, time.monotonic()))
         if closed:
             self._discard(sock)
         return data

@@ -8,17 +8,26 @@ the bytes are ``wire`` frames, whose ``meta["method"]`` names the operation.
 Security (loopback is no trust boundary: any local user can reach a loopback port). A call is
 trusted in one of two ways, and nothing else reaches a handler:
 
-- over gRPC, with the cluster's shared token (``STRATAX_PS_TOKEN`` or the file named by
-  ``STRATAX_PS_TOKEN_FILE``; ``stratax launch`` makes one per run) in its metadata, compared in
-  constant time. A server without a token takes no ``Call``/``Stream`` over gRPC at all, and a
-  client without one sends none (whoever listens at the port gets no request); binding
-  anything but loopback requires a token;
+- over gRPC, with mutual TLS keyed by the cluster's shared token (``STRATAX_PS_TOKEN`` or the
+  file named by ``STRATAX_PS_TOKEN_FILE``; ``stratax launch`` makes one per run): each side
+  proves it holds the token without sending it (``cluster_tls``), so a listener at a task's
+  address (a squatter on a dead task's port) learns nothing and the client refuses it, and
+  every frame between hosts is encrypted. A server without a token takes no ``Call``/``Stream``
+  over gRPC at all, and a client without one sends none (whoever listens at the port gets no
+  request); binding anything but loopback requires a token;
 - over the server's Unix socket (``local_socket``), from a process of the server's own uid
   (checked with ``SO_PEERCRED``; such a process could read the token anyway).
 
-The one gRPC method that needs no trust is ``Local``: where the socket is (token-checked when
-the server has a token). A refused call is answered ``UNAUTHENTICATED`` before its bytes are
-parsed, and logged (at most once per 10 s, with a count).
+The one gRPC method that needs no trust is ``Local``: where the socket is (over TLS when the
+server has a token). A peer without the token fails the TLS handshake before any request; on a
+server without a token, a ``Call``/``Stream`` is answered ``UNAUTHENTICATED`` by an
+interceptor, before its body is read (a flood of large unauthenticated calls costs no memory),
+and logged (at most once per 10 s, with a count).
+
+Bounds: at most ``ps_max_connections`` concurrent calls (more are answered
+``RESOURCE_EXHAUSTED``), a connection that has not finished its handshake in
+``_HANDSHAKE_MS`` is closed, a server without a token takes no message over 64 KiB (it answers
+only ``Local``), and a streamed frame over ``ps_max_frame_mib`` is refused as it arrives.
 
 Same host: a client asks ``Local`` and, on the same host (and uid), sends its frames over the
 socket (same frames, same handler, same errors and deadlines; frames up to 4 MiB in a buffer
@@ -28,12 +37,10 @@ shared under the socket, see ``shared_frames``), unless ``STRATAX_PS_TRANSPORT=g
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import hmac
+import functools
 import logging
 import os
 import threading
-import time
 from collections.abc import Callable, Iterator
 from concurrent import futures
 from typing import Any
@@ -42,8 +49,10 @@ import grpc
 
 from stratax._src.core import env
 from stratax._src.core.addresses import is_loopback
+from stratax._src.core.config import config
 from stratax._src.core.errors import StrataxError, WorkerUnavailableError
-from stratax._src.parameter_server.transport import local_socket, wire
+from stratax._src.parameter_server.transport import cluster_tls, local_socket, wire
+from stratax._src.parameter_server.transport.refusals import Refusals
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +69,8 @@ _OPTIONS = [
 # Reconnect quickly to a restarted task (gRPC's default backoff grows to 2 minutes).
 _CLIENT_OPTIONS = [*_OPTIONS, ("grpc.initial_reconnect_backoff_ms", 200),
                    ("grpc.min_reconnect_backoff_ms", 200), ("grpc.max_reconnect_backoff_ms", 1000)]
-_TOKEN_KEY = "x-stratax-token"
+_HANDSHAKE_MS = 10_000
+_UNTRUSTED_MESSAGE = 64 << 10  # a server without a token answers only ``Local`` over gRPC
 Handler = Callable[[wire.Frame], bytes]
 
 
@@ -90,15 +100,6 @@ def read_token() -> str | None:
             raise ValueError(f"Token file {path!r} ({env.STRATAX_PS_TOKEN_FILE}) is empty.")
         return token
     return None
-
-
-def same_secret(sent: str | None, token: str) -> bool:
-    """Whether ``sent`` is ``token``, in time independent of both (digests of equal length
-    are compared in constant time, so neither the content nor the length leaks)."""
-    if sent is None:
-        return False
-    return hmac.compare_digest(hashlib.sha256(str(sent).encode()).digest(),
-                               hashlib.sha256(token.encode()).digest())
 
 
 def keep_buffers_in_heap() -> bool:
@@ -171,9 +172,15 @@ class RpcServer:
         self.name = name
         self._token = token
         self._handler = handler
+        self._limit = min(config.ps_max_frame_mib << 20, wire.MAX_FRAME_BYTES)
         self._executor = futures.ThreadPoolExecutor(max_workers=max_workers,
                                                     thread_name_prefix=f"stratax-{name}")
-        self._server = grpc.server(self._executor, options=_OPTIONS)
+        options = [*_OPTIONS, ("grpc.server_handshake_timeout_ms", _HANDSHAKE_MS)]
+        if not token:
+            options.append(("grpc.max_receive_message_length", _UNTRUSTED_MESSAGE))
+        self._server = grpc.server(self._executor, options=options,
+                                   interceptors=(_Gate(self),),
+                                   maximum_concurrent_rpcs=config.ps_max_connections)
         methods = {
             "Call": grpc.unary_unary_rpc_method_handler(self._call),
             "Stream": grpc.stream_stream_rpc_method_handler(self._stream),
@@ -182,15 +189,26 @@ class RpcServer:
         self._server.add_generic_rpc_handlers(
             (grpc.method_handlers_generic_handler("stratax.Service", methods),))
         bind = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        self.port = self._server.add_insecure_port(bind)
+        try:
+            if token:
+                self.port = self._server.add_secure_port(
+                    bind, cluster_tls.server_credentials(token))
+            else:
+                self.port = self._server.add_insecure_port(bind)
+        except RuntimeError:  # gRPC's "Failed to bind to address ..."
+            self.port = 0
         if self.port == 0:
-            raise OSError(f"{name} could not listen on {bind} (port in use?); free it or pick "
-                          "another port in the cluster spec.")
+            raise OSError(
+                f"{name} could not listen on {bind}, its address in the cluster spec: the port "
+                "is in use (by another process, or a task of another run) or the host is not "
+                "an address of this machine; free the port or fix the address in the cluster "
+                "spec.")
         self.local: local_socket.LocalListener | None = None
         why_not = "STRATAX_PS_TRANSPORT=grpc" if not use_local else ""
         if use_local:
             try:
-                self.local = local_socket.LocalListener(name, self._dispatch)
+                self.local = local_socket.LocalListener(
+                    name, self._dispatch, lambda message: error_response(message, "wire"))
             except OSError as err:
                 why_not = str(err)
                 logger.warning("%s serves gRPC only: no local socket (%s)", name, err)
@@ -201,9 +219,7 @@ class RpcServer:
                 f"{name} would take no calls: without a shared token only its local socket is "
                 f"trusted, and it has none ({why_not}); set {env.STRATAX_PS_TOKEN}=<secret> (or "
                 f"{env.STRATAX_PS_TOKEN_FILE}=<path>) on every task of the cluster.")
-        self._refusals = 0
-        self._refusal_logged = -float("inf")
-        self._refusal_lock = threading.Lock()
+        self._refusals = Refusals()
         self.stopped = threading.Event()
 
     def start(self) -> None:
@@ -220,32 +236,28 @@ class RpcServer:
         self._executor.shutdown(wait=True)
         self.stopped.set()
 
-    def _authorized(self, context: grpc.ServicerContext, method: str) -> bool:
-        """Whether a gRPC call is trusted (see the module docstring); a refusal is logged."""
-        sent = dict(context.invocation_metadata()).get(_TOKEN_KEY)
-        if self._token:
-            if same_secret(sent, self._token):
-                return True
-            reason = "wrong token" if sent else "missing token"
-        elif method == "Local":
-            return True
-        else:
-            reason = "no token is set on this task"
-        now = time.monotonic()
-        with self._refusal_lock:
-            self._refusals += 1
-            if now - self._refusal_logged < 10.0:
-                return False
-            self._refusal_logged, count, self._refusals = now, self._refusals, 0
-        logger.warning("%s refused a gRPC call to %s from %s: %s (%d refused since the last "
-                       "such message)", self.name, method, context.peer(), reason, count)
-        return False
+    def untrusted(self, method: str) -> str | None:
+        """Why a gRPC call to ``method`` is not trusted (see the module docstring), or None
+        when it is: with a token, every call that reaches a handler came over a TLS connection
+        whose client proved it holds the token."""
+        if self._token or method == "Local":
+            return None
+        return "no token is set on this task"
+
+    def refuse_unread(self, method: str, reason: str, requests: Iterator[bytes],
+                      context: grpc.ServicerContext) -> Iterator[bytes]:
+        """The handler of an untrusted call: logs it (rate-limited) and answers
+        ``UNAUTHENTICATED`` without reading ``requests``."""
+        del requests  # never read: its body is not buffered
+        count = self._refusals.note()
+        if count:
+            logger.warning("%s refused a gRPC call to %s from %s: %s (%d refused since the "
+                           "last such message)", self.name, method, context.peer(), reason,
+                           count)
+        self._refuse(context)
+        return iter(())
 
     def _refuse(self, context: grpc.ServicerContext) -> None:
-        if self._token:
-            context.abort(grpc.StatusCode.UNAUTHENTICATED,
-                          f"{self.name}: missing or wrong stratax token; set the cluster's "
-                          f"{env.STRATAX_PS_TOKEN} (or {env.STRATAX_PS_TOKEN_FILE}) on this task.")
         context.abort(
             grpc.StatusCode.UNAUTHENTICATED,
             f"{self.name} takes gRPC calls only with the cluster's shared token, and none is set "
@@ -269,26 +281,40 @@ class RpcServer:
                                   error_type=type(err).__name__)
 
     def _local_endpoint(self, request: bytes, context: grpc.ServicerContext) -> bytes:
-        if not self._authorized(context, "Local"):
-            self._refuse(context)
         return response(self.local.endpoint() if self.local is not None else {"path": None})
 
     def _call(self, request: bytes, context: grpc.ServicerContext) -> bytes:
-        if not self._authorized(context, "Call"):
-            self._refuse(context)
         return self._dispatch(request)
 
     def _stream(self, chunks: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
-        if not self._authorized(context, "Stream"):
-            self._refuse(context)
         # A growing writable buffer (glibc grows large ones in place with mremap): decoded
         # tensors are views of it, which a server may keep (a created variable) as they are.
         data = bytearray()
         for chunk in chunks:
             data += chunk
-            if len(data) > wire.MAX_FRAME_BYTES:
-                context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "frame too large")
+            if len(data) > self._limit:
+                context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                              f"{self.name}: a frame over this task's limit of {self._limit} "
+                              f"bytes ({env.STRATAX_PS_MAX_FRAME_MIB})")
         yield from _chunks([self._dispatch(data)])
+
+
+class _Gate(grpc.ServerInterceptor):
+    """Trust decided when a call starts, before gRPC reads its body: an untrusted call gets a
+    streaming handler that never reads its requests (a unary handler would have the whole
+    message buffered first)."""
+
+    def __init__(self, server: RpcServer) -> None:
+        self._server = server
+
+    def intercept_service(self, continuation: Callable[[Any], Any],
+                          details: grpc.HandlerCallDetails) -> Any:
+        method = details.method.rsplit("/", 1)[-1]
+        reason = self._server.untrusted(method)
+        if reason is None:
+            return continuation(details)
+        return grpc.stream_stream_rpc_method_handler(
+            functools.partial(self._server.refuse_unread, method, reason))
 
 
 def _chunks(parts: list[bytes | memoryview]) -> Iterator[bytes]:
@@ -332,7 +358,13 @@ class RpcClient:
         mode = local_socket.transport_mode(transport)
         self._auto = mode != "grpc" and local_socket.SUPPORTED
         self._shared = mode == "auto"  # shared memory under the local socket
-        self._channel = grpc.insecure_channel(address, options=_CLIENT_OPTIONS)
+        if self._token:
+            self._channel = grpc.secure_channel(
+                address, cluster_tls.channel_credentials(self._token),
+                options=[*_CLIENT_OPTIONS, ("grpc.ssl_target_name_override",
+                                            cluster_tls.TARGET_NAME)])
+        else:
+            self._channel = grpc.insecure_channel(address, options=_CLIENT_OPTIONS)
         self._unary = self._channel.unary_unary("/stratax.Service/Call")
         self._stream = self._channel.stream_stream("/stratax.Service/Stream")
         self._endpoint = self._channel.unary_unary("/stratax.Service/Local")
@@ -378,8 +410,8 @@ class RpcClient:
                             f"token is set here for gRPC; set the same "
                             f"{env.STRATAX_PS_TOKEN}=<secret> (or "
                             f"{env.STRATAX_PS_TOKEN_FILE}=<path>) on every task of the cluster.")
-                    data = self._grpc(method, deadline, lambda metadata: self._grpc_call(
-                        parts, deadline, stream, metadata))
+                    data = self._grpc(method, deadline, lambda: self._grpc_call(
+                        parts, deadline, stream))
                     break
                 try:
                     data = local.call(parts, method, deadline)
@@ -399,20 +431,19 @@ class RpcClient:
                               remote_type if isinstance(remote_type, str) else None)
         return reply
 
-    def _grpc_call(self, parts: list[bytes | memoryview], deadline: float, stream: bool,
-                   metadata: Any) -> bytes:
+    def _grpc_call(self, parts: list[bytes | memoryview], deadline: float,
+                   stream: bool) -> bytes:
         if stream or sum(len(p) for p in parts) > CHUNK_BYTES:
-            return b"".join(self._stream(_chunks(parts), timeout=deadline, metadata=metadata))
+            return b"".join(self._stream(_chunks(parts), timeout=deadline))
         request = parts[0] if len(parts) == 1 else b"".join(parts)
-        return self._unary(request, timeout=deadline, metadata=metadata)
+        return self._unary(request, timeout=deadline)
 
-    def _grpc(self, method: str, deadline: float, invoke: Callable[[Any], bytes],
+    def _grpc(self, method: str, deadline: float, invoke: Callable[[], bytes],
               discovery: bool = False) -> bytes:
-        """``invoke(metadata)``, a gRPC call, with its errors turned into ours (except, when
+        """``invoke()``, a gRPC call, with its errors turned into ours (except, when
         ``discovery``, a server too old to offer a local socket: ``grpc.RpcError``)."""
-        metadata = ((_TOKEN_KEY, self._token),) if self._token else None
         try:
-            return invoke(metadata)
+            return invoke()
         except grpc.RpcError as err:
             code = err.code() if hasattr(err, "code") else None
             if code == grpc.StatusCode.UNAUTHENTICATED:
@@ -422,10 +453,18 @@ class RpcClient:
                                   f"{err.details()}{why}") from None
             if discovery and code == grpc.StatusCode.UNIMPLEMENTED:
                 raise
-            if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            details = err.details() if hasattr(err, "details") else ""
+            if "handshake" in (details or "").lower():
+                what = (f"failed {method!r}: the TLS handshake failed, so it does not hold this "
+                        f"cluster's key (another cluster's task, a task with another "
+                        f"{env.STRATAX_PS_TOKEN}, or an impostor at its address; nothing was "
+                        "sent to it)")
+            elif code == grpc.StatusCode.DEADLINE_EXCEEDED:
                 what = f"did not answer {method!r} within {deadline:g} s"
             else:
-                what = f"failed {method!r} ({code.name if code else err}: unreachable or died)"
+                what = f"failed {method!r} ({code.name if code else err}: unreachable or died"
+                what += (f"; or it takes only TLS: set the cluster's {env.STRATAX_PS_TOKEN} "
+                         "here too)") if not self._token else ")"
             raise WorkerUnavailableError(
                 f"{self.name} at {self.address} {what}; check that the task is running."
             ) from None
@@ -439,8 +478,8 @@ class RpcClient:
             if self._local is not None or self._grpc_only:
                 return self._local
             try:
-                data = self._grpc(method, deadline, lambda metadata: self._endpoint(
-                    b"", timeout=deadline, metadata=metadata), discovery=True)
+                data = self._grpc(method, deadline, lambda: self._endpoint(
+                    b"", timeout=deadline), discovery=True)
                 endpoint = wire.decode(data).meta
                 self._local = local_socket.LocalChannel(self.name, self.address, endpoint,
                                                         deadline, self._shared)

@@ -156,7 +156,10 @@ def decode(data: bytes | bytearray | memoryview) -> Frame:
                 f"Tensor {index} needs {nbytes} bytes but only {total - offset} remain in "
                 "the frame."
             )
-        array = np.frombuffer(view[offset:offset + nbytes], dtype=dtype).reshape(shape)
+        try:
+            array = np.frombuffer(view[offset:offset + nbytes], dtype=dtype).reshape(shape)
+        except ValueError as err:  # what the checks above missed is still the wire's error
+            raise WireError(f"Tensor {index} of shape {list(shape)}: {err}") from None
         tensors.append(array)
         offset += nbytes
     if offset != total:
@@ -177,11 +180,12 @@ def _check_spec(index: int, spec: object) -> tuple[np.dtype, tuple[int, ...], in
         if type(dim) is not int or dim < 0 or dim > MAX_FRAME_BYTES:
             raise WireError(f"Tensor {index} shape {shape!r} has an invalid dimension {dim!r}.")
     dtype = _numpy_dtype(name)
-    count = math.prod(shape)
-    nbytes = count * dtype.itemsize
-    if nbytes > MAX_FRAME_BYTES:
-        raise WireError(f"Tensor {index} of shape {shape} is larger than the frame limit.")
-    return dtype, tuple(shape), nbytes
+    # The product of the non-zero dimensions too: numpy refuses to shape even an empty array
+    # as [0, 2**31, 2**31, 2**31] (its size would overflow), with a plain ValueError.
+    if math.prod(d or 1 for d in shape) * dtype.itemsize > MAX_FRAME_BYTES:
+        raise WireError(f"Tensor {index} of shape {shape} is larger than the frame limit "
+                        f"of {MAX_FRAME_BYTES} bytes.")
+    return dtype, tuple(shape), math.prod(shape) * dtype.itemsize
 
 
 def require(meta: Mapping[str, Any], key: str, kind: type | tuple[type, ...]) -> Any:
