@@ -437,10 +437,11 @@ class LocalChannel:
         for sock, _ in idle:
             self._discard(sock)
 
-    def _take(self, end: float) -> socket.socket:
+    def _take(self, end: float) -> tuple[socket.socket, bool]:
         """An idle connection the server has not closed (it closes them when it stops or
         dies, or after ``_IDLE_SECONDS``: one idle for half that is dropped here first, so a
-        request never meets that close), else a new one; ``SocketGone`` if none can be made."""
+        request never meets that close), else a new one; ``SocketGone`` if none can be made.
+        The flag says whether the connection was used before."""
         with self._lock:
             if self._owner != os.getpid():  # a forked child: never share the parent's
                 self._idle, self._owner, self._frames = [], os.getpid(), {}
@@ -453,12 +454,12 @@ class LocalChannel:
             try:
                 sock.recv(1, socket.MSG_PEEK)  # b"": closed; bytes: out of turn, drop it too
             except BlockingIOError:
-                return sock
+                return sock, True
             except OSError:
                 pass
             self._discard(sock)
         try:
-            return self._connect(end)
+            return self._connect(end), False
         except OSError as err:
             raise SocketGone(f"{self._label} failed to connect to its local socket "
                              f"{self.path} ({type(err).__name__}: {err}: unreachable or "
@@ -475,13 +476,23 @@ class LocalChannel:
             another call).
         """
         end = time.monotonic() + timeout
-        sock = self._take(end)
+        sock, reused = self._take(end)
+        # A reused connection the server closed before it read the request: sent again below.
+        closed_before = (ConnectionResetError, BrokenPipeError) if reused else ()
         frames = self._frames.get(sock)
         try:
             _send_frame(sock, parts, end, frames, 0)
             data = _recv_frame(sock, end, self._label, frames, 1)
             if data is None:
-                raise ConnectionError("connection closed before the reply")
+                raise ConnectionResetError("connection closed before the reply")
+        except closed_before as err:
+            # The server had closed this idle connection (after refusing a frame, or its idle
+            # deadline) before it read the request: the request was not served; send it once
+            # more on a new connection, as HTTP clients do on a kept-alive connection.
+            logger.debug("%s: reused connection closed (%s); sending %r again", self._label,
+                         err, method)
+            self._discard(sock)
+            return self.call(parts, method, max(end - time.monotonic(), 0.0))
         except TimeoutError:
             self._discard(sock)
             raise WorkerUnavailableError(
