@@ -6,6 +6,7 @@ import re
 import shutil
 import signal
 import subprocess
+from pathlib import Path
 
 import keras
 import numpy as np
@@ -350,3 +351,38 @@ def test_a_version_left_by_a_writer_killed_before_it_became_latest_is_replaced(t
     arrays, meta = checkpoint_io.load(tmp_path)
     np.testing.assert_array_equal(arrays["w"], np.ones(2))
     assert meta == {"step": 1}
+
+
+@pytest.mark.parametrize("text", ["../elsewhere", "ckpt-x", "/etc"])
+def test_a_corrupt_latest_is_an_error_naming_it_never_a_path_elsewhere(tmp_path, text):
+    """``latest`` is resolved only to a ckpt-<n> inside the backup directory; anything else is
+    an error naming the file and the newest complete version, for a load and for a save."""
+    checkpoint_io.save(tmp_path, {"a": np.ones(2)}, {"epoch": 0})
+    checkpoint_io.save(tmp_path, {"a": np.zeros(2)}, {"epoch": 1})
+    (tmp_path.parent / "elsewhere").mkdir(exist_ok=True)
+    (tmp_path / "latest").write_text(text)
+    for call in (lambda: checkpoint_io.load(tmp_path),
+                 lambda: checkpoint_io.save(tmp_path, {"a": np.ones(2)}, {"epoch": 2})):
+        with pytest.raises(ValueError, match="not the name of a checkpoint version") as err:
+            call()
+        assert str(tmp_path / "latest") in str(err.value) and "ckpt-1" in str(err.value)
+
+
+def test_a_version_is_flushed_before_it_becomes_latest(tmp_path, monkeypatch):
+    """Data and directories are fsynced before ``latest`` names the version."""
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def fsync(fd):
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        return real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    final = checkpoint_io.save(tmp_path, {"a": np.ones(2)}, {"epoch": 0})
+    names = [Path(s).name for s in synced]
+    latest = max(i for i, s in enumerate(synced) if ".latest.tmp-" in s)
+    for needed in ("state.npz", "meta.json"):
+        assert any(n == needed for n in names[:latest]), synced
+    assert str(tmp_path) in synced[:latest], synced             # the rename into place
+    assert synced[-1] == str(tmp_path), synced                  # the rename of latest
+    assert final.name == "ckpt-0"

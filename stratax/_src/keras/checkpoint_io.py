@@ -1,19 +1,22 @@
 """Atomic checkpoints: a failed or interrupted save never damages the previous one.
 
-A checkpoint directory holds numbered versions (``ckpt-<n>/``, each complete before it becomes
-visible) and a ``latest`` file naming the newest. A version is written in a ``.staging-*``
-directory locked (``flock``) by its writer; one whose writer died mid-save (SIGKILL) is removed
-by the next save. A save writes the new version under a temporary
-name, renames it into place, then replaces ``latest`` with ``os.replace`` (atomic on POSIX), and
-only then removes older versions. Arrays go into ``state.npz`` (numpy, no pickle), each under
-its name (``np.load(".../state.npz")["model/sequential/dense/kernel"]``); metadata into
-``meta.json``. Versions written before names existed hold ``arr_0``, ``arr_1``, ... in order.
+A checkpoint directory holds numbered versions (``ckpt-<n>/``, each complete and flushed to
+disk, files and directory, before it becomes visible) and a ``latest`` file naming the newest,
+resolved only to a ``ckpt-<n>`` inside the directory (anything else is an error). A version is
+written in a ``.staging-*`` directory locked (``flock``) by its writer; one whose writer died
+mid-save (SIGKILL) is removed by the next save. A save writes the new version under a
+temporary name, renames it into place, then replaces ``latest`` with ``os.replace`` (atomic on
+POSIX), and only then removes older versions. Arrays go into ``state.npz`` (numpy, no pickle),
+each under its name (``np.load(".../state.npz")["model/sequential/dense/kernel"]``); metadata
+into ``meta.json``. Versions written before names existed hold ``arr_0``, ``arr_1``, ... in
+order.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator, Mapping
@@ -24,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from stratax._src.core.files import (
+    fsync_directory,
     hold_directory,
     remove_stale,
     remove_stale_temporaries,
@@ -31,6 +35,7 @@ from stratax._src.core.files import (
 )
 
 _LATEST = "latest"
+_VERSION = re.compile(r"ckpt-\d+")  # the only names ``latest`` may hold
 
 
 def save(directory: str | os.PathLike[str], arrays: Mapping[str, np.ndarray],
@@ -50,10 +55,16 @@ def save(directory: str | os.PathLike[str], arrays: Mapping[str, np.ndarray],
     try:
         staging = Path(tempfile.mkdtemp(dir=root, prefix=".staging-"))
         held = hold_directory(staging)
-        np.savez(staging / "state.npz", **arrays)
-        (staging / "meta.json").write_text(json.dumps(meta, sort_keys=True))
+        with open(staging / "state.npz", "wb") as f:
+            np.savez(f, **arrays)
+            _flush(f)
+        with open(staging / "meta.json", "w") as f:
+            f.write(json.dumps(meta, sort_keys=True))
+            _flush(f)
+        fsync_directory(staging)
         os.replace(staging, final)
-        write_atomically(root / _LATEST, final.name)
+        fsync_directory(root)
+        write_atomically(root / _LATEST, final.name)  # the commit, once the version is durable
     except BaseException as err:
         if staging is not None:
             shutil.rmtree(staging, ignore_errors=True)
@@ -77,12 +88,25 @@ def save(directory: str | os.PathLike[str], arrays: Mapping[str, np.ndarray],
 
 
 def latest_version(directory: str | os.PathLike[str]) -> Path | None:
-    """The directory of the newest complete checkpoint, or ``None``."""
+    """The directory of the newest complete checkpoint, or ``None``.
+
+    Raises:
+      ValueError: ``latest`` names anything but a ``ckpt-<n>`` version inside ``directory``
+        (never a path elsewhere); the message names the file and the fix.
+    """
     root = Path(directory)
     try:
-        name = (root / _LATEST).read_text().strip()
+        name = (root / _LATEST).read_text(errors="replace").strip()
     except FileNotFoundError:
         return None
+    if not _VERSION.fullmatch(name):
+        complete = sorted((int(v.name.split("-")[1]), v.name) for v in root.glob("ckpt-*")
+                          if _VERSION.fullmatch(v.name) and (v / "meta.json").exists())
+        raise ValueError(
+            f"{root / _LATEST} holds {name[:80]!r}, not the name of a checkpoint version in "
+            f"{root} (ckpt-<n>): the file is corrupt. Write the name of the newest complete "
+            f"version there ({complete[-1][1] if complete else 'none'}), or remove the "
+            "directory to start afresh.")
     version = root / name
     return version if (version / "meta.json").exists() else None
 
@@ -98,6 +122,12 @@ def load(directory: str | os.PathLike[str]
     with np.load(version / "state.npz", allow_pickle=False) as data:
         arrays = {name: data[name] for name in data.files}
     return arrays, meta
+
+
+def _flush(f: Any) -> None:
+    """Flushes an open file to the disk."""
+    f.flush()
+    os.fsync(f.fileno())
 
 
 def remove(directory: str | os.PathLike[str]) -> None:
