@@ -133,7 +133,7 @@ def keras_main(strategy, result: dict) -> None:
     if ARGS.restore:  # another run's checkpoint, written by another number of ps
         result["caches_dropped"] = _drop_caches()
         begin = time.perf_counter()
-        strategy.restore_checkpoint(ARGS.restore)
+        strategy.restore_checkpoint(ARGS.restore, model.variables)  # placed here if need be
         result.update(restore_s=time.perf_counter() - begin,
                       iterations=strategy.optimizer_iterations(table),
                       evaluate_loss=model.evaluate(sx.DatasetCreator(dataset_fn), steps=4,

@@ -175,3 +175,16 @@ def test_a_model_with_a_server_built_table_serves_from_its_checkpoint(local_clus
     np.testing.assert_allclose(loaded.predict(x, verbose=0), expected, atol=1e-6)
     with pytest.raises(Exception, match=r"ids must be in \[0, 1000\)"):  # JAX wraps it
         loaded.predict(np.array([[0, 1, 1000]], "int32"), verbose=0)
+
+
+def test_a_restore_names_the_saved_variables_it_left(local_cluster, tmp_path, caplog):  # noqa: F811
+    strategy = local_cluster()
+    strategy.create_variable(np.ones(3, np.float32), name="a")
+    strategy.create_variable(np.ones(3, np.float32), name="b")
+    strategy.save_checkpoint(str(tmp_path / "ckpt"))
+    with local_servers() as make:
+        other = make()
+        a = other.create_variable(np.zeros(3, np.float32), name="a")
+        other.restore_checkpoint(str(tmp_path / "ckpt"))
+        assert a.numpy().tolist() == [1.0, 1.0, 1.0]
+    assert "left 1 saved variable(s) unrestored" in caplog.text and ": b." in caplog.text

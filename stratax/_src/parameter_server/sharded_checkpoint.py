@@ -27,6 +27,7 @@ The directory must be visible to the chief and every ps (one host, or shared sto
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
@@ -42,6 +43,7 @@ from stratax._src.parameter_server import checkpoint_entries as entries_lib
 from stratax._src.parameter_server.tasks.optimizers import ShardOptimizer
 from stratax._src.parameter_server.transport import rpc, wire
 
+logger = logging.getLogger(__name__)
 FORMAT, VERSION = "stratax-sharded", 1
 LATEST, MANIFEST = "latest", "manifest.json"
 _VERSION_NAME = re.compile(r"v(\d+)")
@@ -224,8 +226,10 @@ def restore(strategy: Any, path: str | os.PathLike, variables: Sequence[Any],
     shards; returns the names."""
     version, entries = read_manifest(path, version_name)
     calls: dict[int, tuple[list[str], list[dict[str, Any]]]] = defaultdict(lambda: ([], []))
+    restored = set()
     for var in variables:
-        _, entry = entries_lib.find(entries, var.name, tuple(var.shape), path)
+        index, entry = entries_lib.find(entries, var.name, tuple(var.shape), path)
+        restored.add(index)
         for p in var.placements:
             names, plans = calls[p.ps]
             sources = _sources(entry["parts"], p.start, p.rows if var.shape else 1)
@@ -236,6 +240,13 @@ def restore(strategy: Any, path: str | os.PathLike, variables: Sequence[Any],
     strategy._ps.each({ps: entries_lib.call("load_shards", {"dir": str(version),
                                                             "names": names, "shards": plans})
                        for ps, (names, plans) in calls.items()})
+    left = [e["name"] for i, e in enumerate(entries) if i not in restored]
+    if left:
+        logger.warning(
+            "restore_checkpoint(%r) left %d saved variable(s) unrestored, which this strategy "
+            "has not placed yet: %s. Pass the model's variables to place and restore them "
+            "too: strategy.restore_checkpoint(path, model.variables).", str(path), len(left),
+            ", ".join(left[:8]) + (" ..." if len(left) > 8 else ""))
     return [var.name for var in variables]
 
 
