@@ -6,9 +6,9 @@ as parameter servers hold their shards. Each format is written by those processe
 then restored by ``--readers`` processes owning another partitioning (a restore into another
 number of parameter servers), each reading only its rows:
 
-- ``npy`` (what ``strategy.save_checkpoint(directory)`` writes, ``sharded_checkpoint``): each
-  writer writes its arrays as ``.npy`` files and fsyncs them; a reader memory-maps the files
-  that cover its rows and copies them into its own arrays;
+- ``npy`` (what ``strategy.save_checkpoint(directory)`` writes, with its own functions from
+  ``sharded_checkpoint``): each writer writes its arrays as ``.npy`` files and fsyncs them; a
+  reader reads the rows it owns from the files that cover them straight into its own arrays;
 - ``zarr3`` (tensorstore, the storage layer under Orbax's multi-process checkpoints): one zarr
   v3 array per state, chunked by ``--chunk-rows`` rows, uncompressed, on the local file system;
   each writer writes its row range (chunks aligned to it), each reader reads its row range.
@@ -39,6 +39,8 @@ from typing import Any
 
 import numpy as np
 
+from stratax._src.parameter_server import sharded_checkpoint
+
 HERE = Path(__file__).parent
 STATES = ("value", "m", "v")
 
@@ -55,13 +57,6 @@ def _ranges(rows: int, parts: int) -> list[tuple[int, int]]:
 
 def _rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def _write_npy(path: Path, value: np.ndarray) -> None:
-    with open(path, "wb") as f:
-        np.lib.format.write_array(f, value, allow_pickle=False)
-        f.flush()
-        os.fsync(f.fileno())
 
 
 def _zarr(path: Path, rows: int, dim: int, chunk: int, create: bool) -> Any:
@@ -86,7 +81,7 @@ def _writer(fmt: str, root: str, index: int, start: int, rows: int, total: int, 
         directory = Path(root) / f"ps{index}"
         directory.mkdir(parents=True, exist_ok=True)
         for state, value in arrays.items():
-            _write_npy(directory / f"0.{state}.npy", value)
+            sharded_checkpoint.write_part(directory / f"0.{state}.npy", value)
     else:
         for state, value in arrays.items():
             _zarr(Path(root) / state, total, dim, chunk, False)[start:start + rows].write(
@@ -104,11 +99,12 @@ def _reader(fmt: str, root: str, index: int, start: int, rows: int, writers: lis
     begin = time.perf_counter()
     for state, target in arrays.items():
         if fmt == "npy":
-            for w, (w_start, w_rows) in enumerate(writers):
-                lo, hi = max(start, w_start), min(start + rows, w_start + w_rows)
-                if lo < hi:
-                    saved = np.load(Path(root) / f"ps{w}" / f"0.{state}.npy", mmap_mode="r")
-                    target[lo - start:hi - start] = saved[lo - w_start:hi - w_start]
+            sources = [[f"ps{w}/0", max(start, w_start) - w_start,
+                        min(start + rows, w_start + w_rows) - max(start, w_start),
+                        max(start, w_start) - start]
+                       for w, (w_start, w_rows) in enumerate(writers)
+                       if max(start, w_start) < min(start + rows, w_start + w_rows)]
+            sharded_checkpoint.read_rows_into(target, Path(root), sources, f".{state}")
         else:
             total = writers[-1][0] + writers[-1][1]
             target[...] = _zarr(Path(root) / state, total, dim, chunk, False)[

@@ -75,9 +75,9 @@ def save_shards(server: Any, frame: wire.Frame) -> bytes:
         with shard.lock:  # pushes wait while this shard is written, not copied
             opt = shard.optimizer
             slots = sorted(opt.slots) if opt else []
-            _write_npy(target.with_name(f"{target.name}.npy"), shard.value)
+            write_part(target.with_name(f"{target.name}.npy"), shard.value)
             for slot in slots:
-                _write_npy(target.with_name(f"{target.name}.{slot}.npy"), opt.slots[slot])
+                write_part(target.with_name(f"{target.name}.{slot}.npy"), opt.slots[slot])
             states.append({"optimizer": shard.optimizer_key or None, "slots": slots,
                            "iterations": opt.iterations if opt else 0})
     for directory in {(version / f).parent for f in files}:
@@ -117,7 +117,7 @@ def load_shards(server: Any, frame: wire.Frame) -> bytes:
         checked.append((shard, sources, slots, key, parsed, iterations))
     for shard, sources, slots, key, parsed, iterations in checked:
         with shard.lock:
-            _fill(shard.value, version, sources, "")
+            read_rows_into(shard.value, version, sources, "")
             if parsed is None:
                 continue
             optimizer = shard.optimizer if shard.optimizer_key == key else None
@@ -125,7 +125,7 @@ def load_shards(server: Any, frame: wire.Frame) -> bytes:
                 shard.optimizer, shard.optimizer_key = None, ""
                 optimizer = ShardOptimizer(parsed["spec"], shard.value, parsed["sparse"])
             for slot in slots:  # in place: a ps never holds two copies of its slots
-                _fill(optimizer.slots[slot], version, sources, f".{slot}")
+                read_rows_into(optimizer.slots[slot], version, sources, f".{slot}")
             optimizer.iterations = int(iterations)
             shard.optimizer, shard.optimizer_key = optimizer, key
     return rpc.response()
@@ -139,16 +139,19 @@ def _version_dir(meta: dict[str, Any]) -> Path:
     return version
 
 
-def _write_npy(path: Path, value: np.ndarray) -> None:
+def write_part(path: Path, value: np.ndarray) -> None:
+    """Writes ``value`` as a ``.npy`` file at ``path``, flushed to disk (one part's array)."""
     with open(path, "wb") as f:
         np.lib.format.write_array(f, np.ascontiguousarray(value), allow_pickle=False)
         f.flush()
         os.fsync(f.fileno())
 
 
-def _fill(target: np.ndarray, version: Path, sources: list[list[Any]], suffix: str) -> None:
-    """Reads the ``sources``' rows straight into ``target`` (``readinto`` its own memory: no
-    buffer, and no mapped file pages counted in this process' memory)."""
+def read_rows_into(target: np.ndarray, version: Path, sources: list[list[Any]],
+                   suffix: str) -> None:
+    """Reads the ``sources``' rows (``[file, first row in it, rows, first row in target]``
+    under ``version``, each file ``<file><suffix>.npy``) straight into ``target``: ``readinto``
+    its own memory, so no buffer and no mapped file pages count in this process' memory."""
     flat = target.reshape((-1, *target.shape[1:])) if target.ndim else target.reshape(1)
     row_bytes = flat[:1].nbytes
     for file, first, rows, at in sources:
@@ -287,7 +290,7 @@ def load_whole(path: str | os.PathLike, entry: dict[str, Any], slot: str | None 
     version, _ = read_manifest(path)
     value = np.empty(entry["shape"], entry["dtype"])
     rows = entry["shape"][0] if entry["shape"] else 1
-    _fill(value, version, _sources(entry["parts"], 0, rows), f".{slot}" if slot else "")
+    read_rows_into(value, version, _sources(entry["parts"], 0, rows), f".{slot}" if slot else "")
     return value
 
 
