@@ -322,10 +322,20 @@ class GlobalFeed(keras.utils.PyDataset):
         return self._local(next(self._source.batches(self.seed, self.epoch, index)))[0]
 
     def peek(self) -> Any:
-        """This process's first batch of the next pass, without consuming it (to build a model)."""
+        """This process's first batch of the next pass, without consuming it."""
+        return self._local(self.build_batch())[0]
+
+    def build_batch(self) -> Any:
+        """The next pass's first batch as the input gives it, without consuming it.
+
+        Keras builds a model from a batch of the user's input, so stratax does too: under
+        several processes that is the global batch (cut into each process' rows only for the
+        step), and a model that does not take it fails naming the user's shape, ``(64, 19)``,
+        not one process' rows, ``(32, 19)``. A per-worker input's batch is already the user's.
+        """
         if hasattr(self._source, "peek"):
-            return self._local(self._source.peek())[0]
-        return self._local(next(self._source.batches(self.seed, self.epoch, self._skip)))[0]
+            return self._source.peek()
+        return next(self._source.batches(self.seed, self.epoch, self._skip))
 
     def set_epoch(self, epoch: int) -> None:
         """Makes the next pass over the data produce epoch ``epoch``'s order."""

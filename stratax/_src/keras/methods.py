@@ -56,7 +56,7 @@ def model_method(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
             call.feed = x if isinstance(x, GlobalFeed) else None
             if call.feed is not None and call.feed.num_batches != 0:
                 with runner.placement_scope():
-                    seam.build_for(self, name, call.feed.peek)
+                    seam.build_for(self, name, call.feed.build_batch)
         with call_stack.running(call):
             try:
                 with warnings.catch_warnings():
