@@ -27,7 +27,10 @@ written), what for, and which stratax module relies on it:
 - ``data_adapter_utils.check_data_cardinality``: arrays of different lengths refused with
   Keras' own message. -> ``keras.feed``
 - ``rng_utils.get_random_seed``: the seed of ``keras.utils.set_random_seed`` (no public
-  getter). -> ``keras.feed``, ``keras.install``
+  getter). -> ``keras.feed``, ``keras.seeds``
+- ``global_state``'s ``global_seed_generator`` (read): Keras' global ``SeedGenerator`` if one
+  exists (``keras.random``'s getter creates one), its state agreed by the workers.
+  -> ``keras.seeds``
 - ``Distribution._is_multi_process`` (written, ``False``): Keras 3.10 refuses every input but
   ``tf.data`` under a distribution over several processes, while stratax feeds every process
   its own batches. -> ``keras.distribution``, ``keras.model_parallel``
@@ -248,6 +251,15 @@ def keras_random_seed() -> int | None:
     from keras.src.utils import rng_utils
 
     return rng_utils.get_random_seed()
+
+
+def keras_global_seed_generator() -> Any:
+    """Keras' global ``SeedGenerator`` (unseeded ``keras.random`` calls), or ``None`` if none
+    was made yet."""
+    from keras.src.backend.common import global_state
+    from keras.src.random import seed_generator
+
+    return global_state.get_global_attribute(seed_generator.GLOBAL_SEED_GENERATOR)
 
 
 def accepts_stratax_feeds(distribution: Any) -> Any:

@@ -11,11 +11,12 @@ import sys
 
 import stratax as sx
 
-strategy = sx.MultiWorkerMirroredStrategy(
-    communication_options=sx.CommunicationOptions(timeout_seconds=60))
+if __name__ == "__main__":  # first, before JAX starts; the test imports the helpers alone
+    strategy = sx.MultiWorkerMirroredStrategy(
+        communication_options=sx.CommunicationOptions(timeout_seconds=60))
 
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
+import keras
+import numpy as np
 
 
 def wrong_width():
@@ -31,10 +32,59 @@ def wrong_width():
     return {"error": None}
 
 
-CASES = {"wrong_width": wrong_width}
+def seeded_shuffle():
+    """No seed set; a model built in the scope; then a seeded tf.data shuffle (issue 49 #1)."""
+    import hashlib
+    import random
 
-out_dir = sys.argv[1]
-for case in sys.argv[2:]:
-    with open(os.path.join(out_dir, f"{case}_{strategy.worker_index}.json"), "w") as f:
-        json.dump(CASES[case](), f)
-print("done", strategy.worker_index, flush=True)
+    import tensorflow as tf
+
+    def digest(state):
+        return hashlib.sha256(repr(state).encode()).hexdigest()
+
+    before = {"numpy": digest(np.random.get_state()), "python": digest(random.getstate())}
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3),
+                                  keras.layers.Dropout(0.5), keras.layers.Dense(1)])
+    after = {"numpy": digest(np.random.get_state()), "python": digest(random.getstate())}
+    order = [int(i) for i in tf.data.Dataset.range(64).shuffle(64, seed=1)]
+    return {"order": order, "before": before, "after": after,
+            "weights": [w.tolist() for w in model.get_weights()]}
+
+
+def shuffle_model(under):
+    """A small model with fixed initial weights (the test builds the same one)."""
+    with under.scope():
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="tanh"),
+                                  keras.layers.Dense(1)])
+        model.compile(keras.optimizers.SGD(0.1), "mse")
+    model.set_weights([np.linspace(-1, 1, w.size, dtype="float32").reshape(w.shape)
+                       for w in model.get_weights()])
+    return model
+
+
+def shuffle_data():
+    x = np.linspace(-2, 2, 4 * 48, dtype="float32").reshape(48, 4) ** 3
+    return x, np.sin(x.sum(axis=1, keepdims=True))
+
+
+def unseeded_shuffled_fit():
+    """No Keras seed; numpy seeded differently on each worker; fit(shuffle=True) on arrays.
+    The order must be one permutation for all workers: worker 0's."""
+    model = shuffle_model(strategy)
+    np.random.seed(100 + strategy.worker_index)
+    x, y = shuffle_data()
+    history = model.fit(x, y, batch_size=8, epochs=2, shuffle=True, verbose=0)
+    return {"loss": history.history["loss"],
+            "weights": [w.tolist() for w in model.get_weights()]}
+
+
+CASES = {"wrong_width": wrong_width, "seeded_shuffle": seeded_shuffle,
+         "unseeded_shuffled_fit": unseeded_shuffled_fit}
+
+if __name__ == "__main__":
+    out_dir = sys.argv[1]
+    for case in sys.argv[2:]:
+        with open(os.path.join(out_dir, f"{case}_{strategy.worker_index}.json"), "w") as f:
+            json.dump(CASES[case](), f)
+    print("done", strategy.worker_index, flush=True)

@@ -9,7 +9,8 @@ without callbacks. The rules, each written once:
   split over the replicas (:func:`stratax._src.data.global_batch.check_divisible`).
 - **Order.** With ``shuffle=True`` the order of epoch ``e`` is a permutation drawn from
   ``(seed, e)`` alone — rows for arrays, batches for a ``PyDataset`` — where ``seed`` is
-  ``keras.utils.set_random_seed``'s (every worker agrees on one). It is the same in one process
+  ``keras.utils.set_random_seed``'s, else a draw from numpy's generator (worker 0's, on every
+  worker). It is the same in one process
   and in many, and does not change when a callback is added or a run resumes from a backup.
   (Plain Keras draws its permutation from numpy's global generator instead, so with
   ``shuffle=True`` plain Keras and stratax visit the data in different orders; with
@@ -52,6 +53,7 @@ from stratax._src.data.distributed_dataset import (
     DistributedDatasetsFromFunction,
 )
 from stratax._src.data.input_context import AutoShardPolicy
+from stratax._src.keras import seeds
 
 _KERAS_DEFAULT_BATCH = 32
 
@@ -382,10 +384,13 @@ def configured_prefetch_depth() -> int | None:
     return config.prefetch_depth
 
 
-def data_seed() -> int:
-    """The seed of the data order: Keras' global seed, else a fresh draw (like Keras' shuffle)."""
+def data_seed(layout: FeedLayout) -> int:
+    """The seed of the data order: Keras' global seed, else a fresh draw (like Keras' shuffle),
+    worker 0's on every worker of a multi-process job."""
     seed = seam.keras_random_seed()
-    return int(seed) if seed is not None else int(np.random.randint(0, 2**31 - 1))
+    if seed is not None:
+        return int(seed)
+    return seeds.agreed_draw(int(np.random.randint(0, 2**31 - 1)), layout.num_processes)
 
 
 def _is_array_like(x: Any) -> bool:
@@ -418,7 +423,7 @@ def _arrays_feed(arrays: tuple[Any, ...], batch_size: int | None, shuffle: bool 
         if len(arrays) != 2:
             raise ValueError("You cannot use class_weight and sample_weight at the same time.")
         arrays = (*arrays, seam.class_weight_to_sample_weights(arrays[1], class_weight))
-    return GlobalFeed(_ArraySource(arrays, batch, shuffle), layout, seed=data_seed())
+    return GlobalFeed(_ArraySource(arrays, batch, shuffle), layout, seed=data_seed(layout))
 
 
 def as_feed(x: Any, layout: FeedLayout, *, shuffle: bool | str = False,
@@ -455,7 +460,7 @@ def as_feed(x: Any, layout: FeedLayout, *, shuffle: bool | str = False,
         sized = hasattr(x, "__len__") or getattr(x, "num_batches", None) is not None
         if sized:
             return GlobalFeed(_SequenceSource(x, bool(shuffle), class_weight), layout,
-                              seed=data_seed(), per_worker=per_worker)
+                              seed=data_seed(layout), per_worker=per_worker)
         return GlobalFeed(_IterableSource(x, class_weight), layout, per_worker=per_worker)
     if isinstance(x, Iterator):  # one pass only, as Keras reads a generator
         return GlobalFeed(_IterableSource(x, class_weight), layout, per_worker=per_worker)
