@@ -81,6 +81,7 @@ _EXPORTS = {
     "compute_average_loss": "stratax._src.strategies.losses",
     "config": "stratax.config",
     "datasets": "stratax.datasets",
+    "experimental": "stratax.experimental",
     "experimental_set_strategy": "stratax._src.core.context",
     "get_replica_context": "stratax._src.core.context",
     "get_strategy": "stratax._src.core.context",
