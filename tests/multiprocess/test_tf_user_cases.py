@@ -20,7 +20,7 @@ from stratax._src.launch import launch
 
 pytestmark = pytest.mark.timeout(240)
 
-CASES = ("wrong_width", "seeded_shuffle", "unseeded_shuffled_fit")
+CASES = ("wrong_width", "seeded_shuffle", "unseeded_shuffled_fit", "tensorboard_and_checkpoint")
 
 
 @pytest.fixture(scope="module")
@@ -34,8 +34,10 @@ def records(tmp_path_factory):
                         cwd=str(HERE), capture_output=True, stream_output=False,
                         env=worker_env(), nproc_per_node=2, timeout=200)
     assert result.ok, result.summary + "\n" + "\n".join(result.outputs[0][-30:])
-    return {case: [json.loads((out / f"{case}_{w}.json").read_text()) for w in (0, 1)]
-            for case in CASES}
+    found = {case: [json.loads((out / f"{case}_{w}.json").read_text()) for w in (0, 1)]
+             for case in CASES}
+    found["out"] = out
+    return found
 
 
 def test_wrong_width_error_names_the_global_batch(records):
@@ -89,3 +91,16 @@ def test_unseeded_shuffle_is_worker_0s_order_on_every_worker(records, monkeypatc
         for got, want in zip(record["weights"], model.get_weights(), strict=True):
             np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5,
                                        err_msg=f"worker {worker}")
+
+
+def test_tensorboard_logs_are_the_chiefs_and_checkpoints_too(records):
+    """Issue 49 #6: both workers wrote event files into the one log directory. As in
+    TensorFlow, a non-chief writes to ``<log_dir>/workertemp_<i>``, removed after fit."""
+    root = records["out"] / "callbacks"
+    logs = root / "logs"
+    train_events = sorted(p.name for p in (logs / "train").glob("events.out.tfevents.*"))
+    assert len(train_events) == 1, train_events  # the chief's alone
+    assert not list(logs.rglob("workertemp_*")), sorted(map(str, logs.rglob("*")))
+    assert [r["log_dir"] for r in records["tensorboard_and_checkpoint"]] == [str(logs)] * 2
+    assert (root / "ckpt.weights.h5").exists()
+    assert sorted(p.name for p in root.iterdir()) == ["ckpt.weights.h5", "logs"]

@@ -79,11 +79,24 @@ def unseeded_shuffled_fit():
             "weights": [w.tolist() for w in model.get_weights()]}
 
 
+def tensorboard_and_checkpoint():
+    """Keras' TensorBoard and ModelCheckpoint in fit (issue 49 #6): where each worker wrote."""
+    model = shuffle_model(strategy)
+    x, y = shuffle_data()
+    root = os.path.join(out_dir, "callbacks")
+    callbacks = [keras.callbacks.TensorBoard(log_dir=os.path.join(root, "logs")),
+                 keras.callbacks.ModelCheckpoint(os.path.join(root, "ckpt.weights.h5"),
+                                                 save_weights_only=True)]
+    model.fit(x, y, batch_size=8, epochs=2, callbacks=callbacks, verbose=0)
+    return {"log_dir": callbacks[0].log_dir}
+
+
 CASES = {"wrong_width": wrong_width, "seeded_shuffle": seeded_shuffle,
-         "unseeded_shuffled_fit": unseeded_shuffled_fit}
+         "unseeded_shuffled_fit": unseeded_shuffled_fit,
+         "tensorboard_and_checkpoint": tensorboard_and_checkpoint}
 
 if __name__ == "__main__":
-    out_dir = sys.argv[1]
+    out_dir = sys.argv[1]  # a global the cases read
     for case in sys.argv[2:]:
         with open(os.path.join(out_dir, f"{case}_{strategy.worker_index}.json"), "w") as f:
             json.dump(CASES[case](), f)
