@@ -20,6 +20,9 @@ written), what for, and which stratax module relies on it:
   feeds the epoch's batches, placed on the replicas. -> ``keras.call_stack``
 - ``PyDatasetAdapter.py_dataset`` (read): finding stratax's feed behind Keras' epoch iterator.
   -> ``keras.call_stack``
+- ``py_dataset_adapter.OrderedEnqueuer`` (made and run): a ``PyDataset``'s ``workers`` and
+  ``use_multiprocessing`` honoured, its batches read by Keras' own thread or process pool in
+  the order stratax gives. -> ``keras.feed``
 - ``array_slicing.train_validation_split``: ``validation_split`` cut exactly as Keras cuts it.
   -> ``keras.feed``
 - ``data_adapter_utils.class_weight_to_sample_weights``: ``class_weight`` exactly as Keras
@@ -357,6 +360,16 @@ def distribute_data(batch: Any, layouts: Any) -> Any:
     from keras.src.backend.jax import trainer as jax_trainer
 
     return jax_trainer._distribute_data(batch, layouts)
+
+
+def ordered_enqueuer(py_dataset: Any, workers: int, use_multiprocessing: bool,
+                     max_queue_size: int) -> Any:
+    """Keras' ``OrderedEnqueuer`` of ``py_dataset`` (not shuffled), the reader Keras' own
+    ``PyDataset`` adapter starts when the dataset asks for workers."""
+    from keras.src.trainers.data_adapters.py_dataset_adapter import OrderedEnqueuer
+
+    return OrderedEnqueuer(py_dataset, workers=workers, use_multiprocessing=use_multiprocessing,
+                           max_queue_size=max_queue_size, shuffle=False)
 
 
 def adapter_dataset(data_adapter: Any) -> Any:

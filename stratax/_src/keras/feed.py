@@ -219,8 +219,48 @@ class _SequenceSource:
 
     def batches(self, seed: int, epoch: int, skip: int) -> Iterator[Any]:
         order = _permutation(len(self), seed, epoch) if self._shuffle else range(len(self))
-        for index in itertools.islice(order, skip, None):
-            yield _with_class_weight(_standardize(self.sequence[int(index)]), self._class_weight)
+        indices = [int(i) for i in itertools.islice(order, skip, None)]
+        read = (_read_by_workers(self.sequence, indices) if _has_workers(self.sequence)
+                else (self.sequence[i] for i in indices))
+        for batch in read:
+            yield _with_class_weight(_standardize(batch), self._class_weight)
+
+
+def _has_workers(sequence: Any) -> bool:
+    """Keras' rule for a ``PyDataset`` read by a pool: ``workers > 1``, or processes asked for."""
+    if not isinstance(sequence, keras.utils.PyDataset):
+        return False
+    workers = sequence.workers
+    return workers > 1 or (workers > 0 and sequence.use_multiprocessing)
+
+
+class _InOrder(keras.utils.PyDataset):
+    """``dataset[indices[i]]`` as batch ``i``: the order stratax chose, for Keras' pool."""
+
+    def __init__(self, dataset: keras.utils.PyDataset, indices: list[int]) -> None:
+        super().__init__(workers=dataset.workers, use_multiprocessing=dataset.use_multiprocessing,
+                         max_queue_size=dataset.max_queue_size)
+        self._dataset, self._indices = dataset, indices
+
+    def __len__(self) -> int:
+        return len(self._indices)
+
+    def __getitem__(self, index: int) -> Any:
+        return self._dataset[self._indices[index]]
+
+
+def _read_by_workers(dataset: keras.utils.PyDataset, indices: list[int]) -> Iterator[Any]:
+    """``dataset[i]`` for ``i`` in ``indices``, read ahead by the dataset's ``workers`` threads
+    (processes with ``use_multiprocessing``), as plain Keras reads it, in this order."""
+    if not indices:
+        return
+    enqueuer = seam.ordered_enqueuer(_InOrder(dataset, indices), dataset.workers,
+                                     dataset.use_multiprocessing, dataset.max_queue_size)
+    enqueuer.start()
+    try:
+        yield from itertools.islice(enqueuer.get(), len(indices))
+    finally:
+        enqueuer.stop()
 
 
 class _IterableSource:
