@@ -7,7 +7,10 @@ training equals plain Keras reading in the main process to 1e-6.
 """
 
 import os
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import keras
 import numpy as np
@@ -61,26 +64,49 @@ def _readers(log):
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("processes", [False, True], ids=["threads", "processes"])
 @pytest.mark.parametrize("replicas", [0, 2])
-def test_workers_read_the_batches_and_training_equals_plain_keras(tmp_path, processes,
-                                                                   replicas):
+def test_worker_threads_read_the_batches_and_training_equals_plain_keras(tmp_path, replicas):
     strategy = (sx.OneDeviceStrategy("cpu:0") if replicas == 0
                 else sx.MirroredStrategy([f"cpu:{i}" for i in range(replicas)]))
     log = tmp_path / "reads.txt"
-    got = _fit(strategy, Recorded(log, workers=2, use_multiprocessing=processes))
+    got = _fit(strategy, Recorded(log, workers=2))
     readers = _readers(log)
-    if processes:
-        assert {pid for pid, _ in readers} - {str(os.getpid())}, readers  # worker processes
-    else:
-        assert all(pid == str(os.getpid()) for pid, _ in readers)
-        # Keras' pool threads read every batch of fit (the build's peek may be one more).
-        assert sum(name != "MainThread" for _, name in readers) >= 2 * (ROWS // BATCH)
+    assert all(pid == str(os.getpid()) for pid, _ in readers)
+    # Keras' pool threads read every batch of fit (the build's peek may be one more).
+    assert sum(name != "MainThread" for _, name in readers) >= 2 * (ROWS // BATCH)
     # Plain Keras reading in the main process: with workers, plain Keras 3.15's own result
     # differs from its one-reader result on this model (Keras' behaviour, not stratax's).
     plain = _fit(None, Recorded(tmp_path / "plain.txt"))
     for a, b in zip(got, plain, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+
+
+_IN_PROCESSES = """
+import os, sys
+sys.path.insert(0, {here!r})
+import numpy as np
+import stratax as sx
+from test_pydataset_workers import Recorded, _fit
+got = _fit(sx.OneDeviceStrategy("cpu:0"), Recorded({log!r}, workers=2, use_multiprocessing=True))
+want = _fit(None, Recorded({log!r} + ".plain"))
+assert all(np.allclose(a, b, rtol=1e-6, atol=1e-6) for a, b in zip(got, want))
+print("main", os.getpid())
+"""
+
+
+@pytest.mark.slow  # Keras' process pool forks a process that runs JAX, as plain Keras does
+@pytest.mark.timeout(120)
+def test_worker_processes_read_the_batches(tmp_path):
+    """``use_multiprocessing=True``: Keras' pool of forked processes reads the batches. Run in
+    a fresh process with a time limit: a fork of a process with many threads (a whole test
+    session) can deadlock, JAX warns, for plain Keras too."""
+    log = tmp_path / "reads.txt"
+    program = _IN_PROCESSES.format(here=str(Path(__file__).parent), log=str(log))
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
+                          timeout=100, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    main = done.stdout.split("main ")[1].split()[0]
+    assert {pid for pid, _ in _readers(log)} - {main}  # read by the worker processes
 
 
 @pytest.mark.timeout(60)
