@@ -7,7 +7,10 @@ same synthetic MNIST-shaped data (no download), the same initial weights, Adam, 
 - ``tf.data``: ``from_tensor_slices((x, y)).shuffle(10_000, seed).batch(256).prefetch(AUTOTUNE)``;
 - ``grain``: ``grain.MapDataset.source(rows).shuffle(seed).batch(256)``;
 - ``grain-loader``: ``grain.DataLoader(..., operations=[Batch(256)], worker_count=0)`` (only
-  with ``--pipelines``: it reads record by record, ~4k samples/s here for every system alike).
+  with ``--pipelines``: it reads record by record, ~4k samples/s here for every system alike);
+- ``pydataset-workers``: a ``keras.utils.PyDataset`` whose batches cost ``DECODE_S`` each to
+  load (a stand-in for decoding files), read with ``workers=2, use_multiprocessing=True``
+  (only with ``--pipelines``): plain Keras and stratax both read it with Keras' process pool.
 
 Systems, side by side: ``keras`` (Keras 3 on JAX, no strategy, stratax not imported),
 ``sx-onedevice`` (``sx.OneDeviceStrategy("cpu:0")``), ``sx-mirrored`` (``sx.MirroredStrategy()``,
@@ -47,7 +50,8 @@ RESULTS = Path(__file__).parent / "results"
 LOGS = Path(__file__).parent / ".cache" / "input_pipelines"
 GLOBAL_BATCH = 256
 SEED = 1234
-PIPELINES = ("tf.data", "grain", "grain-loader")
+PIPELINES = ("tf.data", "grain", "grain-loader", "pydataset-workers")
+DECODE_S = 0.01  # seconds of "decoding" per batch of the pydataset-workers pipeline
 BASELINE = "keras"
 # name: (stratax strategy or None for plain Keras, STRATAX_PREFETCH_DEPTH or None for unset)
 SYSTEMS: dict[str, tuple[str | None, int | None]] = {
@@ -107,7 +111,25 @@ def make_pipeline(name: str, x: Any, y: Any) -> Any:
         return grain.DataLoader(data_source=_Rows(x, y), sampler=sampler,
                                 operations=[grain.transforms.Batch(GLOBAL_BATCH)],
                                 worker_count=0)
+    if name == "pydataset-workers":
+        return _decoded_batches(x, y)
     raise ValueError(f"Unknown pipeline {name!r}; expected one of {', '.join(PIPELINES)}.")
+
+
+def _decoded_batches(x: Any, y: Any) -> Any:
+    """Batches of ``(x, y)`` that each take ``DECODE_S`` to load, read by 2 worker processes."""
+    import keras
+
+    class DecodedBatches(keras.utils.PyDataset):
+        def __len__(self) -> int:
+            return len(x) // GLOBAL_BATCH
+
+        def __getitem__(self, index: int) -> tuple[Any, Any]:
+            time.sleep(DECODE_S)
+            rows = slice(index * GLOBAL_BATCH, (index + 1) * GLOBAL_BATCH)
+            return x[rows], y[rows]
+
+    return DecodedBatches(workers=2, use_multiprocessing=True)
 
 
 def _fit_one(system: str, pipeline: str, workload: str, steps: int, timed: int) -> dict[str, Any]:

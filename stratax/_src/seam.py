@@ -20,6 +20,9 @@ written), what for, and which stratax module relies on it:
   feeds the epoch's batches, placed on the replicas. -> ``keras.call_stack``
 - ``PyDatasetAdapter.py_dataset`` (read): finding stratax's feed behind Keras' epoch iterator.
   -> ``keras.call_stack``
+- ``py_dataset_adapter.OrderedEnqueuer`` (made and run): a ``PyDataset``'s ``workers`` and
+  ``use_multiprocessing`` honoured, its batches read by Keras' own thread or process pool in
+  the order stratax gives. -> ``keras.feed``
 - ``array_slicing.train_validation_split``: ``validation_split`` cut exactly as Keras cuts it.
   -> ``keras.feed``
 - ``data_adapter_utils.class_weight_to_sample_weights``: ``class_weight`` exactly as Keras
@@ -27,7 +30,10 @@ written), what for, and which stratax module relies on it:
 - ``data_adapter_utils.check_data_cardinality``: arrays of different lengths refused with
   Keras' own message. -> ``keras.feed``
 - ``rng_utils.get_random_seed``: the seed of ``keras.utils.set_random_seed`` (no public
-  getter). -> ``keras.feed``, ``keras.install``
+  getter). -> ``keras.feed``, ``keras.seeds``
+- ``global_state``'s ``global_seed_generator`` (read): Keras' global ``SeedGenerator`` if one
+  exists (``keras.random``'s getter creates one), its state agreed by the workers.
+  -> ``keras.seeds``
 - ``Distribution._is_multi_process`` (written, ``False``): Keras 3.10 refuses every input but
   ``tf.data`` under a distribution over several processes, while stratax feeds every process
   its own batches. -> ``keras.distribution``, ``keras.model_parallel``
@@ -250,6 +256,15 @@ def keras_random_seed() -> int | None:
     return rng_utils.get_random_seed()
 
 
+def keras_global_seed_generator() -> Any:
+    """Keras' global ``SeedGenerator`` (unseeded ``keras.random`` calls), or ``None`` if none
+    was made yet."""
+    from keras.src.backend.common import global_state
+    from keras.src.random import seed_generator
+
+    return global_state.get_global_attribute(seed_generator.GLOBAL_SEED_GENERATOR)
+
+
 def accepts_stratax_feeds(distribution: Any) -> Any:
     """``distribution`` (a Keras one, built with ``auto_shard_dataset=False``), no longer
     refusing input that is not a ``tf.data.Dataset`` in a multi-process job.
@@ -345,6 +360,16 @@ def distribute_data(batch: Any, layouts: Any) -> Any:
     from keras.src.backend.jax import trainer as jax_trainer
 
     return jax_trainer._distribute_data(batch, layouts)
+
+
+def ordered_enqueuer(py_dataset: Any, workers: int, use_multiprocessing: bool,
+                     max_queue_size: int) -> Any:
+    """Keras' ``OrderedEnqueuer`` of ``py_dataset`` (not shuffled), the reader Keras' own
+    ``PyDataset`` adapter starts when the dataset asks for workers."""
+    from keras.src.trainers.data_adapters.py_dataset_adapter import OrderedEnqueuer
+
+    return OrderedEnqueuer(py_dataset, workers=workers, use_multiprocessing=use_multiprocessing,
+                           max_queue_size=max_queue_size, shuffle=False)
 
 
 def adapter_dataset(data_adapter: Any) -> Any:

@@ -110,7 +110,11 @@ def test_leftover_coordinator_address_is_an_error_not_local_mode(
     [
         (({"STRATAX_PROCESS_ID": "0"}, TF_CONFIG), r"STRATAX_COORDINATOR_ADDRESS is not set"),
         (({"TF_CONFIG": "{oops"}, SLURM), r"TF_CONFIG is not valid JSON"),
-        (({"SLURM_PROCID": "0", "SLURM_NTASKS": "2"}, K8S), r"Neither SLURM_STEP_NODELIST nor"),
+        (({"SLURM_PROCID": "0", "SLURM_NTASKS": "2"}, K8S), r"neither SLURM_STEP_NODELIST nor"),
+        # SLURM_PROCID alone, or with the job id: a half-described step, not a lone worker.
+        (({"SLURM_PROCID": "0"},), r"SLURM_PROCID=0 is set, but .*neither SLURM_STEP_NUM_TASKS"),
+        (({"SLURM_PROCID": "1", "SLURM_JOB_ID": "77"}, K8S),
+         r"SLURM_PROCID=1 is set, but .*neither SLURM_STEP_NUM_TASKS nor SLURM_NTASKS"),
         (({"JOB_COMPLETION_INDEX": "0", "STRATAX_K8S_NUM_WORKERS": "2"},),
          r"STRATAX_K8S_SERVICE is not set"),
         # The case: a torchrun world with no coordinator never trains alone.

@@ -90,14 +90,15 @@ def test_gpus_per_task_from_slurm(cluster_env: pytest.MonkeyPatch) -> None:
         ({"PROCID": None}, {}, r"SLURM_PROCID is not set .*srun python train.py"),
         ({"PROCID": "one"}, {}, r"SLURM_PROCID='one' is not an integer"),
         ({"PROCID": "-1"}, {}, r"SLURM_PROCID='-1' is not an integer >= 0"),
-        ({"NTASKS": None}, {}, r"Neither SLURM_STEP_NUM_TASKS nor SLURM_NTASKS is set"),
+        ({"NTASKS": None}, {}, r"SLURM_PROCID=3 is set, but .*: neither SLURM_STEP_NUM_TASKS "
+                               r"nor SLURM_NTASKS is set\. Either run the program with srun"),
         ({"NTASKS": "four"}, {}, r"SLURM_NTASKS='four' is not an integer"),
         ({"PROCID": "4"}, {}, r"SLURM_PROCID=4 is not below the task count SLURM_NTASKS=4"),
         ({"JOB_NODELIST": None}, {},
-         r"Neither SLURM_STEP_NODELIST nor SLURM_JOB_NODELIST is set"),
+         r": neither SLURM_STEP_NODELIST nor SLURM_JOB_NODELIST is set"),
         ({"JOB_NODELIST": "n[1-2"}, {}, r"SLURM_JOB_NODELIST: Invalid Slurm node list 'n\[1-2'"),
         ({"TASKS_PER_NODE": None}, {},
-         r"Neither SLURM_STEP_TASKS_PER_NODE nor SLURM_TASKS_PER_NODE is set"),
+         r": neither SLURM_STEP_TASKS_PER_NODE nor SLURM_TASKS_PER_NODE is set"),
         ({"TASKS_PER_NODE": "2(y2)"}, {}, r"SLURM_TASKS_PER_NODE: Invalid Slurm tasks-per-node"),
         ({"TASKS_PER_NODE": "2(x3)"}, {},
          r"SLURM_TASKS_PER_NODE='2\(x3\)' describes 3 nodes but SLURM_JOB_NODELIST='n\[1-2\]' "
@@ -143,7 +144,8 @@ def test_matching_local_id_passes(cluster_env: pytest.MonkeyPatch) -> None:
     "variables, available",
     [
         ({}, False),
-        ({"PROCID": "0"}, False),
+        ({"PROCID": "0"}, True),  # a task that does not say how many: an error, not local
+        ({"PROCID": "0", "JOB_ID": "77"}, True),
         ({"PROCID": "0", "NTASKS": "1"}, False),
         ({"PROCID": "0", "NTASKS": "2"}, True),
         ({"NTASKS": "2"}, False),
@@ -155,3 +157,30 @@ def test_matching_local_id_passes(cluster_env: pytest.MonkeyPatch) -> None:
 def test_is_available(cluster_env: pytest.MonkeyPatch, variables: dict, available: bool) -> None:
     _slurm(cluster_env, **variables)
     assert SlurmClusterResolver.is_available() is available
+
+
+@pytest.mark.parametrize("extra", [{}, {"JOB_ID": "77"}])
+def test_lone_procid_names_every_missing_variable(
+    cluster_env: pytest.MonkeyPatch, extra: dict
+) -> None:
+    # The case: SLURM_PROCID alone (or with SLURM_JOB_ID) was a silent lone worker.
+    _slurm(cluster_env, PROCID="1", **extra)
+    with pytest.raises(ValueError) as raised:
+        SlurmClusterResolver()
+    message = str(raised.value)
+    for name in ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_STEP_NODELIST",
+                 "SLURM_JOB_NODELIST", "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"):
+        assert name in message
+    assert "SLURM_PROCID=1 is set" in message and "unset SLURM_PROCID" in message
+
+
+def test_tasks_per_node_argument_stands_in_for_missing_variables(
+    cluster_env: pytest.MonkeyPatch,
+) -> None:
+    _slurm(cluster_env, PROCID="0", NTASKS="2")
+    with pytest.raises(ValueError) as raised:
+        SlurmClusterResolver(tasks_per_node=2)
+    assert "SLURM_JOB_NODELIST" in str(raised.value)
+    assert "TASKS_PER_NODE" not in str(raised.value)
+    resolver = SlurmClusterResolver(tasks_per_node={"a": 1, "b": 1})
+    assert resolver.cluster_spec().as_dict() == {"worker": ["a:8888", "b:8888"]}

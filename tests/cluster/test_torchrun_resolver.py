@@ -27,8 +27,39 @@ def test_torchrun_child(cluster_env: pytest.MonkeyPatch) -> None:
     # torch's store holds MASTER_PORT on rank 0's host: the coordinator takes the next port.
     assert resolver.coordinator_address == "node0:29501"
     assert process_layout(resolver) == ProcessLayout("node0:29501", 4, 3, "worker", 3)
+    # Two nodes: the other node's host is unknown, so only the coordinator is listed.
     assert resolver.cluster_spec().as_dict() == {"worker": ["node0:29501"]}
     assert TorchrunClusterResolver.is_available()
+
+
+@pytest.mark.parametrize(
+    "master, expected",
+    [
+        ("localhost", ["localhost:44426", "localhost:44427"]),
+        ("fe80::1", ["[fe80::1]:44426", "[fe80::1]:44427"]),
+    ],
+)
+def test_one_node_lists_one_address_per_worker(cluster_env: pytest.MonkeyPatch, master: str,
+                                               expected: list) -> None:
+    # The issue's case: torchrun --nproc-per-node 2 listed {'worker': ['localhost:44426']}.
+    _torchrun(cluster_env, MASTER_ADDR=master, MASTER_PORT="44425", WORLD_SIZE="2", RANK="1",
+              LOCAL_RANK="1", LOCAL_WORLD_SIZE="2")
+    resolver = TorchrunClusterResolver()
+    spec = resolver.cluster_spec()
+    assert spec.as_dict() == {"worker": expected}
+    assert spec.num_tasks("worker") == 2 and len(spec.as_dict()["worker"]) == 2
+    # Worker 0's address is the coordinator's, as under TF_CONFIG; the layout is unchanged.
+    assert resolver.master("worker", 0) == resolver.coordinator_address == expected[0]
+    assert process_layout(resolver).num_processes == 2
+
+
+def test_one_node_past_the_last_port_keeps_the_coordinator_only(
+    cluster_env: pytest.MonkeyPatch,
+) -> None:
+    _torchrun(cluster_env, MASTER_ADDR="localhost", MASTER_PORT="65533", WORLD_SIZE="4",
+              RANK="0", LOCAL_RANK="0", LOCAL_WORLD_SIZE="4")
+    assert TorchrunClusterResolver().cluster_spec().as_dict() == {
+        "worker": ["localhost:65534"]}
 
 
 def test_pytorchjob_pod_without_local_variables(cluster_env: pytest.MonkeyPatch) -> None:

@@ -85,3 +85,66 @@ def test_a_sharded_grain_loader_is_the_workers_part():
     assert shard_for_process(sharded, AutoShardPolicy.AUTO, 2, 1) == (sharded, True)
     whole = loader(grain.sharding.NoSharding())
     assert shard_for_process(whole, AutoShardPolicy.AUTO, 2, 1) == (whole, False)
+
+
+# Stand-ins for torch's classes, recognised as Keras recognises a torch DataLoader: by class
+# name and module (torch is not a test dependency; stratax never imports it).
+class _TorchClass:
+    pass
+
+
+def _torch_class(name, module, **attributes):
+    return type(name, (_TorchClass,), {"__module__": module, **attributes})
+
+
+DataLoader = _torch_class("DataLoader", "torch.utils.data.dataloader")
+DistributedSampler = _torch_class("DistributedSampler", "torch.utils.data.distributed")
+RandomSampler = _torch_class("RandomSampler", "torch.utils.data.sampler")
+BatchSampler = _torch_class("BatchSampler", "torch.utils.data.sampler")
+
+
+def _sampler(cls, **attributes):
+    sampler = cls()
+    sampler.__dict__.update(attributes)
+    return sampler
+
+
+def _loader(sampler, in_batch_sampler=False):
+    loader = DataLoader()
+    if in_batch_sampler:  # DataLoader(batch_sampler=BatchSampler(sampler, 8, False))
+        loader.sampler = _sampler(RandomSampler)
+        loader.batch_sampler = _sampler(BatchSampler, sampler=sampler)
+    else:  # DataLoader(dataset, batch_size=8, sampler=sampler)
+        loader.sampler = sampler
+        loader.batch_sampler = _sampler(BatchSampler, sampler=sampler)
+    return loader
+
+
+@pytest.mark.parametrize("in_batch_sampler", [False, True])
+def test_a_torch_loader_with_a_distributed_sampler_is_the_workers_part(in_batch_sampler):
+    """Issue 49 #2: its batches were taken as global ones and cut again (half skipped)."""
+    for rank in (0, 1):
+        loader = _loader(_sampler(DistributedSampler, num_replicas=2, rank=rank),
+                         in_batch_sampler)
+        assert shard_for_process(loader, AutoShardPolicy.AUTO, 2, rank) == (loader, True)
+    plain = _loader(_sampler(RandomSampler))
+    assert shard_for_process(plain, AutoShardPolicy.AUTO, 2, 1) == (plain, False)
+
+
+@pytest.mark.parametrize(
+    "replicas, its_rank, processes, rank",
+    [(2, 0, 2, 1), (4, 1, 2, 1), (2, 0, 1, 0)],
+)
+def test_a_distributed_sampler_of_another_shard_is_a_clear_error(replicas, its_rank,
+                                                                  processes, rank):
+    loader = _loader(_sampler(DistributedSampler, num_replicas=replicas, rank=its_rank))
+    with pytest.raises(ValueError, match=(
+            rf"DistributedSampler reads shard {its_rank} of {replicas}, but this is process "
+            rf"{rank} of {processes}.*num_replicas=jax.process_count\(\), "
+            r"rank=jax.process_index\(\)")):
+        shard_for_process(loader, AutoShardPolicy.AUTO, processes, rank)
+
+
+def test_a_one_replica_sampler_in_one_process_reads_everything():
+    loader = _loader(_sampler(DistributedSampler, num_replicas=1, rank=0))
+    assert shard_for_process(loader, AutoShardPolicy.AUTO, 1, 0) == (loader, False)

@@ -184,3 +184,38 @@ def test_ps_sync_over_several_workers_refuses_added_losses(plain):
         with pytest.raises(ValueError, match=rf"model.{method} .*mode='sync'.* 2 workers.*"
                                              r"adds 2 loss term.*mode='async'"):
             step((x[:4], y[:4]))
+
+
+class _SumOfInputs(keras.layers.Layer):
+    """tf-keras' ``test_no_target_model`` layer: its inputs' sum is the model's only loss."""
+
+    def call(self, inputs):
+        self.add_loss(keras.ops.sum(inputs))
+        return inputs
+
+
+def _no_target_sequence(strategy):
+    """tf-keras' ``test_no_target_model``: fit 2 steps, predict 1, evaluate 1, no targets."""
+    x = np.random.default_rng(0).random((20, 10)).astype(np.float32)
+    keras.utils.set_random_seed(1)
+    with strategy.scope() if strategy is not None else contextlib.nullcontext():
+        model = keras.Sequential([keras.Input((10,)), keras.layers.Dense(16, activation="relu"),
+                                  _SumOfInputs(), keras.layers.Dense(2, activation="softmax")])
+        model.compile(keras.optimizers.SGD(0.001))
+    history = model.fit(x, epochs=1, steps_per_epoch=2, shuffle=False, verbose=0)
+    predictions = model.predict(x, steps=1, verbose=0)
+    return history.history["loss"], predictions, model.evaluate(x, steps=1, verbose=0)
+
+
+@pytest.mark.parametrize("replicas", [0, 1, 2])
+def test_tf_keras_no_target_model_evaluates_as_plain_keras(replicas):
+    """Issue 49 #8: evaluate after fit 2 steps + predict 1 step, against plain Keras, under
+    OneDevice (0) and the mesh runner a one-worker MultiWorkerMirrored runs too (1, 2)."""
+    strategy = (sx.OneDeviceStrategy("cpu:0") if replicas == 0
+                else sx.MirroredStrategy([f"cpu:{i}" for i in range(replicas)]))
+    loss, predictions, score = _no_target_sequence(strategy)
+    want_loss, want_predictions, want_score = _no_target_sequence(None)
+    np.testing.assert_allclose(loss, want_loss, rtol=TOLERANCE, atol=TOLERANCE)
+    np.testing.assert_allclose(predictions, want_predictions, rtol=TOLERANCE, atol=TOLERANCE)
+    np.testing.assert_allclose(score, want_score, rtol=TOLERANCE, atol=TOLERANCE)
+    assert want_score > 1  # the added sum is what evaluate reports

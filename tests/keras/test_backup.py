@@ -15,7 +15,8 @@ from kill_mid_write import kill_while_writing
 
 import stratax as sx
 from stratax._src.keras import checkpoint_io
-from stratax._src.keras.callbacks.backup import _match, wait_for_writes
+from stratax._src.keras.callbacks.backup import wait_for_writes
+from stratax._src.keras.checkpoint_io import match
 
 
 def _data():
@@ -139,13 +140,13 @@ def test_entries_pair_by_name_else_by_position_and_mismatches_name_the_missing()
     a, b = np.zeros((2,)), np.ones((3,))
     saved = {"model/net/b": b, "model/net/a": a}
     now = {"model/net/a": keras.Variable(np.zeros(2)), "model/net/b": keras.Variable(np.zeros(3))}
-    assert [(v.path, value.shape) for v, value in _match(saved, now, "dir")] == \
+    assert [(v.path, value.shape) for v, value in match(saved, now, "dir", "d")] == \
         [(now["model/net/b"].path, (3,)), (now["model/net/a"].path, (2,))]
     renamed = {"model/net_1/a": now["model/net/a"], "model/net_1/b": now["model/net/b"]}
-    assert [value.shape for _, value in _match({"arr_0": a, "arr_1": b}, renamed, "d")] == \
+    assert [value.shape for _, value in match({"arr_0": a, "arr_1": b}, renamed, "d", "d")] == \
         [(2,), (3,)]
-    with pytest.raises(ValueError, match=r"not in the backup: \['model/net_1/a'"):
-        _match(saved, renamed, "d")
+    with pytest.raises(ValueError, match=r"not in the checkpoint: \['model/net_1/a'"):
+        match(saved, renamed, "d", "d")
 
 
 def test_a_backup_of_the_positional_format_still_resumes_exactly(tmp_path):
@@ -274,7 +275,7 @@ _SAVER = """
 import sys
 import numpy as np
 from stratax._src.keras import checkpoint_io
-from stratax._src.keras.callbacks.backup import _match, wait_for_writes
+from stratax._src.keras.callbacks.backup import wait_for_writes
 
 checkpoint_io.save(sys.argv[1], {"w": np.zeros(4 << 20, np.float32)}, {"step": 0})
 print("first", flush=True)

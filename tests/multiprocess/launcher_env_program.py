@@ -2,7 +2,8 @@
 
 Usage: python launcher_env_program.py. The launcher's variables come from the environment alone;
 prints one JSON line: the detected resolver, replicas in sync, chief flag, worker index and the
-process indices gathered from every process (proof that the group really communicates).
+process indices gathered from every process (proof that the group really communicates), and
+the workers the cluster spec lists.
 """
 
 import json
@@ -23,4 +24,5 @@ print(json.dumps({
     "is_chief": strategy.is_chief,
     "worker_index": strategy.worker_index,
     "gathered": sorted(int(i) for i in gathered.ravel()),
+    "spec_workers": strategy.cluster_resolver.cluster_spec().num_tasks("worker"),
 }), flush=True)

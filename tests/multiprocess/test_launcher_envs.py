@@ -68,6 +68,9 @@ def test_two_processes_form_one_group(workers, environment, resolver) -> None:
     assert [r["is_chief"] for r in reports] == [True, False]
     assert [r["worker_index"] for r in reports] == [0, 1]
     assert [r["gathered"] for r in reports] == [[0, 1], [0, 1]]
+    if resolver == "TorchrunClusterResolver":
+        # One node: the spec lists both workers, as under Slurm, for guide code that counts them.
+        assert [r["spec_workers"] for r in reports] == [2, 2]
 
 
 def test_world_without_coordinator_fails_fast_naming_the_variable(workers) -> None:

@@ -40,7 +40,8 @@ logger = logging.getLogger(__name__)
 #    MPIClusterResolver.is_available leaves to Slurm.
 # 5. A JAX-style job: JAX_NUM_PROCESSES / JAX_PROCESS_ID (with JAX_COORDINATOR_ADDRESS), after the
 #    launchers because JAX_COORDINATOR_ADDRESS alone is JAX's coordinator override for them.
-# 6. Slurm: SLURM_PROCID plus a task count above 1 (a one-task step is local training).
+# 6. Slurm: SLURM_PROCID plus a task count above 1 (a one-task step is local training), or
+#    SLURM_PROCID with no task count: a half-described step is an error, not a lone worker.
 # 7. Kubernetes Indexed Job: JOB_COMPLETION_INDEX plus the opt-in STRATAX_K8S_NUM_WORKERS (the
 #    index alone also appears in Indexed Jobs used for independent work).
 # Nothing matched: local mode, a TFConfigClusterResolver over an empty TF_CONFIG; a leftover
@@ -62,7 +63,7 @@ def detect_cluster_resolver() -> ClusterResolver:
     Order: ``stratax launch`` variables (``STRATAX_COORDINATOR_ADDRESS``, ...), ``TF_CONFIG``,
     torchrun / PyTorchJob (``WORLD_SIZE``, ``RANK``), MPI (``OMPI_COMM_WORLD_*``, ``PMI_*``,
     ``PMIX_RANK``), a JAX-style job (``JAX_NUM_PROCESSES``, ``JAX_PROCESS_ID``), Slurm
-    (``SLURM_PROCID`` with more than one task), Kubernetes Indexed Job
+    (``SLURM_PROCID`` with more than one task, or none stated), Kubernetes Indexed Job
     (``JOB_COMPLETION_INDEX`` with ``STRATAX_K8S_NUM_WORKERS``), else a local-mode
     ``TFConfigClusterResolver``. Explicit resolvers passed to a strategy bypass this.
 

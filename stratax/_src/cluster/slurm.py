@@ -23,25 +23,49 @@ logger = logging.getLogger(__name__)
 _RUN_WITH_SRUN = "run the program with srun (e.g. `srun python train.py`) inside a Slurm job."
 
 
-def _slurm_var(step_name: str, job_name: str) -> tuple[str, str]:
-    """Returns ``(name, value)`` of the step variable if set, else of the job-wide one."""
-    for name in (step_name, job_name):
-        value = os.environ.get(name, "").strip()
-        if value:
-            return name, value
-    raise ValueError(
-        f"Neither {step_name} nor {job_name} is set; SlurmClusterResolver needs one of them: "
-        + _RUN_WITH_SRUN
-    )
+# What the resolver needs, each as (step variable, job-wide variable); the step's wins.
+_TASK_COUNT = (env.SLURM_STEP_NUM_TASKS, env.SLURM_NTASKS)
+_NODE_LIST = (env.SLURM_STEP_NODELIST, env.SLURM_JOB_NODELIST)
+_TASKS_PER_NODE = (env.SLURM_STEP_TASKS_PER_NODE, env.SLURM_TASKS_PER_NODE)
 
 
-def _num_tasks_var() -> tuple[str, str] | None:
-    """The step's task count variable if set, else the job's, else ``None``."""
-    for name in (env.SLURM_STEP_NUM_TASKS, env.SLURM_NTASKS):
+def _first_set(names: tuple[str, str]) -> tuple[str, str] | None:
+    """``(name, value)`` of the first of ``names`` that is set and not blank, else ``None``."""
+    for name in names:
         value = os.environ.get(name, "").strip()
         if value:
             return name, value
     return None
+
+
+def _slurm_var(names: tuple[str, str]) -> tuple[str, str]:
+    """``(name, value)`` of the step variable if set, else of the job-wide one."""
+    found = _first_set(names)
+    if found is None:
+        raise ValueError(f"Neither {names[0]} nor {names[1]} is set; " + _RUN_WITH_SRUN)
+    return found
+
+
+def _check_complete(rank: int, tasks_per_node: int | Mapping[str, int] | None) -> None:
+    """Raises naming every Slurm variable the resolver needs that is not set.
+
+    ``SLURM_PROCID`` says this process is one task of a Slurm step; without the task count,
+    node list and tasks per node it cannot know its peers, and guessing "one task" would train
+    a lone worker while its peers wait. ``tasks_per_node=`` given as an argument stands in for
+    the tasks-per-node variables, a dict of hosts for the node list too.
+    """
+    needed = [_TASK_COUNT]
+    if not isinstance(tasks_per_node, Mapping):
+        needed.append(_NODE_LIST)
+        if tasks_per_node is None:
+            needed.append(_TASKS_PER_NODE)
+    missing = [f"neither {step} nor {job}" for step, job in needed if not _first_set((step, job))]
+    if missing:
+        raise ValueError(
+            f"{env.SLURM_PROCID}={rank} is set, but the Slurm environment does not describe the "
+            f"rest of the step: {'; '.join(missing)} is set. Either {_RUN_WITH_SRUN[:-1]}, or "
+            f"unset {env.SLURM_PROCID} to train in this process alone."
+        )
 
 
 def _check_count(value: object, what: str, minimum: int) -> int:
@@ -104,12 +128,8 @@ class SlurmClusterResolver(ClusterResolver):
             is set without a known GPU count.
         """
         self._rank = envvars.get_int(env.SLURM_PROCID, _RUN_WITH_SRUN, minimum=0)
-        tasks_var = _num_tasks_var()
-        if tasks_var is None:
-            raise ValueError(
-                f"Neither {env.SLURM_STEP_NUM_TASKS} nor {env.SLURM_NTASKS} is set; "
-                + _RUN_WITH_SRUN
-            )
+        _check_complete(self._rank, tasks_per_node)
+        tasks_var = _slurm_var(_TASK_COUNT)
         num_tasks = envvars.parse_int(tasks_var[0], tasks_var[1], minimum=1)
         if self._rank >= num_tasks:
             raise ValueError(
@@ -157,19 +177,20 @@ class SlurmClusterResolver(ClusterResolver):
 
     @classmethod
     def is_available(cls) -> bool:
-        """True inside a Slurm step of more than one task.
+        """True inside a Slurm step of more than one task, or one that does not say its size.
 
         Needs ``SLURM_PROCID`` and a task count (``SLURM_STEP_NUM_TASKS`` or ``SLURM_NTASKS``)
-        above 1: a one-task step is plain local training. A task count that is not a number
-        also counts as available, so that the resolver reports the malformed variable instead of
-        silently falling back to local mode. Note that a batch script run directly (not through
-        ``srun``) sees the allocation's ``SLURM_NTASKS`` too; start training with ``srun``.
+        above 1: a one-task step is plain local training. A missing task count, or one that is
+        not a number, also counts as available, so that the resolver names the missing or
+        malformed variable instead of silently falling back to a lone worker. Note that a batch
+        script run directly (not through ``srun``) sees the allocation's ``SLURM_NTASKS`` too;
+        start training with ``srun``.
         """
         if not os.environ.get(env.SLURM_PROCID, "").strip():
             return False
-        tasks_var = _num_tasks_var()
+        tasks_var = _first_set(_TASK_COUNT)
         if tasks_var is None:
-            return False
+            return True  # a task that does not say how many there are: the constructor says so
         try:
             return int(tasks_var[1]) > 1
         except ValueError:
@@ -188,7 +209,7 @@ class SlurmClusterResolver(ClusterResolver):
                 for host, count in tasks_per_node.items()
             ]
             return hosts, counts, False
-        nodes_name, nodes_value = _slurm_var(env.SLURM_STEP_NODELIST, env.SLURM_JOB_NODELIST)
+        nodes_name, nodes_value = _slurm_var(_NODE_LIST)
         try:
             hosts = expand_hostlist(nodes_value)
         except ValueError as error:
@@ -196,7 +217,7 @@ class SlurmClusterResolver(ClusterResolver):
         if tasks_per_node is not None:
             count = _check_count(tasks_per_node, "tasks_per_node", 1)
             return hosts, [count] * len(hosts), False
-        tpn_name, tpn_value = _slurm_var(env.SLURM_STEP_TASKS_PER_NODE, env.SLURM_TASKS_PER_NODE)
+        tpn_name, tpn_value = _slurm_var(_TASKS_PER_NODE)
         try:
             counts = expand_tasks_per_node(tpn_value)
         except ValueError as error:

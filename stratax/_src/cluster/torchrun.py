@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 
-from stratax._src.cluster.cluster_spec import parse_address
+from stratax._src.cluster.cluster_spec import ClusterSpec, parse_address
 from stratax._src.cluster.process_group import (
     ProcessGroupClusterResolver,
     check_rank,
@@ -66,13 +66,35 @@ def torchrun_coordinator_address() -> str | None:
     return address
 
 
+def _one_node_cluster(
+    address: str | None, world_size: int, local_size: int | None
+) -> ClusterSpec | None:
+    """One address per worker when the whole group runs on rank 0's node, else ``None``.
+
+    torchrun names no process' address but the coordinator's, which is worker 0's. When every
+    process is on that node (``LOCAL_WORLD_SIZE == WORLD_SIZE``), worker ``r`` is listed at the
+    coordinator's host with its port plus ``r``, the way Slurm's resolver lists a node's tasks
+    at ``port_base + k``: guide code that counts workers in the spec then counts them all. Only
+    the coordinator's address is ever listened on. Across several nodes the other nodes' hosts
+    are unknown, and ``None`` keeps the default (the coordinator alone).
+    """
+    if address is None or local_size != world_size:
+        return None
+    host, port = parse_address(address, env.MASTER_ADDR)
+    if port + world_size - 1 > _MAX_PORT:
+        return None
+    host = f"[{host}]" if ":" in host else host
+    return ClusterSpec({"worker": [f"{host}:{port + rank}" for rank in range(world_size)]})
+
+
 class TorchrunClusterResolver(ProcessGroupClusterResolver):
     """Reads the process group that torchrun, a Kubeflow PyTorchJob or TorchX started.
 
     Every process is a ``"worker"`` whose task id is ``RANK``; rank 0 is the chief and hosts the
     ``jax.distributed`` coordinator at ``MASTER_ADDR:MASTER_PORT+1`` (see
     ``torchrun_coordinator_address`` for the rule and its overrides, ``JAX_COORDINATOR_ADDRESS``
-    and ``JAX_COORDINATOR_PORT``).
+    and ``JAX_COORDINATOR_PORT``). On one node the cluster spec lists every worker (see
+    ``_one_node_cluster``); across nodes only worker 0, the coordinator, whose host is known.
 
     Example:
       >>> # torchrun --nnodes 2 --nproc-per-node 1 --master-addr node0 --master-port 29500 ...
@@ -114,7 +136,8 @@ class TorchrunClusterResolver(ProcessGroupClusterResolver):
                 f"0's host as torchrun does, or {env.JAX_COORDINATOR_ADDRESS}=<host of rank 0>:"
                 "<free port>, for every process."
             )
-        super().__init__(address, world_size, rank, local_rank=local_rank, rpc_layer=rpc_layer)
+        super().__init__(address, world_size, rank, local_rank=local_rank, rpc_layer=rpc_layer,
+                         cluster_spec=_one_node_cluster(address, world_size, local_size))
 
     @classmethod
     def is_available(cls) -> bool:

@@ -26,6 +26,8 @@ class _ThreadState(threading.local):
     def __init__(self) -> None:
         self.strategies: list[Any] = []
         self.replica_contexts: list[Any] = []
+        # The scope `experimental_set_strategy` entered and holds open, if any.
+        self.global_scope: AbstractContextManager[Any] | None = None
 
 
 class _Registry:
@@ -96,6 +98,34 @@ def replica_context_scope(replica_context: Any) -> Iterator[Any]:
         yield replica_context
     finally:
         _state.replica_contexts.pop()
+
+
+def experimental_set_strategy(strategy: Any) -> None:
+    """Makes ``strategy`` current outside any ``with`` block, or ``None`` the default again.
+
+    TensorFlow's ``tf.distribute.experimental_set_strategy``: like entering
+    ``strategy.scope()`` and never leaving it, for programs (notebooks, scripts) that do not
+    want every line inside a ``with``. A later call replaces the strategy; ``None`` leaves its
+    scope. Per thread, as scopes are.
+
+    Args:
+        strategy: A strategy, or ``None``.
+
+    Raises:
+        RuntimeError: Called inside a ``with strategy.scope():`` block (or ``strategy.run``).
+    """
+    if _state.global_scope is not None:
+        held, _state.global_scope = _state.global_scope, None
+        held.__exit__(None, None, None)
+    if has_strategy():
+        raise RuntimeError(
+            f"experimental_set_strategy({strategy!r}) was called inside the scope of "
+            f"{get_strategy()!r}; call it outside any `with strategy.scope():` block."
+        )
+    if strategy is not None:
+        scope = strategy.scope()
+        scope.__enter__()
+        _state.global_scope = scope
 
 
 def get_strategy() -> Any:

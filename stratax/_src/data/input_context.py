@@ -68,6 +68,19 @@ class ValueContext:
     num_replicas_in_sync: int = 1
 
 
+class InputReplicationMode(enum.Enum):
+    """How many input pipelines ``distribute_datasets_from_function`` builds (TensorFlow's
+    ``tf.distribute.InputReplicationMode``).
+
+    ``PER_WORKER``: one pipeline per worker, whose batches the worker's replicas share (the
+    default, and what stratax runs). ``PER_REPLICA``: one pipeline per replica, each feeding its
+    own replica; stratax refuses it (``InputOptions`` names the fix).
+    """
+
+    PER_WORKER = "PER_WORKER"
+    PER_REPLICA = "PER_REPLICA"
+
+
 @dataclasses.dataclass(frozen=True)
 class InputOptions:
     """Options of ``experimental_distribute_dataset`` / ``distribute_datasets_from_function``.
@@ -80,14 +93,15 @@ class InputOptions:
         experimental_prefetch_to_device: how many batches the background thread prepares ahead
             of use (default 2; 0 = no thread, each batch is prepared when requested).
         auto_shard_policy: how a worker takes its share of the input in multi-worker runs.
-        experimental_replication_mode: accepted for TensorFlow compatibility; only
-            ``"PER_WORKER"`` exists (one pipeline per process).
+        experimental_replication_mode: ``InputReplicationMode.PER_WORKER`` (one pipeline per
+            process, the default; its name as a string is taken too). ``PER_REPLICA`` is an
+            error.
     """
 
     experimental_fetch_to_device: bool = True
     experimental_prefetch_to_device: int = 2
     auto_shard_policy: AutoShardPolicy = AutoShardPolicy.AUTO
-    experimental_replication_mode: str = "PER_WORKER"
+    experimental_replication_mode: InputReplicationMode = InputReplicationMode.PER_WORKER
 
     def __post_init__(self) -> None:
         if self.experimental_prefetch_to_device < 0:
@@ -95,11 +109,23 @@ class InputOptions:
                 "experimental_prefetch_to_device must be >= 0; received "
                 f"{self.experimental_prefetch_to_device}."
             )
-        if self.experimental_replication_mode != "PER_WORKER":
+        mode = self.experimental_replication_mode
+        names = [m.value for m in InputReplicationMode]
+        if not isinstance(mode, InputReplicationMode) and str(mode).upper() not in names:
             raise ValueError(
-                f"experimental_replication_mode={self.experimental_replication_mode!r} is not "
-                "supported; stratax runs one input pipeline per worker ('PER_WORKER')."
+                f"experimental_replication_mode={mode!r} is not an InputReplicationMode; use "
+                "sx.InputReplicationMode.PER_WORKER."
             )
+        mode = InputReplicationMode(mode.value if isinstance(mode, InputReplicationMode)
+                                    else str(mode).upper())
+        if mode is not InputReplicationMode.PER_WORKER:
+            raise ValueError(
+                f"experimental_replication_mode={mode} is not supported; stratax runs one input "
+                "pipeline per worker whose batches its replicas share: use "
+                "sx.InputReplicationMode.PER_WORKER, and have dataset_fn batch for "
+                "input_context.get_per_replica_batch_size(global_batch) * its replicas."
+            )
+        object.__setattr__(self, "experimental_replication_mode", mode)
         if not isinstance(self.auto_shard_policy, AutoShardPolicy):
             object.__setattr__(
                 self, "auto_shard_policy", AutoShardPolicy(str(self.auto_shard_policy).upper())

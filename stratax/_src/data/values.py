@@ -1,5 +1,8 @@
 """Distributed values: ``PerReplica`` (one value per replica), ``Mirrored`` (one value everywhere).
 
+Both derive from ``DistributedValues``, as in TensorFlow, so
+``isinstance(x, sx.DistributedValues)`` asks whether ``x`` is either.
+
 Both are JAX pytrees, so they pass through ``jax.jit``, ``jax.tree.map`` and ``strategy.run``.
 
 A ``PerReplica`` holds its components *stacked*: one ``jax.Array`` of shape
@@ -21,8 +24,24 @@ from typing import Any
 import jax
 
 
+class DistributedValues:
+    """The base of values that live on the replicas: ``PerReplica`` and ``Mirrored``.
+
+    TensorFlow's ``tf.distribute.DistributedValues``: not made directly, but what
+    ``experimental_distribute_values_from_function``, a distributed dataset's batches and
+    ``strategy.run`` give.
+
+    Example:
+        >>> batch = next(iter(strategy.experimental_distribute_dataset(ds)))  # doctest: +SKIP
+        >>> isinstance(batch, sx.DistributedValues)                          # doctest: +SKIP
+        True
+    """
+
+    __slots__ = ()
+
+
 @jax.tree_util.register_pytree_node_class
-class PerReplica:
+class PerReplica(DistributedValues):
     """One value per replica, e.g. each replica's loss or its slice of the batch.
 
     Example:
@@ -71,7 +90,7 @@ class PerReplica:
 
 
 @jax.tree_util.register_pytree_node_class
-class Mirrored:
+class Mirrored(DistributedValues):
     """One value that is identical on every replica (a replicated ``jax.Array``).
 
     Example:

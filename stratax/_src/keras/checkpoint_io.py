@@ -130,6 +130,32 @@ def _flush(f: Any) -> None:
     os.fsync(f.fileno())
 
 
+def match(arrays: dict[str, np.ndarray], variables: dict[str, Any], where: str, directory_arg: str
+          ) -> list[tuple[Any, np.ndarray]]:
+    """Pairs saved arrays with variables: by name when the names agree, else by position when
+    count and shapes agree (a model built again in one process has new automatic names, e.g.
+    ``sequential_1/dense_2``; a format-1 backup has no names).
+
+    ``where`` names the checkpoint in the error (``"The backup in '/ckpt'"``), ``directory_arg``
+    the argument to change.
+
+    Raises:
+        ValueError: neither way pairs every variable with an array of its shape.
+    """
+    if arrays.keys() == variables.keys():
+        pairs = [(variables[name], value) for name, value in arrays.items()]
+    else:
+        pairs = list(zip(variables.values(), arrays.values(), strict=False))
+    if len(arrays) == len(variables) and all(
+            tuple(value.shape) == tuple(v.shape) for v, value in pairs):
+        return pairs
+    missing = sorted(variables.keys() - arrays.keys())[:5]
+    raise ValueError(
+        f"{where} does not match this model and optimizer ({len(arrays)} saved arrays, "
+        f"{len(variables)} variables now; not in the checkpoint: {missing}). Use another "
+        f"{directory_arg}, or delete this one to start over.")
+
+
 def remove(directory: str | os.PathLike[str]) -> None:
     """Deletes every version and the ``latest`` pointer (e.g. after training completed)."""
     root = Path(directory)

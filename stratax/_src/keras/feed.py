@@ -9,7 +9,8 @@ without callbacks. The rules, each written once:
   split over the replicas (:func:`stratax._src.data.global_batch.check_divisible`).
 - **Order.** With ``shuffle=True`` the order of epoch ``e`` is a permutation drawn from
   ``(seed, e)`` alone — rows for arrays, batches for a ``PyDataset`` — where ``seed`` is
-  ``keras.utils.set_random_seed``'s (every worker agrees on one). It is the same in one process
+  ``keras.utils.set_random_seed``'s, else a draw from numpy's generator (worker 0's, on every
+  worker). It is the same in one process
   and in many, and does not change when a callback is added or a run resumes from a backup.
   (Plain Keras draws its permutation from numpy's global generator instead, so with
   ``shuffle=True`` plain Keras and stratax visit the data in different orders; with
@@ -52,6 +53,7 @@ from stratax._src.data.distributed_dataset import (
     DistributedDatasetsFromFunction,
 )
 from stratax._src.data.input_context import AutoShardPolicy
+from stratax._src.keras import seeds
 
 _KERAS_DEFAULT_BATCH = 32
 
@@ -217,8 +219,48 @@ class _SequenceSource:
 
     def batches(self, seed: int, epoch: int, skip: int) -> Iterator[Any]:
         order = _permutation(len(self), seed, epoch) if self._shuffle else range(len(self))
-        for index in itertools.islice(order, skip, None):
-            yield _with_class_weight(_standardize(self.sequence[int(index)]), self._class_weight)
+        indices = [int(i) for i in itertools.islice(order, skip, None)]
+        read = (_read_by_workers(self.sequence, indices) if _has_workers(self.sequence)
+                else (self.sequence[i] for i in indices))
+        for batch in read:
+            yield _with_class_weight(_standardize(batch), self._class_weight)
+
+
+def _has_workers(sequence: Any) -> bool:
+    """Keras' rule for a ``PyDataset`` read by a pool: ``workers > 1``, or processes asked for."""
+    if not isinstance(sequence, keras.utils.PyDataset):
+        return False
+    workers = sequence.workers
+    return workers > 1 or (workers > 0 and sequence.use_multiprocessing)
+
+
+class _InOrder(keras.utils.PyDataset):
+    """``dataset[indices[i]]`` as batch ``i``: the order stratax chose, for Keras' pool."""
+
+    def __init__(self, dataset: keras.utils.PyDataset, indices: list[int]) -> None:
+        super().__init__(workers=dataset.workers, use_multiprocessing=dataset.use_multiprocessing,
+                         max_queue_size=dataset.max_queue_size)
+        self._dataset, self._indices = dataset, indices
+
+    def __len__(self) -> int:
+        return len(self._indices)
+
+    def __getitem__(self, index: int) -> Any:
+        return self._dataset[self._indices[index]]
+
+
+def _read_by_workers(dataset: keras.utils.PyDataset, indices: list[int]) -> Iterator[Any]:
+    """``dataset[i]`` for ``i`` in ``indices``, read ahead by the dataset's ``workers`` threads
+    (processes with ``use_multiprocessing``), as plain Keras reads it, in this order."""
+    if not indices:
+        return
+    enqueuer = seam.ordered_enqueuer(_InOrder(dataset, indices), dataset.workers,
+                                     dataset.use_multiprocessing, dataset.max_queue_size)
+    enqueuer.start()
+    try:
+        yield from itertools.islice(enqueuer.get(), len(indices))
+    finally:
+        enqueuer.stop()
 
 
 class _IterableSource:
@@ -322,10 +364,20 @@ class GlobalFeed(keras.utils.PyDataset):
         return self._local(next(self._source.batches(self.seed, self.epoch, index)))[0]
 
     def peek(self) -> Any:
-        """This process's first batch of the next pass, without consuming it (to build a model)."""
+        """This process's first batch of the next pass, without consuming it."""
+        return self._local(self.build_batch())[0]
+
+    def build_batch(self) -> Any:
+        """The next pass's first batch as the input gives it, without consuming it.
+
+        Keras builds a model from a batch of the user's input, so stratax does too: under
+        several processes that is the global batch (cut into each process' rows only for the
+        step), and a model that does not take it fails naming the user's shape, ``(64, 19)``,
+        not one process' rows, ``(32, 19)``. A per-worker input's batch is already the user's.
+        """
         if hasattr(self._source, "peek"):
-            return self._local(self._source.peek())[0]
-        return self._local(next(self._source.batches(self.seed, self.epoch, self._skip)))[0]
+            return self._source.peek()
+        return next(self._source.batches(self.seed, self.epoch, self._skip))
 
     def set_epoch(self, epoch: int) -> None:
         """Makes the next pass over the data produce epoch ``epoch``'s order."""
@@ -372,10 +424,13 @@ def configured_prefetch_depth() -> int | None:
     return config.prefetch_depth
 
 
-def data_seed() -> int:
-    """The seed of the data order: Keras' global seed, else a fresh draw (like Keras' shuffle)."""
+def data_seed(layout: FeedLayout) -> int:
+    """The seed of the data order: Keras' global seed, else a fresh draw (like Keras' shuffle),
+    worker 0's on every worker of a multi-process job."""
     seed = seam.keras_random_seed()
-    return int(seed) if seed is not None else int(np.random.randint(0, 2**31 - 1))
+    if seed is not None:
+        return int(seed)
+    return seeds.agreed_draw(int(np.random.randint(0, 2**31 - 1)), layout.num_processes)
 
 
 def _is_array_like(x: Any) -> bool:
@@ -408,7 +463,7 @@ def _arrays_feed(arrays: tuple[Any, ...], batch_size: int | None, shuffle: bool 
         if len(arrays) != 2:
             raise ValueError("You cannot use class_weight and sample_weight at the same time.")
         arrays = (*arrays, seam.class_weight_to_sample_weights(arrays[1], class_weight))
-    return GlobalFeed(_ArraySource(arrays, batch, shuffle), layout, seed=data_seed())
+    return GlobalFeed(_ArraySource(arrays, batch, shuffle), layout, seed=data_seed(layout))
 
 
 def as_feed(x: Any, layout: FeedLayout, *, shuffle: bool | str = False,
@@ -445,7 +500,7 @@ def as_feed(x: Any, layout: FeedLayout, *, shuffle: bool | str = False,
         sized = hasattr(x, "__len__") or getattr(x, "num_batches", None) is not None
         if sized:
             return GlobalFeed(_SequenceSource(x, bool(shuffle), class_weight), layout,
-                              seed=data_seed(), per_worker=per_worker)
+                              seed=data_seed(layout), per_worker=per_worker)
         return GlobalFeed(_IterableSource(x, class_weight), layout, per_worker=per_worker)
     if isinstance(x, Iterator):  # one pass only, as Keras reads a generator
         return GlobalFeed(_IterableSource(x, class_weight), layout, per_worker=per_worker)

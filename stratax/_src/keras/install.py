@@ -12,9 +12,6 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-import numpy as np
-from jax.experimental import multihost_utils
-
 from stratax._src import seam
 from stratax._src.core import context
 from stratax._src.keras import call_stack, distribution, methods, saving
@@ -22,6 +19,7 @@ from stratax._src.keras.runners.mesh_runner import MeshRunner
 from stratax._src.keras.runners.ps_runner import ParameterServerRunner
 from stratax._src.keras.runners.runner import register_runner, runner_for
 from stratax._src.keras.runners.tpu_runner import TPURunner
+from stratax._src.keras.seeds import AGREED_SEEDS
 from stratax._src.keras.steps import epoch_logs, metric_reset
 from stratax._src.parameter_server.strategy import ParameterServerStrategy
 from stratax._src.strategies import run_compiler
@@ -38,24 +36,10 @@ def _keras_scope(strategy: Any) -> Iterator[None]:
     if getattr(strategy, "is_default", False):
         yield
         return
-    if getattr(strategy, "is_multi_process", False):
-        _agree_on_random_seed()
-    with runner_for(strategy).placement_scope():
+    seeds = (AGREED_SEEDS.scope() if getattr(strategy, "is_multi_process", False)
+             else contextlib.nullcontext())
+    with seeds, runner_for(strategy).placement_scope():
         yield
-
-
-def _agree_on_random_seed() -> None:
-    """Gives every worker the same Keras seed, so variables start equal everywhere.
-
-    TensorFlow broadcasts initial values from the chief; here every worker initialises the
-    same values from one seed, drawn by worker 0 when the program set none.
-    """
-    if seam.keras_random_seed() is not None:
-        return
-    import keras
-
-    seed = np.asarray(np.random.SeedSequence().generate_state(1)[0] >> 1, dtype=np.int64)
-    keras.utils.set_random_seed(int(multihost_utils.broadcast_one_to_all(seed)))
 
 
 def install() -> None:

@@ -17,7 +17,7 @@ from typing import Any
 
 from stratax._src import seam
 from stratax._src.keras import binding, call_stack, recovery
-from stratax._src.keras.callbacks import worker_metrics
+from stratax._src.keras.callbacks import worker_dirs, worker_metrics
 from stratax._src.keras.feed import GlobalFeed
 from stratax._src.keras.runners.runner import runner_for, steps_per_execution
 
@@ -56,8 +56,9 @@ def model_method(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
             call.feed = x if isinstance(x, GlobalFeed) else None
             if call.feed is not None and call.feed.num_batches != 0:
                 with runner.placement_scope():
-                    seam.build_for(self, name, call.feed.peek)
-        with call_stack.running(call):
+                    seam.build_for(self, name, call.feed.build_batch)
+        with call_stack.running(call), \
+                worker_dirs.worker_log_dirs(kwargs.get("callbacks"), strategy):
             try:
                 with warnings.catch_warnings():
                     # A run resumed mid-epoch ends that epoch's data early, on purpose.

@@ -49,7 +49,8 @@ def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
                         help="how long a node with --node-rank > 0 retries reaching the "
                              "coordinator before giving up (default: 120)")
     parser.add_argument("--log-dir", default=None, metavar="DIR",
-                        help="also append each worker's output to DIR/worker_<rank>.log")
+                        help="also append each task's output to DIR/<task>.log (worker_1.log; "
+                             "chief_0.log, ps_2.log under --workers/--ps)")
     add_dashboard_arguments(parser)
     parser.add_argument("--workers", type=int, default=None, metavar="W",
                         help="ParameterServerStrategy cluster: W worker tasks (with --ps; starts "

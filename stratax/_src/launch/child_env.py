@@ -1,7 +1,8 @@
 """The environment each launched worker sees: the contract the cluster resolvers read.
 
 Every child gets ``STRATAX_COORDINATOR_ADDRESS``, ``STRATAX_NUM_PROCESSES``,
-``STRATAX_PROCESS_ID`` (global rank), ``STRATAX_LOCAL_RANK`` and ``STRATAX_RESTART_COUNT``.
+``STRATAX_PROCESS_ID`` (global rank), ``STRATAX_LOCAL_RANK``, ``STRATAX_RESTART_COUNT`` and
+``STRATAX_TASK_NAME`` (``worker_1``, or ``chief_0`` / ``ps_2`` under ``--workers/--ps``).
 On a single node it also gets ``TF_CONFIG`` listing one ``127.0.0.1`` port per worker (worker 0's
 port is the coordinator port), so TF-style programs resolve the same cluster. With several nodes
 a launcher cannot know the other hosts' addresses, so ``TF_CONFIG`` is removed instead of
@@ -21,16 +22,33 @@ from stratax._src.launch.network import LOOPBACK
 
 @dataclasses.dataclass(frozen=True)
 class WorkerSpec:
-    """What one child is started with: its ranks and its full environment."""
+    """What one child is started with: its ranks, its task and its full environment.
+
+    The task is the child's ``TF_CONFIG`` task (``chief 0``, ``worker 1``, ``ps 2`` under
+    ``--workers/--ps``), else ``worker <global rank>``: the names TensorFlow's programs and
+    logs use, so a user reads the same name in the launcher's output as in their cluster.
+    """
 
     local_rank: int
     global_rank: int
     env: Mapping[str, str]
+    task_type: str = "worker"
+    task_index: int | None = None  # None: the global rank
+
+    @property
+    def index(self) -> int:
+        """The task's index within its job."""
+        return self.global_rank if self.task_index is None else self.task_index
 
     @property
     def name(self) -> str:
-        """The task name used in output prefixes and error summaries, e.g. ``worker 1``."""
-        return f"worker {self.global_rank}"
+        """The task name used in output prefixes and error summaries, e.g. ``ps 2``."""
+        return f"{self.task_type} {self.index}"
+
+    @property
+    def file_name(self) -> str:
+        """The task name in file names and run-directory records, e.g. ``ps_2``."""
+        return f"{self.task_type}_{self.index}"
 
 
 def tf_config_json(worker_addresses: Sequence[str], index: int) -> str:
@@ -85,12 +103,18 @@ def build_worker_specs(
                 env_names.PYTHONUNBUFFERED: "1",
             }
         )
+        task_type, task_index = "worker", global_rank
         if tf_workers is not None:
             child_env[env_names.TF_CONFIG] = tf_config_json(tf_workers, global_rank)
             assign_parameter_server_roles(child_env)
+            task = json.loads(child_env[env_names.TF_CONFIG])["task"]
+            task_type, task_index = task["type"], task["index"]
         else:
             child_env.pop(env_names.TF_CONFIG, None)
-        specs.append(WorkerSpec(local_rank, global_rank, child_env))
+        spec = WorkerSpec(local_rank, global_rank, child_env, task_type, task_index)
+        # Its metrics file and dashboard lines carry the same name as its output.
+        child_env[env_names.STRATAX_TASK_NAME] = spec.file_name
+        specs.append(spec)
     return specs
 
 

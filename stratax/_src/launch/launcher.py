@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import logging
 import os
 import signal
@@ -50,7 +49,8 @@ class TaskFailure:
     """The worker where the failure of one start of the group began (see
     ``WorkerGroup.root_cause``), with its output: the last lines and its last traceback."""
 
-    name: str
+    name: str  # the task as TF_CONFIG names it: "chief 0", "worker 1", "ps 2"
+    file_name: str  # the same in file names and events: "chief_0", "ps_2"
     global_rank: int
     local_rank: int
     pid: int
@@ -239,7 +239,8 @@ class _Launcher:
             )
             if self._events is not None:
                 self._events.append("start", restart=restart, pids=[w.pid for w in group.workers],
-                                    tasks=[f"worker_{w.spec.global_rank}" for w in group.workers])
+                                    tasks=[w.spec.file_name for w in group.workers],
+                                    ranks=[w.spec.global_rank for w in group.workers])
             outcome, failed = self._monitor(group, deadline)
             if outcome == "timeout":
                 self._notice(f"timeout of {config.timeout:g} s reached; stopping "
@@ -333,13 +334,11 @@ class _Launcher:
         if (role not in ("worker", "ps") or self._task_restarts >= self._config.max_restarts
                 or self._stop.is_set()):
             return False
-        config = json.loads(worker.spec.env[env_names.TF_CONFIG])
         self._task_restarts += 1
         failure = _failure_of(worker, self._task_restarts)
         self._record_failure(failure)
-        self._notice(f"{failure.describe()}; restarting it alone, the parameter-server job's "
-                     f"{role} {config['task']['index']} (task restart {self._task_restarts} of "
-                     f"{self._config.max_restarts}).")
+        self._notice(f"{failure.describe()}; restarting {worker.spec.name} alone (task restart "
+                     f"{self._task_restarts} of {self._config.max_restarts}).")
         group.restart_one(worker, self._task_restarts)
         return True
 
@@ -376,8 +375,8 @@ class _Launcher:
 
     def _record_failure(self, failure: TaskFailure) -> None:
         if self._events is not None:
-            self._events.failure(restart=failure.restart_count,
-                                 task=f"worker_{failure.global_rank}", pid=failure.pid,
+            self._events.failure(restart=failure.restart_count, task=failure.file_name,
+                                 rank=failure.global_rank, pid=failure.pid,
                                  returncode=failure.returncode, message=failure.describe(),
                                  tail=failure.tail, traceback=failure.traceback)
 
@@ -419,15 +418,15 @@ def _ps_role(worker: Worker) -> str | None:
     """``chief``, ``worker`` or ``ps`` for a task of a ``--workers/--ps`` job, else ``None``."""
     if not worker.spec.env.get(env_names.STRATAX_PS_ROLES):
         return None
-    config = json.loads(worker.spec.env.get(env_names.TF_CONFIG, "{}"))
-    return config.get("task", {}).get("type")
+    return worker.spec.task_type
 
 
 def _failure_of(worker: Worker, restart: int,
                 reporter: tuple[Worker, list[str]] | None = None) -> TaskFailure:
     """``worker``'s failure; ``reporter``: the peer that named it as silent, and its words."""
     return TaskFailure(
-        name=worker.spec.name, global_rank=worker.spec.global_rank,
+        name=worker.spec.name, file_name=worker.spec.file_name,
+        global_rank=worker.spec.global_rank,
         local_rank=worker.spec.local_rank, pid=worker.pid,
         returncode=int(worker.returncode if worker.returncode is not None else -9),
         restart_count=restart, tail=tuple(worker.output.tail()),
@@ -453,6 +452,6 @@ def _failure_text(failure: TaskFailure, config: LaunchConfig, restarts: int) -> 
     else:
         lines.append(f"{failure.name} printed nothing.")
     if config.log_dir is not None:
-        log_path = os.path.join(config.log_dir, f"worker_{failure.global_rank}.log")
+        log_path = os.path.join(config.log_dir, f"{failure.file_name}.log")
         lines.append(f"Full log: {log_path}")
     return "\n".join(lines)

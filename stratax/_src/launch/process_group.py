@@ -153,7 +153,7 @@ class WorkerGroup:
     ) -> None:
         log_path = None
         if log_dir is not None:
-            log_path = os.path.join(log_dir, f"worker_{spec.global_rank}.log")
+            log_path = os.path.join(log_dir, f"{spec.file_name}.log")
         output = WorkerOutput(
             spec.name, stdout, stderr, write_lock, log_path=log_path, capture=capture_output,
             header=f"--- stratax launch: {spec.name}, restart {restart_count}, "

@@ -3,10 +3,13 @@
 ``stratax launch`` appends one JSON object per event, so the dashboard can show restarts and
 failures with their root cause, live and after the run:
 
-- ``start``: ``restart`` (0, 1, ...), ``tasks`` (names), ``pids``;
-- ``failure``: ``restart``, ``task``, ``pid``, ``returncode``, ``message`` (one line),
-  ``tail`` (the task's last output lines: the root cause), ``traceback`` (its last Python
-  traceback, whole, chained exceptions included; ``[]`` if it printed none);
+- ``start``: ``restart`` (0, 1, ...), ``tasks`` (names as TF_CONFIG gives them, ``chief_0``,
+  ``worker_1``, ``ps_2``: the names of the metrics files), ``ranks`` (their global ranks),
+  ``pids``;
+- ``failure``: ``restart``, ``task``, ``rank`` (under the launcher), ``pid``, ``returncode``,
+  ``message`` (one line), ``tail`` (the task's last output lines: the root cause),
+  ``traceback`` (its last Python traceback, whole, chained exceptions included; ``[]`` if it
+  printed none);
 - ``restart``: ``restart`` (the coming start), ``message``;
 - ``end``: ``exit_code``, ``message`` (the launcher's summary, several lines).
 """
@@ -50,7 +53,13 @@ class EventLog:
             file.write(line)
 
     def failure(self, *, restart: int, task: str, pid: int, returncode: int, message: str,
-                tail: Sequence[str], traceback: Sequence[str] = ()) -> None:
-        """Appends a ``failure`` event: the first task that failed in start ``restart``."""
-        self.append("failure", restart=restart, task=task, pid=pid, returncode=returncode,
-                    message=message, tail=list(tail), traceback=list(traceback))
+                tail: Sequence[str], traceback: Sequence[str] = (),
+                rank: int | None = None) -> None:
+        """Appends a ``failure`` event: the first task that failed in start ``restart``.
+
+        ``rank``, the task's global rank, is written when given (``stratax launch`` does).
+        """
+        ranked = {} if rank is None else {"rank": rank}
+        self.append("failure", restart=restart, task=task, **ranked, pid=pid,
+                    returncode=returncode, message=message, tail=list(tail),
+                    traceback=list(traceback))

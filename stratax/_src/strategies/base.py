@@ -37,6 +37,7 @@ from stratax._src.strategies import transport
 from stratax._src.strategies.cross_device_ops import CrossDeviceOps
 from stratax._src.strategies.replica_context import CORE_AXIS, REPLICA_AXIS, ReplicaContext
 from stratax._src.strategies.run_compiler import RunCompiler
+from stratax._src.strategies.run_options import check_run_options
 
 
 class Strategy:
@@ -191,9 +192,10 @@ class Strategy:
 
         Raises:
             RuntimeError: called inside another ``run``.
+            TypeError: ``options`` is not an ``sx.RunOptions``.
             ValueError: a ``PerReplica`` argument has the wrong number of replicas.
         """
-        del options  # Accepted for TensorFlow compatibility (``RunOptions``); XLA decides.
+        check_run_options(options)  # TensorFlow's options; XLA decides what they decided
         if context.in_replica_function():
             raise RuntimeError(
                 "`strategy.run` was called inside a replica function; call it once, from the "

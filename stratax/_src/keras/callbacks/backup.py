@@ -223,7 +223,9 @@ class BackupAndRestore(keras.callbacks.Callback):
                 f"The backup in {self.backup_dir!r} has format {meta.get('format')!r}; this "
                 f"stratax reads formats 1 and {_FORMAT}. Use another backup_dir, or delete this "
                 "one to start over.")
-        for variable, value in _match(arrays, self._state_variables(), self.backup_dir):
+        for variable, value in checkpoint_io.match(arrays, self._state_variables(),
+                                                   f"The backup in {self.backup_dir!r}",
+                                                   "backup_dir"):
             variable.assign(value)
         runner_for(self._strategy).after_restore(self.model)
         runner_for(self._strategy).restore_held_elsewhere(
@@ -273,29 +275,6 @@ def wait_for_writes(backup_dir: str) -> None:
         pending = _pending.pop(os.path.abspath(backup_dir), None)
     if pending is not None:
         pending.result()
-
-
-def _match(arrays: dict[str, np.ndarray], variables: dict[str, Any], backup_dir: str
-           ) -> list[tuple[Any, np.ndarray]]:
-    """Pairs saved arrays with variables: by name when the names agree, else by position when
-    count and shapes agree (a model built again in one process has new automatic names, e.g.
-    ``sequential_1/dense_2``; a format-1 backup has no names).
-
-    Raises:
-        ValueError: neither way pairs every variable with an array of its shape.
-    """
-    if arrays.keys() == variables.keys():
-        pairs = [(variables[name], value) for name, value in arrays.items()]
-    else:
-        pairs = list(zip(variables.values(), arrays.values(), strict=False))
-    if len(arrays) == len(variables) and all(
-            tuple(value.shape) == tuple(v.shape) for v, value in pairs):
-        return pairs
-    missing = sorted(variables.keys() - arrays.keys())[:5]
-    raise ValueError(
-        f"The backup in {backup_dir!r} does not match this model and optimizer "
-        f"({len(arrays)} saved arrays, {len(variables)} variables now; not in the backup: "
-        f"{missing}). Use another backup_dir, or delete this one to start over.")
 
 
 def _running_feed() -> Any:
