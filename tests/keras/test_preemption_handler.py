@@ -3,7 +3,7 @@
 A SIGTERM to this process (or a ``termination_watcher_fn`` saying so) makes the next ``run``
 call save and exit; a handler made again restores the weights, the optimizer and
 ``total_run_calls``, and the loop resumes to the weights of an uninterrupted loop. The
-two-worker case, with a real preemption, is tests/multiprocess/test_preemption_handler.py.
+two-worker case, with a real preemption, is tests/multiprocess/test_preemption_resume.py.
 """
 
 import os
