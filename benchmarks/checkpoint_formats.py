@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.cluster import drop_page_cache
 from stratax._src.parameter_server import sharded_checkpoint
 
 HERE = Path(__file__).parent
@@ -129,15 +130,6 @@ def _phase(target: Any, fmt: str, root: Path, parts: list[tuple[int, int]], extr
     return max(r[1] for r in results), [round(r[2], 1) for r in sorted(results)]
 
 
-def _drop_caches() -> bool:
-    os.sync()
-    try:
-        Path("/proc/sys/vm/drop_caches").write_text("3\n")
-        return True
-    except OSError:
-        return False
-
-
 def measure(fmt: str, args: argparse.Namespace) -> dict[str, Any]:
     total_mb = 3 * args.rows * args.dim * 4 / 1e6
     writers, readers = _ranges(args.rows, args.writers), _ranges(args.rows, args.readers)
@@ -150,7 +142,7 @@ def measure(fmt: str, args: argparse.Namespace) -> dict[str, Any]:
                     _zarr(root / state, args.rows, args.dim, args.chunk_rows, True)
             write_s, write_extra = _phase(_writer, fmt, root, writers, args.rows, args.dim,
                                           args.chunk_rows)
-            dropped = _drop_caches()
+            dropped = drop_page_cache()
             read_s, read_extra = _phase(_reader, fmt, root, readers, writers, args.dim,
                                         args.chunk_rows)
             disk = sum(f.stat().st_size for f in root.rglob("*") if f.is_file())

@@ -121,3 +121,14 @@ def run_cluster(argv: Sequence[str], spec: Mapping[str, list[str]], timeout: flo
                 os.waitpid(proc.pid, 0)
                 proc.returncode = -9
     return ClusterRun((log_dir / f"{log_prefix}chief0.log").read_text(), codes, peaks, log_dir)
+
+
+def drop_page_cache() -> bool:
+    """Empties the page cache where this process may (root), so the next reads come from the
+    disk; returns whether it could."""
+    os.sync()
+    try:
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+        return True
+    except OSError:
+        return False

@@ -42,7 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.cluster import cluster_spec, run_cluster
+from benchmarks.cluster import cluster_spec, drop_page_cache, run_cluster
 
 HERE = Path(__file__).parent
 BATCH, IDS_PER_EXAMPLE, HEAD = 256, 20, 16
@@ -96,16 +96,6 @@ def dataset_fn(input_context):
         yield ids, labels
 
 
-def _drop_caches() -> bool:
-    """Empties the page cache where this process may (root), so reads come from the disk."""
-    os.sync()
-    try:
-        Path("/proc/sys/vm/drop_caches").write_text("3\n")
-        return True
-    except OSError:
-        return False
-
-
 def _peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
@@ -131,7 +121,7 @@ def keras_main(strategy, result: dict) -> None:
     result["create_s"] = time.perf_counter() - start
     print(strategy.describe_variables(), flush=True)
     if ARGS.restore:  # another run's checkpoint, written by another number of ps
-        result["caches_dropped"] = _drop_caches()
+        result["caches_dropped"] = drop_page_cache()
         begin = time.perf_counter()
         strategy.restore_checkpoint(ARGS.restore, model.variables)  # placed here if need be
         result.update(restore_s=time.perf_counter() - begin,
@@ -158,7 +148,7 @@ def keras_main(strategy, result: dict) -> None:
         begin = time.perf_counter()
         strategy.save_checkpoint(ARGS.checkpoint)
         result["checkpoint_write_s"] = time.perf_counter() - begin
-        result["caches_dropped"] = _drop_caches()  # the restore reads the disk, not the cache
+        result["caches_dropped"] = drop_page_cache()  # the restore reads the disk, not the cache
         begin = time.perf_counter()
         strategy.restore_checkpoint(ARGS.checkpoint)
         result["checkpoint_restore_s"] = time.perf_counter() - begin
