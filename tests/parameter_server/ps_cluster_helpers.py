@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from stratax._src.launch.network import reserve_free_ports
+
 HERE = Path(__file__).parent
 
 
@@ -23,6 +25,13 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def cluster_addresses(jobs: dict[str, int]) -> dict[str, list[str]]:
+    """A cluster spec on 127.0.0.1 whose ports were reserved together, so no two tasks get
+    the same one (ports taken one call at a time may repeat)."""
+    ports = iter(reserve_free_ports(sum(jobs.values())))
+    return {job: [f"127.0.0.1:{next(ports)}" for _ in range(n)] for job, n in jobs.items()}
 
 
 class Cluster:
@@ -40,7 +49,7 @@ class Cluster:
         ``"ps0"``) run ``stratax server`` instead of the program; ``env`` is added to every
         task's environment; ``clusters`` maps a task name to ``f(spec) -> cluster`` for a task
         given another TF_CONFIG cluster than the others."""
-        spec = {job: [f"127.0.0.1:{free_port()}" for _ in range(n)] for job, n in jobs.items()}
+        spec = cluster_addresses(jobs)
         base = {k: v for k, v in os.environ.items()
                 if not k.startswith("STRATAX_") and k not in ("TF_CONFIG", "PYTEST_CURRENT_TEST")}
         for job, addresses in spec.items():
@@ -130,8 +139,7 @@ def local_servers(ps: int = 2, workers: int = 1):
     the end, before the servers)."""
     import stratax as sx
 
-    spec = {job: [f"127.0.0.1:{free_port()}" for _ in range(n)]
-            for job, n in {"chief": 1, "worker": workers, "ps": ps}.items()}
+    spec = cluster_addresses({"chief": 1, "worker": workers, "ps": ps})
     servers = [sx.Server(spec, job_name=job, task_index=i, timeout_seconds=20)
                for job in ("ps", "worker") for i in range(len(spec[job]))]
     strategies = []
