@@ -338,8 +338,8 @@ def _read(path: str | os.PathLike) -> tuple[list[dict[str, Any]], Any]:
     """The entries of the checkpoint ``path`` and its arrays by entry number (``value/<i>``,
     ``slot/<i>/<slot>``): a dict for a ``.npz`` file, a reader for a sharded directory."""
     if sharded_checkpoint.is_sharded(path):
-        _, entries = sharded_checkpoint.read_manifest(path)
-        return entries, _ShardedArrays(path, entries)
+        version, entries = sharded_checkpoint.read_manifest(path)
+        return entries, _ShardedArrays(version, entries)
     with np.load(path, allow_pickle=False) as npz:
         data = {k: np.array(npz[k]) for k in npz.files}
     header = json.loads(data.pop(HEADER).tobytes())
@@ -357,12 +357,12 @@ def _read(path: str | os.PathLike) -> tuple[list[dict[str, Any]], Any]:
 
 class _ShardedArrays:
     """``data[key]`` of ``_read`` for a sharded checkpoint: each array assembled from its parts
-    when asked for."""
+    when asked for, from the version the manifest was read from (read once)."""
 
-    def __init__(self, path: str | os.PathLike, entries: list[dict[str, Any]]) -> None:
-        self._path, self._entries = path, entries
+    def __init__(self, version: Path, entries: list[dict[str, Any]]) -> None:
+        self._version, self._entries = version, entries
 
     def __getitem__(self, key: str) -> np.ndarray:
         kind, index, *slot = key.split("/")
-        return sharded_checkpoint.load_whole(self._path, self._entries[int(index)],
+        return sharded_checkpoint.load_whole(self._version, self._entries[int(index)],
                                              slot[0] if kind == "slot" else None)

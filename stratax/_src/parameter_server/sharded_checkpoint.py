@@ -283,11 +283,10 @@ def read_manifest(path: str | os.PathLike, version_name: str | None = None
     return root / name, header["variables"]
 
 
-def load_whole(path: str | os.PathLike, entry: dict[str, Any], slot: str | None = None
-               ) -> np.ndarray:
-    """The whole value (or ``slot``) of one manifest ``entry`` of the checkpoint ``path``,
-    assembled from its parts (``sx.checkpoint.load_variables``)."""
-    version, _ = read_manifest(path)
+def load_whole(version: Path, entry: dict[str, Any], slot: str | None = None) -> np.ndarray:
+    """The whole value (or ``slot``) of one manifest ``entry`` of the checkpoint version
+    directory ``version`` (from ``read_manifest``), assembled from its parts
+    (``sx.checkpoint.load_variables``)."""
     value = np.empty(entry["shape"], entry["dtype"])
     rows = entry["shape"][0] if entry["shape"] else 1
     read_rows_into(value, version, _sources(entry["parts"], 0, rows), f".{slot}" if slot else "")
