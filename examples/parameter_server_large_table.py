@@ -26,11 +26,15 @@ DIM, IDS, BATCH = 16, 8, 256
 
 
 def dataset_fn(input_context):
-    """Runs on each worker (sent by name): user ids; a user likes the item if its id is even."""
+    """Runs on each worker (sent by name): item ids, most of them from a thousand popular
+    items spread over the whole table, as in a recommender's logs; the label is whether the
+    first item's id is even."""
     rng = np.random.default_rng(input_context.input_pipeline_id)
     rows = int(os.environ["EXAMPLE_ROWS"])
+    popular = np.arange(0, rows, rows // 1000 | 1, dtype=np.int32)  # odd: both parities
     while True:
-        ids = rng.integers(0, rows, size=(BATCH, IDS)).astype(np.int32)
+        ids = np.where(rng.random((BATCH, IDS)) < 0.9, rng.choice(popular, (BATCH, IDS)),
+                       rng.integers(0, rows, size=(BATCH, IDS))).astype(np.int32)
         yield ids, (ids[:, :1] % 2 == 0).astype(np.float32)
 
 

@@ -44,3 +44,46 @@ def test_push_with_pull_over_two_shards_reads_after_the_update(two_ps):
     np.testing.assert_array_equal(again[0], expected)
     with pytest.raises(ValueError, match="asynchronous"):
         two_ps.push("c0:1", [(desc, rows, grad)], sync=2, pull=([desc], [None]))
+
+
+def _table_on_two_ps(two_ps, optimizer="SGD"):
+    table = np.arange(20, dtype=np.float32).reshape(10, 2)
+    desc = {"name": "t", "shape": [10, 2], "dtype": "float32",
+            "shards": [[0, "t/part_0", 0, 5], [1, "t/part_1", 5, 5]]}
+    for ps, key, start, count in desc["shards"]:
+        two_ps.clients[ps].call("create", {"names": [key]}, [table[start:start + count]])
+        two_ps.clients[ps].call("set_optimizer", {
+            "names": [key], "sparse_updates": "lazy",
+            "spec": {"class_name": optimizer, "config": {"learning_rate": 1.0}}})
+    return table, desc
+
+
+def test_a_rerun_reads_what_a_step_applied_by_one_ps_only_read(two_ps):
+    """A worker that died pushing synchronous step c1:0 reached ps 1, not ps 0: ps 1 applied
+    the step, ps 0 waits. The re-run reads, with the step's id, the values from before it on
+    both, so it pushes the gradient the dead worker computed; a later step reads the new ones."""
+    table, desc = _table_on_two_ps(two_ps)
+    rows, grad = np.array([1, 7], np.int64), np.ones((2, 2), np.float32)
+    two_ps.push("c1:0", [(desc, rows, grad)], sync=2, worker=0)
+    two_ps.clients[1].call("push", {"step": "c1:0", "dense": [], "sparse": ["t/part_1"],
+                                    "sync": 2, "worker": 1}, [rows[1:] - 5, grad[1:]])
+    np.testing.assert_array_equal(two_ps.pull([desc], [rows], step="c1:0")[0], table[rows])
+    assert two_ps.pull([desc], [rows])[0][1, 0] == table[7, 0] - 2.0  # ps 1 applied it
+    two_ps.push("c1:0", [(desc, rows, grad)], sync=2, worker=1)     # the re-run's push
+    expected = table.copy()
+    expected[rows] -= 2.0
+    np.testing.assert_array_equal(two_ps.pull([desc], [None], after="c1:0")[0], expected)
+    with pytest.raises(rpc.RemoteError, match="did not push"):
+        two_ps.pull([desc], [np.array([2, 8], np.int64)], step="c1:0")
+
+
+def test_a_rerun_reads_a_whole_shard_from_before_its_last_step(two_ps):
+    table, desc = _table_on_two_ps(two_ps)
+    grad = np.ones((10, 2), np.float32)
+    for worker in range(2):
+        two_ps.push("c1:0", [(desc, None, grad)], sync=2, worker=worker)
+    np.testing.assert_array_equal(two_ps.pull([desc], step="c1:0")[0], table)
+    np.testing.assert_array_equal(two_ps.pull([desc], step="c0:0")[0], table - 2.0)
+    for worker in range(2):
+        two_ps.push("c2:0", [(desc, None, grad)], sync=2, worker=worker)
+    np.testing.assert_array_equal(two_ps.pull([desc], step="c2:0")[0], table - 2.0)

@@ -6,6 +6,12 @@ carries a step id; a per-shard ledger of applied step ids makes a re-sent push (
 closure, a retried call) a no-op, so every step is applied at most once per shard, and
 ``iterations`` counts exactly the updates applied.
 
+A worker that dies while pushing a synchronous step may reach one ps and not another: the
+first applies the step, the second waits for the re-run's gradient. So that the re-run
+computes the gradient the dead worker computed, each shard keeps the values its last
+synchronous step read (the rows pushed, or the whole shard) from before that step, and a pull
+for that step id returns them.
+
 Every request is validated completely before any state changes, so a malformed or inconsistent
 request leaves the server as it was.
 """
@@ -42,6 +48,9 @@ class _Shard:
     # Synchronous mode: step id -> (workers heard from, gradients received so far).
     pending: dict[str, tuple[set[int], list[tuple[Any, np.ndarray]]]] = dataclasses.field(
         default_factory=dict)
+    # Synchronous mode: (step id, rows or None for the whole shard, their values before it)
+    # of the last step applied, what a re-run of that step reads (see the module docstring).
+    before: tuple[str, np.ndarray | None, np.ndarray] | None = None
 
 
 def _names(meta: dict[str, Any], key: str = "names") -> list[str]:
@@ -179,10 +188,14 @@ class ParameterServer(rpc.Dispatcher):
 
     def _pull(self, frame: wire.Frame) -> bytes:
         """Whole shards named in ``names``, then the rows (one index tensor each) of the shards
-        in ``row_names``; with ``after``, once that synchronous step is applied."""
+        in ``row_names``; with ``after``, once that synchronous step is applied; with ``step``,
+        the values that step read if it is the last one applied (a re-run)."""
         wanted = self._pull_plan(frame.meta, frame.tensors)
         after, deadline = self._after(frame.meta)
-        return rpc.response({}, self._read(wanted, after, deadline))
+        step = frame.meta.get("step")
+        if step is not None and not isinstance(step, str):
+            raise wire.WireError(f"Field 'step' must be a step id string, got {step!r}.")
+        return rpc.response({}, self._read(wanted, after, deadline, step))
 
     def _pull_plan(self, meta: dict[str, Any], tensors: list[np.ndarray]
                    ) -> list[tuple[str, _Shard, np.ndarray | None]]:
@@ -197,12 +210,15 @@ class ParameterServer(rpc.Dispatcher):
         return wanted
 
     def _read(self, wanted: list[tuple[str, _Shard, np.ndarray | None]], after: str | None,
-              deadline: float) -> list[np.ndarray]:
+              deadline: float, step: str | None = None) -> list[np.ndarray]:
         values = []
         for name, shard, rows in wanted:
             with shard.lock:
                 self._wait_applied(name, shard, after, deadline)
-                values.append(shard.value.copy() if rows is None else shard.value[rows])
+                if step is not None and shard.before is not None and shard.before[0] == step:
+                    values.append(_before(name, shard.before, rows))
+                else:
+                    values.append(shard.value.copy() if rows is None else shard.value[rows])
                 if rows is None:
                     shard.whole_pulls += 1
                 else:
@@ -299,6 +315,7 @@ class ParameterServer(rpc.Dispatcher):
                         continue
                     del shard.pending[step]
                     rows, grad = _summed(grads)
+                    shard.before = _kept_before(step, shard, rows)
                 start = time.perf_counter()
                 if rows is None:
                     shard.optimizer.apply_dense(shard.value, grad)
@@ -353,6 +370,35 @@ def _excerpt(rows: np.ndarray) -> str:
     """The first out-of-order place of ``rows`` for an error message."""
     bad = int(np.argmax(rows[1:] <= rows[:-1]))
     return f"rows[{bad}]={rows[bad]} then rows[{bad + 1}]={rows[bad + 1]} (of {rows.size})"
+
+
+def _kept_before(step: str, shard: _Shard, rows: np.ndarray | None
+                 ) -> tuple[str, np.ndarray | None, np.ndarray]:
+    """What synchronous step ``step`` read of ``shard`` (its pushed ``rows``, or the whole
+    shard), before it is applied; the whole shard's buffer is reused from step to step."""
+    if rows is not None:
+        return step, rows, shard.value[rows]
+    kept = shard.before
+    buffer = (kept[2] if kept is not None and kept[1] is None
+              else np.empty_like(shard.value))
+    np.copyto(buffer, shard.value)
+    return step, None, buffer
+
+
+def _before(name: str, before: tuple[str, np.ndarray | None, np.ndarray],
+            rows: np.ndarray | None) -> np.ndarray:
+    """The values of ``rows`` (None: the whole shard) before the last synchronous step, for a
+    re-run of that step, which reads what the step read."""
+    step, kept_rows, values = before
+    if kept_rows is None:
+        return values.copy() if rows is None else values[rows]
+    at = np.searchsorted(kept_rows, rows) if rows is not None else None
+    if at is None or (at.size and (at.max() >= kept_rows.size
+                                   or not (kept_rows[at] == rows).all())):
+        raise RuntimeError(
+            f"A re-run of synchronous step {step} reads rows of {name!r} that the step did not "
+            "push; the step's values cannot be read again. This is a bug in the worker's step.")
+    return values[at]
 
 
 def _summed(grads: list[tuple[Any, np.ndarray]]) -> tuple[Any, np.ndarray]:

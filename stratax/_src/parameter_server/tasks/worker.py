@@ -303,7 +303,7 @@ class WorkerService(rpc.Dispatcher):
         mode), the rest from the parameter servers."""
         local = [i for i, v in enumerate(reads.variables) if v["name"] in program.resident]
         if not local:
-            return self._ps.pull(reads.variables, reads.rows, after, session)
+            return self._ps.pull(reads.variables, reads.rows, after, session, step)
         remote = [i for i in range(len(reads.variables)) if i not in set(local)]
         values: list[Any] = [None] * len(reads.variables)
         for i, value in zip(local, self._replica.read([reads.variables[i] for i in local],
@@ -311,7 +311,7 @@ class WorkerService(rpc.Dispatcher):
             values[i] = value
         if remote:
             pulled = self._ps.pull([reads.variables[i] for i in remote],
-                                   [reads.rows[i] for i in remote], after, session)
+                                   [reads.rows[i] for i in remote], after, session, step)
             for i, value in zip(remote, pulled, strict=True):
                 values[i] = value
         return values

@@ -59,15 +59,19 @@ class PSClients:
         return lambda: recovery.with_retries(lambda: call(client), client.name, self.timeout)
 
     def pull(self, variables: Sequence[VarDesc], rows: Sequence[np.ndarray | None] | None = None,
-             after: str | None = None, session: str | None = None) -> list[np.ndarray]:
+             after: str | None = None, session: str | None = None,
+             step: str | None = None) -> list[np.ndarray]:
         """Values of ``variables``, one call per ps: whole (shards concatenated along axis 0)
         where ``rows[i]`` is None, else ``var[rows[i]]`` for sorted distinct global rows. With
-        ``after``, once synchronous step ``after`` is applied to each shard. ``session``: the
-        chief session whose closure makes the call (see ``chief_session``)."""
+        ``after``, once synchronous step ``after`` is applied to each shard. ``step``: the
+        synchronous step the values are read for (a shard that already applied it, for a
+        re-run, gives what it read). ``session``: the chief session whose closure makes the
+        call (see ``chief_session``)."""
         plan = _PullPlan(variables, rows)
 
         def pull_from(ps: int) -> Callable[[rpc.RpcClient], list[np.ndarray]]:
             meta = {**plan.meta(ps), "after": after, **_session(session),
+                    **({"step": step} if step is not None else {}),
                     "wait_s": 0.8 * self.timeout}  # the ps gives up before the call deadline
             big = plan.nbytes[ps] > rpc.CHUNK_BYTES
             return lambda c: c.call("pull", meta, plan.local[ps], stream=big).tensors
