@@ -87,3 +87,17 @@ def test_a_rerun_reads_a_whole_shard_from_before_its_last_step(two_ps):
     for worker in range(2):
         two_ps.push("c2:0", [(desc, None, grad)], sync=2, worker=worker)
     np.testing.assert_array_equal(two_ps.pull([desc], step="c2:0")[0], table - 2.0)
+
+
+def test_a_synchronous_step_with_no_rows_of_a_worker_on_a_shard_is_applied(two_ps):
+    """Worker 1's rows all fall on shard 0: it still pushes (no rows) to shard 1, which
+    applies the step with worker 0's rows alone instead of waiting for worker 1."""
+    table, desc = _table_on_two_ps(two_ps)
+    two_ps.push("c1:0", [(desc, np.array([1, 7]), np.ones((2, 2), np.float32))], sync=2,
+                worker=0)
+    two_ps.push("c1:0", [(desc, np.array([1, 2]), np.ones((2, 2), np.float32))], sync=2,
+                worker=1)
+    expected = table.copy()
+    expected[[2, 7]] -= 1.0
+    expected[1] -= 2.0                                              # both workers' row
+    np.testing.assert_array_equal(two_ps.pull([desc], [None], after="c1:0")[0], expected)

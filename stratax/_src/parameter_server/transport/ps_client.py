@@ -109,7 +109,8 @@ class PSClients:
                     sparse_t[ps].extend([rows, grad])
                     continue
                 mask = (rows >= start) & (rows < start + count)
-                if mask.any():
+                # A synchronous step is applied once every worker pushed, rows or none.
+                if mask.any() or sync > 1:
                     sparse[ps].append(key)
                     sparse_t[ps].extend([rows[mask] - start, grad[mask]])
         plan = _PullPlan(*pull) if pull is not None else None
