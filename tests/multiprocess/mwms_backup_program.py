@@ -2,7 +2,9 @@
 
 Usage: python mwms_backup_program.py OUT_DIR BACKUP_DIR MODE STEP
 MODE: "none" (uninterrupted), "kill9" (worker 1 is SIGKILLed at global step STEP on the first
-start), "sigterm" (worker 1 receives SIGTERM at step STEP on the first start: a preemption).
+start), "sigterm" (worker 1 receives SIGTERM at step STEP on the first start: a preemption),
+"lost" (worker 1 is SIGKILLed at step STEP of every start: a slot lost for good, which an
+elastic launch drops).
 Each worker writes OUT_DIR/weights_<worker>.npz when training completes.
 """
 
@@ -30,7 +32,11 @@ class Fault(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         self.seen += 1
-        if not first_start or strategy.worker_index != 1 or self.seen != step:
+        if strategy.worker_index != 1 or self.seen != step:
+            return
+        if mode == "lost":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if not first_start:
             return
         if mode == "kill9":
             os.kill(os.getpid(), signal.SIGKILL)

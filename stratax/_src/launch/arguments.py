@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from stratax._src.core import env as env_names
-from stratax._src.launch.config import LaunchError
+from stratax._src.launch.config import LaunchError, parse_nproc
 from stratax._src.launch.launcher import launch
 from stratax._src.observe.arguments import add_dashboard_arguments, dashboard_from_args
 
@@ -23,12 +23,15 @@ EXIT_USAGE = 2  # argparse's code for a bad command line
 def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
     """Adds the ``stratax launch`` flags and the program positionals to ``parser``.
 
-    Usage: ``[--nproc-per-node N] [--nnodes M --node-rank R --coordinator host:port]
+    Usage: ``[--nproc-per-node N|MIN:MAX] [--nnodes M --node-rank R --coordinator host:port]
     [--max-restarts K] [--timeout S] [--log-dir DIR] [-m] program [args...]``. Everything after
     the program belongs to it; ``--`` may separate launcher flags from the program.
     """
-    parser.add_argument("--nproc-per-node", "--nproc_per_node", type=int, default=1,
-                        metavar="N", help="worker processes on this node (default: 1)")
+    parser.add_argument("--nproc-per-node", "--nproc_per_node", default=1, metavar="N|MIN:MAX",
+                        action=_WorkerRange,
+                        help="worker processes on this node (default: 1); MIN:MAX is elastic: "
+                             "a worker that fails past --max-restarts is dropped and the group "
+                             "goes on with the rest from its last backup, down to MIN")
     parser.add_argument("--nnodes", type=int, default=1, metavar="M",
                         help="nodes in the job, one launcher per node (default: 1)")
     parser.add_argument("--node-rank", "--node_rank", type=int, default=0, metavar="R",
@@ -62,6 +65,19 @@ def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("program", help="the script (or, with -m, module) every worker runs")
     parser.add_argument("program_args", nargs=argparse.REMAINDER,
                         help="arguments passed to the program")
+
+
+class _WorkerRange(argparse.Action):
+    """``--nproc-per-node N`` or ``MIN:MAX``: sets ``nproc_per_node`` (the maximum) and
+    ``min_nproc_per_node`` (``None`` unless elastic)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: object, option_string: str | None = None) -> None:
+        try:
+            minimum, maximum = parse_nproc(str(values))
+        except ValueError as err:
+            raise argparse.ArgumentError(self, str(err)) from None
+        namespace.nproc_per_node, namespace.min_nproc_per_node = maximum, minimum
 
 
 def python_command(program: str, args: Sequence[str] = (), *, module: bool = False) -> list[str]:
@@ -117,6 +133,7 @@ def _run_launch(args: argparse.Namespace, run_dir: str | None) -> int:
         result = launch(
             cmd,
             nproc_per_node=nproc_per_node,
+            min_nproc_per_node=getattr(args, "min_nproc_per_node", None),
             env=extra_env,
             nnodes=args.nnodes,
             node_rank=args.node_rank,
@@ -154,8 +171,10 @@ def parameter_server_layout(args: argparse.Namespace) -> tuple[int, dict[str, st
         raise ValueError(f"--workers and --ps go together, each at least 1 (got --workers "
                          f"{workers} --ps {ps}); e.g. "
                          "`stratax launch --workers 2 --ps 1 train.py`.")
-    if args.nproc_per_node != 1 or args.nnodes != 1:
-        raise ValueError("--workers/--ps start a one-node cluster of 1 + W + P processes; drop "
+    if (args.nproc_per_node != 1 or getattr(args, "min_nproc_per_node", None) is not None
+            or args.nnodes != 1):
+        raise ValueError("--workers/--ps start a one-node cluster of 1 + W + P processes (a "
+                         "failed worker or ps task rejoins the running chief); drop "
                          "--nproc-per-node and --nnodes.")
     extra = {env_names.STRATAX_PS_ROLES: f"{workers},{ps}"}
     if not (os.environ.get(env_names.STRATAX_PS_TOKEN)

@@ -63,6 +63,7 @@ class LaunchConfig:
     """
 
     nproc_per_node: int = 1
+    min_nproc_per_node: int | None = None
     nnodes: int = 1
     node_rank: int = 0
     coordinator: str | None = None
@@ -76,6 +77,18 @@ class LaunchConfig:
         _check_int("nproc_per_node", self.nproc_per_node, minimum=1,
                    fix="start at least one process per node, e.g. --nproc-per-node 2")
         _check_int("nnodes", self.nnodes, minimum=1, fix="use --nnodes 1 for a single machine")
+        if self.min_nproc_per_node is not None:
+            _check_int("min_nproc_per_node", self.min_nproc_per_node, minimum=1,
+                       fix="keep at least one worker, e.g. --nproc-per-node 1:2")
+            if self.min_nproc_per_node > self.nproc_per_node:
+                raise ValueError(
+                    f"--nproc-per-node {self.min_nproc_per_node}:{self.nproc_per_node}: the "
+                    "minimum is above the maximum; write MIN:MAX, e.g. 1:2.")
+            if self.nnodes > 1:
+                raise ValueError(
+                    f"--nproc-per-node {self.min_nproc_per_node}:{self.nproc_per_node} with "
+                    f"--nnodes {self.nnodes}: an elastic group shrinks on one node only; across "
+                    "hosts, restart the job with fewer nodes (it resumes from its backup).")
         _check_int("node_rank", self.node_rank, minimum=0, fix="number nodes from 0")
         if self.node_rank >= self.nnodes:
             raise ValueError(
@@ -115,6 +128,20 @@ class LaunchConfig:
     def global_rank(self, local_rank: int) -> int:
         """Global rank (``STRATAX_PROCESS_ID``) of this node's worker ``local_rank``."""
         return self.node_rank * self.nproc_per_node + local_rank
+
+
+def parse_nproc(text: str | int) -> tuple[int | None, int]:
+    """``(minimum, maximum)`` workers from ``--nproc-per-node``: ``N`` (minimum ``None``: not
+    elastic) or torchrun's elastic ``MIN:MAX``.
+
+    Example:
+        >>> parse_nproc("1:2")
+        (1, 2)
+    """
+    low, sep, high = str(text).partition(":")
+    if not (high if sep else low).isdigit() or (sep and not low.isdigit()):
+        raise ValueError(f"--nproc-per-node must be N or MIN:MAX (e.g. 2 or 1:2), got {text!r}.")
+    return (int(low), int(high)) if sep else (None, int(low))
 
 
 def _check_int(name: str, value: object, *, minimum: int, fix: str) -> None:

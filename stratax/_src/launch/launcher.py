@@ -5,7 +5,9 @@ any worker exits non-zero or dies by a signal, the others are stopped (SIGTERM, 
 then SIGKILL, by process group) and the group is restarted as a whole up to ``max_restarts``
 times (fresh ports, ``STRATAX_RESTART_COUNT`` + 1). A wall-clock ``timeout`` and SIGINT/SIGTERM
 to the launcher stop the group the same way: SIGTERM is forwarded and escalated to SIGKILL after
-``grace_period`` seconds, so a worker that ignores SIGTERM never keeps the launcher waiting. The
+``grace_period`` seconds, so a worker that ignores SIGTERM never keeps the launcher waiting. An
+elastic launch (``min_nproc_per_node``) drops a worker that keeps failing and goes on with the
+rest (see ``membership``). The
 summary names the worker where the failure began and quotes its traceback
 (docs/failures-and-signals.md). Worker failures are *returned* in a
 :class:`LaunchResult`; only problems that stop the launcher from starting workers raise.
@@ -28,6 +30,7 @@ from typing import TextIO
 from stratax._src.core import env as env_names
 from stratax._src.launch.child_env import build_worker_specs
 from stratax._src.launch.config import Address, LaunchConfig
+from stratax._src.launch.membership import Membership
 from stratax._src.launch.network import (
     LOOPBACK,
     ensure_port_free,
@@ -105,6 +108,7 @@ class LaunchResult:
     elapsed: float
     summary: str
     outputs: Mapping[int, list[str]] | None = None
+    workers: int = 0  # workers of the last start (an elastic launch may have dropped some)
 
     @property
     def ok(self) -> bool:
@@ -121,6 +125,7 @@ def launch(
     cmd: Sequence[str],
     nproc_per_node: int = 1,
     *,
+    min_nproc_per_node: int | None = None,
     nnodes: int = 1,
     node_rank: int = 0,
     coordinator: str | None = None,
@@ -141,11 +146,15 @@ def launch(
     Args:
         cmd: the full command of every worker, e.g. ``[sys.executable, "train.py", "--lr=1"]``.
         nproc_per_node: workers started on this node.
+        min_nproc_per_node: makes the launch elastic (torchrun's ``--nproc-per-node MIN:MAX``):
+            a worker slot that fails more than ``max_restarts`` times is dropped and the group
+            restarts with the slots left, down to this many; ``None``: not elastic.
         nnodes: nodes in the job; with more than one, run one launcher per node.
         node_rank: this node's index in ``0..nnodes-1``; node 0 hosts the coordinator.
         coordinator: ``host:port`` of the coordinator. Default on one node: ``127.0.0.1`` and a
             free port; required when ``nnodes > 1``.
-        max_restarts: restarts of the whole group after a worker failure before giving up.
+        max_restarts: restarts of the whole group after a worker failure before giving up
+            (elastic: the failures each slot may have before it is dropped).
         timeout: wall-clock seconds for the whole launch, restarts included; ``None`` = no limit.
         grace_period: seconds between SIGTERM and SIGKILL when stopping workers.
         coordinator_wait: seconds a node with ``node_rank > 0`` retries reaching the coordinator.
@@ -174,7 +183,8 @@ def launch(
             f"got {cmd!r}."
         )
     config = LaunchConfig(
-        nproc_per_node=nproc_per_node, nnodes=nnodes, node_rank=node_rank,
+        nproc_per_node=nproc_per_node, min_nproc_per_node=min_nproc_per_node,
+        nnodes=nnodes, node_rank=node_rank,
         coordinator=coordinator, max_restarts=max_restarts, timeout=timeout,
         grace_period=grace_period, coordinator_wait=coordinator_wait, log_dir=log_dir,
     )
@@ -224,11 +234,14 @@ class _Launcher:
                     self._group.teardown(0.0)
 
     def _run(self, started: float) -> LaunchResult:
-        config = self._config
-        deadline = None if config.timeout is None else started + config.timeout
+        deadline = None if self._config.timeout is None else started + self._config.timeout
+        members = Membership(self._config.nproc_per_node, self._config.min_nproc_per_node,
+                             self._config.max_restarts)
         failures: list[TaskFailure] = []
-        for restart in range(config.max_restarts + 1):
-            coordinator, ports = self._prepare(deadline)
+        restart = 0
+        while True:
+            config = dataclasses.replace(self._config, nproc_per_node=members.size)
+            coordinator, ports = self._prepare(config, deadline)
             if self._stop.is_set():
                 return self._result(started, restart, failures, interrupted=True)
             specs = build_worker_specs(config, coordinator, restart, self._base_env, ports)
@@ -252,21 +265,35 @@ class _Launcher:
                 failures.append(_failure_of(lost[0], restart, reporter=(cause, lost[1])) if lost
                                 else _failure_of(cause, restart))
                 self._record_failure(failures[-1])
-                if restart < config.max_restarts and not self._stop.is_set():
-                    self._notice(f"{failures[-1].describe()}; restarting the group "
-                                 f"(restart {restart + 1} of {config.max_restarts}).")
-                    if self._events is not None:
-                        self._events.append("restart", restart=restart + 1,
-                                            message=f"restart {restart + 1} of "
-                                                    f"{config.max_restarts}")
+                step = members.after_failure(failures[-1].local_rank, restart)
+                if step != "stop" and not self._stop.is_set():
+                    restart += 1
+                    self._restarting(failures[-1], members, step, restart)
                     continue
             return self._result(started, restart, failures, timed_out=outcome == "timeout",
-                                interrupted=self._stop.is_set())
-        raise RuntimeError("unreachable: the restart loop always returns")  # pragma: no cover
+                                interrupted=self._stop.is_set(), members=members)
 
-    def _prepare(self, deadline: float | None) -> tuple[Address, list[int] | None]:
+    def _restarting(self, failure: TaskFailure, members: Membership, step: str,
+                    restart: int) -> None:
+        """Tells the user, and the run's journal, why the group starts again and with whom."""
+        if step == "drop":
+            text = (f"worker slot {members.dropped[-1]} failed "
+                    f"{members.failures(members.dropped[-1])} time(s) and is dropped; the group "
+                    f"restarts with {members.size} worker(s) (at least "
+                    f"{members.minimum}), from its last backup")
+        elif members.minimum is not None:
+            slot = members.slots[failure.local_rank]
+            text = (f"restart {restart} (worker slot {slot}: failure {members.failures(slot)} "
+                    f"of {self._config.max_restarts} allowed)")
+        else:
+            text = f"restart {restart} of {self._config.max_restarts}"
+        self._notice(f"{failure.describe()}; restarting the group ({text}).")
+        if self._events is not None:
+            self._events.append("restart", restart=restart, workers=members.size, message=text)
+
+    def _prepare(self, config: LaunchConfig,
+                 deadline: float | None) -> tuple[Address, list[int] | None]:
         """Coordinator address and (single node) TF_CONFIG ports for the next start."""
-        config = self._config
         fixed = config.coordinator_address
         if config.nnodes == 1:
             if fixed is None:
@@ -343,7 +370,8 @@ class _Launcher:
         return True
 
     def _result(self, started: float, restart: int, failures: list[TaskFailure], *,
-                timed_out: bool = False, interrupted: bool = False) -> LaunchResult:
+                timed_out: bool = False, interrupted: bool = False,
+                members: Membership | None = None) -> LaunchResult:
         group, self._group = self._group, None
         workers = group.workers if group is not None else []
         signame = signal.Signals(self._signum).name if interrupted and self._signum else None
@@ -363,6 +391,9 @@ class _Launcher:
         else:
             exit_code = 0
             text = f"all {len(workers)} worker(s) exited with code 0 ({restart} restart(s))."
+            if members is not None and members.dropped:
+                text = text[:-1] + (f"; worker slot(s) {members.dropped} were dropped after "
+                                    "failing past their restarts.")
         outputs = None
         if self._capture:
             outputs = {w.spec.global_rank: w.output.captured() or [] for w in workers}
@@ -370,7 +401,7 @@ class _Launcher:
             exit_code=exit_code, restarts=restart, failures=tuple(failures),
             timed_out=timed_out and signame is None, interrupted_by=signame,
             elapsed=time.monotonic() - started, summary="stratax launch: " + text,
-            outputs=outputs,
+            outputs=outputs, workers=len(workers),
         )
 
     def _record_failure(self, failure: TaskFailure) -> None:
