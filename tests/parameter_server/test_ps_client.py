@@ -22,7 +22,8 @@ def two_ps():
         server.stop(0)
 
 
-def test_push_with_pull_over_two_shards_reads_after_the_update(two_ps):
+def _table_on_two_ps(two_ps):
+    """A 10 x 2 table in two shards of 5 rows, one per ps, trained by SGD(1.0)."""
     table = np.arange(20, dtype=np.float32).reshape(10, 2)
     desc = {"name": "t", "shape": [10, 2], "dtype": "float32",
             "shards": [[0, "t/part_0", 0, 5], [1, "t/part_1", 5, 5]]}
@@ -31,6 +32,11 @@ def test_push_with_pull_over_two_shards_reads_after_the_update(two_ps):
         two_ps.clients[ps].call("set_optimizer", {
             "names": [key], "sparse_updates": "lazy",
             "spec": {"class_name": "SGD", "config": {"learning_rate": 1.0}}})
+    return table, desc
+
+
+def test_push_with_pull_over_two_shards_reads_after_the_update(two_ps):
+    table, desc = _table_on_two_ps(two_ps)
     rows = np.array([1, 7], np.int64)                       # one row on each shard
     grad = np.ones((2, 2), np.float32)
     wanted = np.array([0, 7, 9], np.int64)
@@ -44,18 +50,6 @@ def test_push_with_pull_over_two_shards_reads_after_the_update(two_ps):
     np.testing.assert_array_equal(again[0], expected)
     with pytest.raises(ValueError, match="asynchronous"):
         two_ps.push("c0:1", [(desc, rows, grad)], sync=2, pull=([desc], [None]))
-
-
-def _table_on_two_ps(two_ps, optimizer="SGD"):
-    table = np.arange(20, dtype=np.float32).reshape(10, 2)
-    desc = {"name": "t", "shape": [10, 2], "dtype": "float32",
-            "shards": [[0, "t/part_0", 0, 5], [1, "t/part_1", 5, 5]]}
-    for ps, key, start, count in desc["shards"]:
-        two_ps.clients[ps].call("create", {"names": [key]}, [table[start:start + count]])
-        two_ps.clients[ps].call("set_optimizer", {
-            "names": [key], "sparse_updates": "lazy",
-            "spec": {"class_name": optimizer, "config": {"learning_rate": 1.0}}})
-    return table, desc
 
 
 def test_a_rerun_reads_what_a_step_applied_by_one_ps_only_read(two_ps):
