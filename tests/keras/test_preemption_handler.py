@@ -79,7 +79,7 @@ def test_sigterm_saves_at_the_next_run_and_a_new_handler_resumes(tmp_path, unint
     _train(resumed, handler)
     for got, want in zip(resumed.get_weights(), uninterrupted, strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
-    handler._give_back()  # the run ended without a notice: the test's SIGTERM handler back
+    handler._sigterm.give_back()  # the run ended without a notice: the test's handler back
 
 
 def test_termination_watcher_and_save_fn(tmp_path):

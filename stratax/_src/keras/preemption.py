@@ -156,10 +156,8 @@ class PreemptionCheckpointHandler:
         self._config = termination_config or TerminationConfig()
         self._run_calls = 0
         self._notice = threading.Event()
-        self._give_back_sigterm: Callable[[], None] | None = None
-        self._previous_handler: Any = None
         self._restore()
-        self._watch_sigterm()
+        self._sigterm = worker_exit.SigtermNotice(self._multi_process, self._notice)
 
     @property
     def total_run_calls(self) -> int:
@@ -184,7 +182,7 @@ class PreemptionCheckpointHandler:
         if not self._preemption_reached():
             return
         self._save()
-        self._give_back()
+        self._sigterm.give_back()
         exit_fn = self._config.exit_fn
         if exit_fn is not None:
             exit_fn()
@@ -201,7 +199,7 @@ class PreemptionCheckpointHandler:
 
     def _announce(self) -> None:
         """A notice from ``termination_watcher_fn``: JAX's notifier hears it as a SIGTERM."""
-        if self._multi_process and self._give_back_sigterm is not None:
+        if self._sigterm.routed:
             os.kill(os.getpid(), signal.SIGTERM)
         else:
             self._notice.set()
@@ -232,20 +230,3 @@ class PreemptionCheckpointHandler:
             variable.assign(value)
         self._run_calls = int(meta["total_run_calls"])
         logger.info("Restored %s at run call %d.", self._dir, self._run_calls)
-
-    def _watch_sigterm(self) -> None:
-        if self._multi_process:  # SIGTERM becomes a notice all workers hear at one step
-            self._give_back_sigterm = worker_exit.route_sigterm_to_preemption()
-            return
-        if threading.current_thread() is threading.main_thread():
-            self._previous_handler = signal.signal(signal.SIGTERM,
-                                                   lambda *_: self._notice.set())
-
-    def _give_back(self) -> None:
-        """SIGTERM ends the program again, as before the handler was made."""
-        if self._give_back_sigterm is not None:
-            self._give_back_sigterm()
-            self._give_back_sigterm = None
-        if self._previous_handler is not None:
-            signal.signal(signal.SIGTERM, self._previous_handler)
-            self._previous_handler = None

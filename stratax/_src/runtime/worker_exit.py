@@ -143,6 +143,36 @@ def route_sigterm_to_preemption() -> Callable[[], None] | None:
     return restore
 
 
+class SigtermNotice:
+    """SIGTERM as a preemption notice while a preemption-aware callback trains, until
+    :meth:`give_back` restores what SIGTERM did before.
+
+    Several processes: SIGTERM goes to JAX's preemption notifier (every worker hears it at one
+    step; ``routed`` tells whether this process has that notifier). One process, on the main
+    thread: SIGTERM sets ``notice``. Elsewhere SIGTERM is left as it is.
+
+    Example:
+        >>> notice = threading.Event()
+        >>> watch = SigtermNotice(multi_process=False, notice=notice)  # doctest: +SKIP
+        >>> watch.give_back()  # doctest: +SKIP
+    """
+
+    def __init__(self, multi_process: bool, notice: threading.Event) -> None:
+        self._give_back: Callable[[], Any] | None = None
+        if multi_process:
+            self._give_back = route_sigterm_to_preemption()
+        elif threading.current_thread() is threading.main_thread():
+            previous = signal.signal(signal.SIGTERM, lambda *_: notice.set())
+            self._give_back = lambda: signal.signal(signal.SIGTERM, previous)
+        self.routed = multi_process and self._give_back is not None
+
+    def give_back(self) -> None:
+        """SIGTERM does again what it did before (once; later calls do nothing)."""
+        give_back, self._give_back = self._give_back, None
+        if give_back is not None:
+            give_back()
+
+
 def _install_excepthook() -> None:
     if hasattr(sys, "ps1") or sys.flags.interactive:
         return  # an interactive session survives its exceptions

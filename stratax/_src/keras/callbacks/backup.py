@@ -25,9 +25,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import signal
 import threading
-from collections.abc import Callable
 from typing import Any
 
 import keras
@@ -111,8 +109,7 @@ class BackupAndRestore(keras.callbacks.Callback):
         self._consumed_offset = 0
         self._completed = False
         self._sigterm = threading.Event()
-        self._previous_handler: Any = None
-        self._give_back_sigterm: Callable[[], None] | None = None
+        self._sigterm_notice: worker_exit.SigtermNotice | None = None
 
     # --------------------------------------------------------------- lifecycle
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
@@ -128,7 +125,9 @@ class BackupAndRestore(keras.callbacks.Callback):
         if restored is not None:
             self._restore(*restored)
         self._hold_at_next_save()
-        self._install_sigterm_handler()
+        self._sigterm.clear()
+        self._sigterm_notice = worker_exit.SigtermNotice(self._strategy.is_multi_process,
+                                                         self._sigterm)
 
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self._epoch = epoch
@@ -156,7 +155,8 @@ class BackupAndRestore(keras.callbacks.Callback):
 
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
         self._completed = True
-        self._restore_sigterm_handler()
+        if self._sigterm_notice is not None:
+            self._sigterm_notice.give_back()
         wait_for_writes(self.backup_dir)
         if self.delete_checkpoint and self._strategy.is_chief:
             checkpoint_io.remove(self.backup_dir)
@@ -250,23 +250,6 @@ class BackupAndRestore(keras.callbacks.Callback):
         if self._strategy.is_multi_process:
             return bool(multihost_utils.reached_preemption_sync_point(self._global_step))
         return self._sigterm.is_set()
-
-    def _install_sigterm_handler(self) -> None:
-        if self._strategy.is_multi_process:  # SIGTERM goes to JAX's notifier while training
-            self._give_back_sigterm = worker_exit.route_sigterm_to_preemption()
-            return
-        if threading.current_thread() is not threading.main_thread():
-            return
-        self._sigterm.clear()
-        self._previous_handler = signal.signal(signal.SIGTERM, lambda *_: self._sigterm.set())
-
-    def _restore_sigterm_handler(self) -> None:
-        if self._give_back_sigterm is not None:
-            self._give_back_sigterm()
-            self._give_back_sigterm = None
-        if self._previous_handler is not None:
-            signal.signal(signal.SIGTERM, self._previous_handler)
-            self._previous_handler = None
 
 
 def wait_for_writes(backup_dir: str) -> None:
