@@ -23,6 +23,7 @@ the pipe has closed it (the task and the children that inherited its stderr).
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import subprocess
@@ -36,6 +37,7 @@ _GRPC_LINE = re.compile(rb"[IWEF]\d{4} [^\]\n]*ssl_transport_security\.cc:\d+\] 
 # until its end; any other partial line (a prompt, a progress bar) passes at once.
 _GRPC_START = re.compile(rb"[IWEF](\d{0,3}|\d{4} .*)")
 _filter: subprocess.Popen | None = None
+logger = logging.getLogger(__name__)
 
 
 def install(every_seconds: float = 10.0) -> None:
@@ -52,6 +54,11 @@ def install(every_seconds: float = 10.0) -> None:
         _filter = subprocess.Popen(
             [sys.executable, "-m", __name__, str(every_seconds)], stdin=read, stdout=2,
             stderr=2, start_new_session=True)
+    except OSError as err:  # the task serves all the same, with gRPC's lines as they are
+        os.close(write)
+        logger.warning("gRPC's lines for refused TLS peers are not rate-limited: the filter "
+                       "process did not start (%s)", err)
+        return
     finally:
         os.close(read)
     os.dup2(write, 2)
