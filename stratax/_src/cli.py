@@ -104,13 +104,14 @@ def _run_server(args: argparse.Namespace) -> int:
     # Imported here: only `server` needs gRPC.
     from stratax._src.cluster.tfconfig import TFConfigClusterResolver
     from stratax._src.parameter_server.tasks import compute_threads
-    from stratax._src.parameter_server.tasks.server import Server, serve
+    from stratax._src.parameter_server.tasks.server import Server, prepare_process, serve
 
     resolver = TFConfigClusterResolver()
     job = args.job or resolver.task_type
     index = args.index if args.index is not None else resolver.task_id
     if job == "worker" and index is not None:  # this process only serves
         compute_threads.limit_worker_threads(resolver.cluster_spec(), index)
+    prepare_process()
     return serve(Server(resolver, job_name=job, task_index=index))
 
 

@@ -7,9 +7,14 @@ import numpy as np
 import pytest
 from kill_mid_write import kill_while_writing
 
+from stratax._src.parameter_server.tasks.chief_session import session_digest
 from stratax._src.parameter_server.tasks.ps import ParameterServer
 from stratax._src.parameter_server.tasks.snapshots import Snapshots, write_npz
 from stratax._src.parameter_server.transport import wire
+
+# Session ids as a chief makes them (host-pid-random).
+_SESSION_A = "hostA-101-" + "0123456789abcdef" * 2
+_SESSION_B = "hostB-202-" + "fedcba9876543210" * 2
 
 
 def _call(server, method, meta, tensors=()):
@@ -190,11 +195,33 @@ def test_a_ps_killed_while_writing_a_snapshot_leaves_no_temp_file(tmp_path):
 def test_a_snapshot_of_another_chief_session_is_dropped_when_a_new_chief_claims(tmp_path):
     """A ps restarted from its snapshot keeps it for the chief that wrote it (training goes
     on), and drops it for a new chief (which starts from its own values or checkpoint)."""
-    _trained_server(tmp_path, every=2, session="chief-A")
+    _trained_server(tmp_path, every=2, session=_SESSION_A)
     same = ParameterServer(Snapshots(tmp_path, task_index=0, every=2))
-    assert same.session == "chief-A" and "w" in same._shards
-    same.adopt({"session": "chief-A"})
+    assert "w" in same._shards
+    same.adopt({"session": _SESSION_A})
     assert "w" in same._shards
     other = ParameterServer(Snapshots(tmp_path, task_index=0, every=2))
-    other.adopt({"session": "chief-B"})
-    assert other._shards == {} and other.session == "chief-B"
+    other.adopt({"session": _SESSION_B})
+    assert other._shards == {}
+    other.adopt({"session": _SESSION_A})  # the new owner's state is not dropped for the old
+    assert other.session_digest == session_digest(_SESSION_A)
+
+
+def test_a_snapshot_stores_the_sessions_digest_never_the_session_id(tmp_path):
+    """The session id is the chief's capability and a snapshot outlives the run: the file
+    holds its SHA-256 only, in no form the id can be read from, and a restarted ps still
+    recognises the session by it (and by the id that snapshots before the digest held)."""
+    _trained_server(tmp_path, every=2, session=_SESSION_A)
+    raw = (tmp_path / "ps0.npz").read_bytes()
+    secret = _SESSION_A.rsplit("-", 1)[1]  # the random part; host and pid are no secret
+    assert secret.encode() not in raw and secret.upper().encode() not in raw
+    with np.load(tmp_path / "ps0.npz") as data:
+        header = json.loads(data["header"].tobytes())
+        arrays = {k: data[k] for k in data.files if k != "header"}
+    assert "session" not in header and header["session_sha256"] == session_digest(_SESSION_A)
+    for snapshot in (header, {**{k: v for k, v in header.items() if k != "session_sha256"},
+                              "session": _SESSION_A}):  # as written before the digest
+        write_npz(tmp_path / "ps0.npz", snapshot, arrays)
+        restarted = ParameterServer(Snapshots(tmp_path, task_index=0, every=2))
+        restarted.adopt({"session": _SESSION_A})
+        assert "w" in restarted._shards, snapshot

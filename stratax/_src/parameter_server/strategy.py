@@ -47,7 +47,7 @@ from stratax._src.parameter_server.residency import Residency, hybrid_settings, 
 from stratax._src.parameter_server.shard_init import ShardRecipe, remote_recipe
 from stratax._src.parameter_server.tasks import cluster_check, compute_threads
 from stratax._src.parameter_server.tasks.optimizers import DEFAULT_SPARSE_UPDATES
-from stratax._src.parameter_server.tasks.server import SERVED_JOBS, Server, serve
+from stratax._src.parameter_server.tasks.server import SERVED_JOBS, Server, prepare_process, serve
 from stratax._src.parameter_server.transport.ps_client import PSClients
 from stratax._src.parameter_server.transport.rpc import RpcClient
 from stratax._src.parameter_server.variables import (
@@ -215,6 +215,7 @@ class ParameterServerStrategy(Strategy):
     def _serve_and_exit(self, spec: Any, task_type: str, task_id: int | None) -> None:
         if task_type == "worker" and task_id is not None:  # a process that only serves
             compute_threads.limit_worker_threads(ClusterSpec(spec), task_id)
+        prepare_process()
         if serve(Server(spec, job_name=task_type, task_index=task_id,
                         timeout_seconds=self._timeout)):
             sys.exit(1)  # no chief heard for the chief timeout

@@ -79,6 +79,13 @@ def _digest(session: str) -> bytes:
     return hashlib.sha256(session.encode("utf-8", "surrogatepass")).digest()
 
 
+def session_digest(session: str) -> str:
+    """The SHA-256 of ``session`` (hex): what a task may keep on disk (a ps snapshot) to
+    recognise the session later, without storing the capability itself (a random 128-bit id,
+    so the digest does not reveal it)."""
+    return _digest(session).hex()
+
+
 def _session_of(meta: dict[str, Any]) -> str | None:
     """The call's ``session`` field if it is a usable one (a non-empty string of bounded
     length), else None."""

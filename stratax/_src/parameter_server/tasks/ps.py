@@ -19,6 +19,7 @@ request leaves the server as it was.
 from __future__ import annotations
 
 import dataclasses
+import hmac
 import json
 import logging
 import threading
@@ -28,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from stratax._src.parameter_server import checkpoint, shard_init, sharded_checkpoint
+from stratax._src.parameter_server.tasks import chief_session
 from stratax._src.parameter_server.tasks.optimizers import ShardOptimizer
 from stratax._src.parameter_server.transport import rpc, wire
 
@@ -67,9 +69,10 @@ class ParameterServer(rpc.Dispatcher):
 
     def __init__(self, snapshots: Any = None) -> None:
         self._shards: dict[str, _Shard] = {}
-        # The chief session whose variables this ps holds (restored with a snapshot): a ps
+        # The digest (``chief_session.session_digest``) of the chief session whose variables
+        # this ps holds, restored with a snapshot, which stores the digest, never the id: a ps
         # restarted from another session's snapshot drops it when a new chief claims it.
-        self.session: str | None = None
+        self.session_digest: str | None = None
         self._lock = threading.Lock()
         self.shutdown_requested = threading.Event()
         self._methods = {
@@ -96,13 +99,15 @@ class ParameterServer(rpc.Dispatcher):
         restored, written for a chief that is gone) is dropped, so the new chief starts from
         its own values or its checkpoint, as after a takeover."""
         session = meta.get("session")
+        digest = chief_session.session_digest(session) if isinstance(session, str) else None
         with self._lock:
-            if self.session not in (None, session) and self._shards:
-                logger.warning("dropping %d shard(s) restored from chief session %s: chief "
-                               "session %s claimed this ps", len(self._shards), self.session,
-                               session)
+            if (self.session_digest is not None and self._shards and (
+                    digest is None or not hmac.compare_digest(self.session_digest, digest))):
+                logger.warning("dropping %d shard(s) restored from another chief session: %s "
+                               "claimed this ps", len(self._shards),
+                               chief_session.describe(session))
                 self._shards.clear()
-            self.session = session
+            self.session_digest = digest
 
     def _shard(self, name: str) -> _Shard:
         shard = self._shards.get(name)

@@ -22,7 +22,7 @@ from typing import Any
 from stratax._src.cluster.cluster_spec import ClusterSpec, parse_address
 from stratax._src.cluster.resolver import ClusterResolver
 from stratax._src.parameter_server.tasks import chief_session, cluster_check
-from stratax._src.parameter_server.transport import rpc, wire
+from stratax._src.parameter_server.transport import handshake_log, rpc, wire
 
 logger = logging.getLogger(__name__)
 
@@ -159,6 +159,15 @@ class Server:
             self._rpc.stop(1.0)
             if hasattr(self._service, "close"):
                 self._service.close()
+
+
+def prepare_process() -> None:
+    """Readies a process that exists to serve one task (``stratax server``, a served task of
+    ``ParameterServerStrategy``), before its server starts: with a token (TLS), its stderr goes
+    through ``handshake_log``'s filter, so peers without the cluster's key leave at most one
+    line per 10 s, with a count, instead of gRPC's line each."""
+    if rpc.read_token():
+        handshake_log.install()
 
 
 def serve(server: Server) -> int:

@@ -1,8 +1,9 @@
 """Parameter-server snapshots: a ps writes its shards every N pushes and reloads them on restart.
 
 A snapshot holds, per shard, the value, the optimizer (its spec, slots and iterations) and the
-ledger of applied step ids, in one ``.npz`` file (raw arrays named ``value/<shard>`` and
-``slot/<slot>/<shard>``, plus a JSON header; no pickle).
+ledger of applied step ids, and the digest of the chief session it belongs to (never the id: the
+id is the chief's capability, and a file outlives the run), in one ``.npz`` file (raw arrays
+named ``value/<shard>`` and ``slot/<slot>/<shard>``, plus a JSON header; no pickle).
 It is written atomically (``core.files.write_atomically``: a temp file, flushed to disk, then
 renamed over ``ps<i>.npz``), so a ps killed while writing leaves the previous snapshot intact;
 its temp file (``.ps<i>.npz.tmp-*``, locked while written) is removed when the ps starts again.
@@ -31,6 +32,7 @@ import numpy as np
 from stratax._src.core import env
 from stratax._src.core.config import config
 from stratax._src.core.files import remove_stale_temporaries, write_atomically
+from stratax._src.parameter_server.tasks import chief_session
 from stratax._src.parameter_server.tasks.optimizers import ShardOptimizer
 from stratax._src.parameter_server.transport import wire
 
@@ -150,7 +152,7 @@ class Snapshots:
                 for slot in entry["slots"]:
                     arrays[f"slot/{slot}/{name}"] = opt.slots[slot].copy()
             shards.append(entry)
-        write_npz(self.path, {"version": VERSION, "session": self._server.session,
+        write_npz(self.path, {"version": VERSION, "session_sha256": self._server.session_digest,
                               "shards": shards, "synchronous": self._synchronous}, arrays)
         self.written += 1
         logger.info("snapshot of %d shard(s) written to %s in %.3f s", len(shards), self.path,
@@ -186,6 +188,8 @@ class Snapshots:
                 shard.ledger = set(entry["ledger"])
                 shard.duplicates = int(entry["duplicates"])
                 self._server._shards[entry["name"]] = shard
-        self._server.session = header.get("session")
+        self._server.session_digest = header.get("session_sha256")
+        if isinstance(header.get("session"), str):  # written before the digest replaced the id
+            self._server.session_digest = chief_session.session_digest(header["session"])
         logger.warning("restored %d shard(s) from snapshot %s (steps applied after it are lost)",
                        len(header["shards"]), self.path)

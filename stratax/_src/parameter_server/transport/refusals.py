@@ -30,3 +30,10 @@ class Refusals:
                 return 0
             self._logged, count, self._count = now, self._count, 0
         return count
+
+    def unreported(self) -> int:
+        """The refusals counted since the last report that ``note`` did not report (a flood's
+        tail, when the log ends); they count as reported now."""
+        with self._lock:
+            count, self._count = self._count, 0
+        return count
