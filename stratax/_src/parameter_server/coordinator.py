@@ -351,14 +351,6 @@ class ClusterCoordinator:
                 self._error = error
             self._cond.notify_all()
 
-    def worker_restarted(self, client: rpc.RpcClient) -> None:
-        """Called when the heartbeat finds ``client``'s worker answering as a new process: it
-        lost its programs, iterators and per-worker variables, which are rebuilt before its
-        next closure."""
-        for worker in self._workers:
-            if worker.client is client and worker.alive:
-                worker.restarted = True
-
     # ----- internals ------------------------------------------------------------------------
     def _read_per_worker(self, variable: Any) -> list[np.ndarray]:
         """Each worker's value of a ``PerWorkerVariable`` (its ``read_all``)."""
@@ -510,7 +502,7 @@ class ClusterCoordinator:
             recovery.expire_when_no_worker_came_back(self)
             try:
                 session = getattr(self.strategy, "_session", None)
-                if session is not None:  # also records its incarnation (see worker_restarted)
+                if session is not None:  # records its incarnation (see recovery.task_restarted)
                     session.refresh(worker.client, timeout=2.0)
                 else:
                     worker.client.call("ping", timeout=2.0)

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from stratax._src.core.errors import WorkerUnavailableError
+from stratax._src.core.errors import StrataxError, WorkerUnavailableError
 from stratax._src.parameter_server import per_worker_variables
 from stratax._src.parameter_server.transport.rpc import RemoteError
 
@@ -122,6 +122,23 @@ def run_detecting_restart(run: Callable[[Any, Any], None], worker: Any, closure:
         raise WorkerUnavailableError(
             f"worker {worker.index} at {worker.client.address} was restarted and lost its "
             f"state ({err})") from None
+
+
+def task_restarted(coordinator: Any, client: Any, sync: bool) -> None:
+    """The heartbeat saw the task of ``client`` (the session's) answer as a new process: the
+    coordinator rebuilds a restarted worker's state before its next closure. A ps restarted
+    in ``mode="sync"`` (its snapshot, if any, lacks the steps after it and the partial sums in
+    flight) fails the steps, so the run resumes from its last backup or checkpoint instead of
+    going on with updates lost."""
+    for worker in coordinator.workers:
+        if worker.client.name == client.name and worker.alive:
+            worker.restarted = True  # it lost its programs, iterators, per-worker variables
+    if sync and client.name.startswith("ps "):
+        coordinator.fail_all(StrataxError(
+            f"{client.name} at {client.address} was restarted: in mode='sync' its state "
+            "after its last snapshot is lost, so training cannot go on exactly. Restart "
+            "the program; sx.BackupAndRestore (or restore_checkpoint) resumes it from the "
+            "last backup, as `stratax launch --max-restarts` does."))
 
 
 def with_retries(call: Callable[[], T], name: str, timeout: float) -> T:
