@@ -1,7 +1,7 @@
 """``strategy.extended``: TensorFlow's ``StrategyExtended`` API, for programs written against it.
 
 TensorFlow splits each strategy into a ``Strategy`` and a ``StrategyExtended`` twin; stratax
-keeps one class per strategy (STYLE.md rule 1) and gives every strategy this small view of it,
+keeps one class per strategy, no twin, and gives every strategy this small view of it,
 so that code such as ``if strategy.extended.should_checkpoint: model.save(...)`` runs
 unchanged. Each answer is read from the strategy, which holds the state; the view holds none
 but the ``colocate_vars_with`` stack of ``ParameterServerStrategy`` (its subclass).
