@@ -26,7 +26,7 @@ What importing stratax does, and when:
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stratax._src import startup as _startup
 
@@ -99,6 +99,95 @@ _LIGHT = frozenset({"cluster_resolver", "launch", "CollectiveTimeoutError", "Mix
                     "StrataxError", "WorkerUnavailableError", "observe"})
 
 __all__ = sorted(_EXPORTS)
+
+# What editors and type checkers see (one `X as X` re-export per name of `_EXPORTS`; a test
+# keeps the two equal); at run time `__getattr__` imports each name on first use.
+if TYPE_CHECKING:
+    # isort: off
+    from stratax import (
+        callbacks as callbacks,
+        checkpoint as checkpoint,
+        cluster_resolver as cluster_resolver,
+        config as config,
+        coordinator as coordinator,
+        datasets as datasets,
+        experimental as experimental,
+        launch as launch,
+        observe as observe,
+        partitioners as partitioners,
+        serving as serving,
+        tpu as tpu,
+    )
+    from stratax._src.core.context import (
+        experimental_set_strategy as experimental_set_strategy,
+        get_replica_context as get_replica_context,
+        get_strategy as get_strategy,
+        has_strategy as has_strategy,
+        in_cross_replica_context as in_cross_replica_context,
+    )
+    from stratax._src.core.errors import (
+        CollectiveTimeoutError as CollectiveTimeoutError,
+        MixedStrategyError as MixedStrategyError,
+        StrataxError as StrataxError,
+        WorkerUnavailableError as WorkerUnavailableError,
+    )
+    from stratax._src.core.reduce_op import ReduceOp as ReduceOp
+    from stratax._src.data.distributed_dataset import (
+        DistributedDataset as DistributedDataset,
+        DistributedIterator as DistributedIterator,
+    )
+    from stratax._src.data.input_context import (
+        AutoShardPolicy as AutoShardPolicy,
+        InputContext as InputContext,
+        InputOptions as InputOptions,
+        InputReplicationMode as InputReplicationMode,
+        ValueContext as ValueContext,
+    )
+    from stratax._src.data.values import (
+        DistributedValues as DistributedValues,
+        Mirrored as Mirrored,
+        PerReplica as PerReplica,
+    )
+    from stratax._src.keras.callbacks.backup import (
+        BackupAndRestore as BackupAndRestore,
+        PREEMPTION_EXIT_CODE as PREEMPTION_EXIT_CODE,
+    )
+    from stratax._src.keras.dataset_creator import DatasetCreator as DatasetCreator
+    from stratax._src.keras.sync_batch_norm import SyncBatchNormalization as SyncBatchNormalization
+    from stratax._src.parameter_server.per_worker_variables import (
+        PerWorkerVariable as PerWorkerVariable,
+    )
+    from stratax._src.parameter_server.strategy import (
+        ParameterServerStrategy as ParameterServerStrategy,
+    )
+    from stratax._src.parameter_server.tasks.server import Server as Server
+    from stratax._src.parameter_server.variables import (
+        PSVariable as PSVariable,
+        ShardedVariable as ShardedVariable,
+    )
+    from stratax._src.startup import set_cpu_device_count as set_cpu_device_count
+    from stratax._src.strategies.base import Strategy as Strategy
+    from stratax._src.strategies.cross_device_ops import (
+        CrossDeviceOps as CrossDeviceOps,
+        HierarchicalCopyAllReduce as HierarchicalCopyAllReduce,
+        NcclAllReduce as NcclAllReduce,
+        ReductionToOneDevice as ReductionToOneDevice,
+    )
+    from stratax._src.strategies.losses import (
+        compute_average_loss as compute_average_loss,
+        scale_regularization_loss as scale_regularization_loss,
+    )
+    from stratax._src.strategies.mirrored import MirroredStrategy as MirroredStrategy
+    from stratax._src.strategies.multi_worker import (
+        CommunicationImplementation as CommunicationImplementation,
+        CommunicationOptions as CommunicationOptions,
+        MultiWorkerMirroredStrategy as MultiWorkerMirroredStrategy,
+    )
+    from stratax._src.strategies.one_device import OneDeviceStrategy as OneDeviceStrategy
+    from stratax._src.strategies.replica_context import ReplicaContext as ReplicaContext
+    from stratax._src.strategies.run_options import RunOptions as RunOptions
+    from stratax._src.strategies.tpu import TPUStrategy as TPUStrategy
+    # isort: on
 
 
 def _install() -> None:

@@ -22,9 +22,21 @@ __all__ = ["experimental_connect_to_cluster", "reset", "update"]
 
 
 def __getattr__(name: str) -> Any:
-    """An option's value, e.g. ``sx.config.prefetch_depth``."""
-    return getattr(_config, name)
+    """An option's value, e.g. ``sx.config.prefetch_depth``.
+
+    Raises:
+        AttributeError: ``name`` is not an option; the message lists them.
+    """
+    if name not in _option_names():
+        raise AttributeError(f"module 'stratax.config' has no attribute {name!r}; the options "
+                             f"are {', '.join(_option_names())}.")
+    return _config.get(name)
 
 
 def __dir__() -> list[str]:
-    return sorted({*__all__, *dir(_config)})
+    """The public names and the options: what an editor should offer after ``sx.config.``."""
+    return sorted({*__all__, *_option_names()})
+
+
+def _option_names() -> list[str]:
+    return sorted(option.name for option in _config)

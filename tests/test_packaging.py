@@ -298,6 +298,7 @@ def test_wheel_ships_the_backend_hook_and_the_guide_program_runs_keras_first(
         names = archive.namelist()
     assert "stratax/_src/datasets/digits.npz" in names
     assert "stratax/_src/observe/static/uPlot.iife.min.js" in names  # the dashboard, offline
+    assert "stratax/py.typed" in names  # type checkers read the package's hints (PEP 561)
     assert {HOOK.name, HOOK_MODULE.name} <= set(names)  # at the root of site-packages
     lines = _run_installed(installed_without_tensorflow, PROGRAM,
                            _environment(tmp_path, checkout=False), tmp_path, timeout=300)

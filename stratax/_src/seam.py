@@ -71,8 +71,10 @@ written), what for, and which stratax module relies on it:
 - ``KerasVariable.__init__`` (wrapped once; unchanged unless this thread observes): the
   keyword arguments of TensorFlow's variables that Keras does not take (``per_worker_variable``)
   taken out and handed to the strategy, so ``keras.Variable(..., per_worker_variable=True)``
-  under ``ParameterServerStrategy.scope()`` makes a per-worker variable.
-  -> ``keras.runners.ps_runner``
+  under ``ParameterServerStrategy.scope()`` makes a per-worker variable; and each variable
+  built inside a strategy's ``scope()`` recorded as that strategy's, for
+  ``strategy.extended.variable_created_in_scope``.
+  -> ``keras.runners.ps_runner``, ``keras.install``
 - ``Variable._value`` (read) and ``model._jax_state``/``_jax_state_synced`` (written): after a
   failed call, which variables Keras left purged (``None``) and its pending step state
   dropped, so that the model holds its last completed step. -> ``keras.recovery``
@@ -574,8 +576,35 @@ def _remote_class(base: type) -> type:
 
 
 _variable_options = threading.local()
+_variable_created = threading.local()
 # TensorFlow's ``tf.Variable`` keyword arguments that Keras' ``Variable`` does not take.
 TF_VARIABLE_OPTIONS = ("per_worker_variable",)
+
+
+def _hook_variable_init() -> None:
+    """Wraps ``KerasVariable.__init__`` once: it hands the ``TF_VARIABLE_OPTIONS`` to this
+    thread's ``keras_variable_options`` observer and the built variable to this thread's
+    ``keras_variables_created`` recorder; with neither active it is Keras' own."""
+    from keras.src.backend.common import KerasVariable
+
+    if _HOOKED in vars(KerasVariable):
+        return
+    original = KerasVariable.__init__
+
+    @functools.wraps(original)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        active = getattr(_variable_options, "fn", None)
+        options = ({k: kwargs.pop(k) for k in TF_VARIABLE_OPTIONS if k in kwargs}
+                   if active is not None else {})
+        original(self, *args, **kwargs)
+        if options:
+            active(self, options)
+        record = getattr(_variable_created, "fn", None)
+        if record is not None:
+            record(self)
+
+    KerasVariable.__init__ = __init__
+    setattr(KerasVariable, _HOOKED, True)
 
 
 @contextlib.contextmanager
@@ -583,23 +612,17 @@ def keras_variable_options(observe: Callable[[Any, dict[str, Any]], None]) -> It
     """While active in this thread, the ``TF_VARIABLE_OPTIONS`` given to a Keras variable's
     constructor are taken out of its arguments (Keras would drop or refuse them) and passed to
     ``observe(variable, options)`` once Keras has built the variable."""
-    from keras.src.backend.common import KerasVariable
-
-    if _HOOKED not in vars(KerasVariable):
-        original = KerasVariable.__init__
-
-        @functools.wraps(original)
-        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-            active = getattr(_variable_options, "fn", None)
-            options = ({k: kwargs.pop(k) for k in TF_VARIABLE_OPTIONS if k in kwargs}
-                       if active is not None else {})
-            original(self, *args, **kwargs)
-            if options:
-                active(self, options)
-
-        KerasVariable.__init__ = __init__
-        setattr(KerasVariable, _HOOKED, True)
+    _hook_variable_init()
     with _set_in_thread(_variable_options, observe):
+        yield
+
+
+@contextlib.contextmanager
+def keras_variables_created(record: Callable[[Any], None]) -> Iterator[None]:
+    """While active in this thread, ``record(variable)`` is called with each Keras variable
+    once Keras has built it (``scope()`` records which strategy created a variable)."""
+    _hook_variable_init()
+    with _set_in_thread(_variable_created, record):
         yield
 
 

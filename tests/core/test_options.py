@@ -160,8 +160,15 @@ def test_sx_config_is_the_registry(monkeypatch, fresh):
     assert sx.config.prefetch_depth == 4 == config.prefetch_depth
     sx.config.reset("prefetch_depth")
     assert sx.config.prefetch_depth is None
-    assert {"update", "reset", "prefetch_depth", "experimental_connect_to_cluster"} <= set(
-        dir(sx.config))
+    names = dir(sx.config)
+    assert {"update", "reset", "prefetch_depth", "experimental_connect_to_cluster"} <= set(names)
+    # What an editor offers is the public API and the options, no registry internals.
+    assert names == sorted({"update", "reset", "experimental_connect_to_cluster",
+                            *(option.name for option in config)})
+    with pytest.raises(AttributeError, match="has no attribute '_options'; the options are"):
+        sx.config._options  # noqa: B018
+    with pytest.raises(AttributeError, match="has no attribute 'origin'"):
+        sx.config.origin  # noqa: B018
 
 
 def test_docs_list_every_option_and_every_bare_variable():

@@ -79,5 +79,14 @@ model.reset_metrics()
 multihost_utils.assert_equal = check
 assert all(not np.any(np.asarray(v)) for v in model.metrics_variables), "metrics not reset"
 print("equality checks in reset_metrics", len(equality_checks), flush=True)
+# TensorFlow's strategy.extended: only the chief (here worker 0) checkpoints and writes
+# summaries; reduce_to sums every worker's replicas onto a variable's placement.
+extended = strategy.extended
+ids = strategy.experimental_distribute_values_from_function(
+    lambda ctx: np.float32(ctx.replica_id_in_sync_group + 1))
+total = extended.reduce_to(sx.ReduceOp.SUM, ids, model.variables[0])
+print("extended", worker, extended.should_checkpoint, extended.should_save_summary,
+      len(extended.worker_devices), extended.variable_created_in_scope(model.variables[0]),
+      float(np.asarray(total.addressable_data(0))), flush=True)
 print("done", worker, strategy.num_replicas_in_sync, flush=True)
 print("shm all-reduces traced", shm_collectives.state.traced_calls, flush=True)

@@ -95,6 +95,10 @@ def test_hand_written_tf_config_with_two_devices_per_worker(tmp_path, workers):
     outputs = workers.wait(timeout=240)
     assert [p.returncode for p in workers.procs] == [0, 0], outputs[0][-3000:]
     assert "done 0 4" in outputs[0] and "done 1 4" in outputs[1]
+    # strategy.extended: worker 0 (no chief job) alone checkpoints; 2 local replicas each;
+    # reduce_to sums replica ids 1..4 over both processes.
+    assert "extended 0 True True 2 True 10.0" in outputs[0], outputs[0][-3000:]
+    assert "extended 1 False False 2 True 10.0" in outputs[1], outputs[1][-3000:]
     w0, w1 = (load_weights(tmp_path / f"arrays_weights_{i}.npz") for i in (0, 1))
     assert_same_weights(w0, w1)
     assert_same_weights(w0, _reference()[0], tol=1e-5)

@@ -7,6 +7,7 @@ import enum
 import logging
 import types
 
+import keras
 import numpy as np
 import pytest
 from ps_cluster_helpers import local_cluster  # noqa: F401 - a fixture
@@ -66,6 +67,33 @@ def test_colocate_vars_with_places_new_variables_with_the_given_one(local_cluste
     with (pytest.raises(TypeError, match="colocate_vars_with needs a variable of this strategy"),
           strategy.extended.colocate_vars_with(np.zeros(3))):
         pass
+
+
+def test_extended_answers_as_tensorflow_for_parameter_servers(local_cluster):  # noqa: F811
+    strategy = local_cluster()
+    extended = strategy.extended
+    assert extended is strategy.extended
+    # Only the chief runs the program past the constructor: it checkpoints and initializes.
+    assert extended.should_checkpoint and extended.should_save_summary
+    assert extended.experimental_should_init and extended.should_init
+    assert not extended.experimental_require_static_shapes
+    assert extended.worker_devices == tuple(strategy.devices)  # the chief's, for run outside
+    assert extended.parameter_devices == ("/job:ps/replica:0/task:0/device:CPU:0",
+                                          "/job:ps/replica:0/task:1/device:CPU:0")
+    b = strategy.create_variable(np.float32(0.0), name="b")
+    a = strategy.create_variable(np.float32(0.0), name="a")
+    assert a.device != b.device
+    assert extended.non_slot_devices([b, a]) == (a.device,)  # the first by name
+    with strategy.scope():
+        layer_var = keras.Variable(np.zeros(2, np.float32), name="k")
+    outside = keras.Variable(np.zeros(2, np.float32), name="outside")
+    assert extended.variable_created_in_scope(a)
+    assert extended.variable_created_in_scope(layer_var)
+    assert not extended.variable_created_in_scope(outside)
+    # Outside schedule: reduced on the chief's one replica, as strategy.reduce.
+    assert float(extended.reduce_to("SUM", np.float32(3.0), a)) == 3.0
+    assert extended.update(a, lambda v, x: v.assign(x), args=(np.float32(7.0),)) is a
+    assert float(a.numpy()) == 7.0
 
 
 class VariableAggregation(enum.Enum):   # TensorFlow's enum, by name

@@ -99,7 +99,7 @@ def test_versions_commit_atomically_and_latest_stays_inside(local_cluster, tmp_p
     strategy._ps.clients[ghost.placements[0].ps].call("import", {"names": [], "shards": []})
     bad = type(ghost)(ghost.name, ghost.shape, ghost.dtype, True,
                       [type(ghost.placements[0])(ghost.placements[0].ps, "missing", 0, 4)],
-                      strategy._pull, strategy._assign)
+                      strategy._store.pull, strategy._store.assign)
     table.assign(np.full((6, 2), 3.0, np.float32))
     with pytest.raises(Exception, match="missing"):
         strategy.save_checkpoint(str(path), [table, bad])

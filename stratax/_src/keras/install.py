@@ -1,8 +1,9 @@
 """The one install step of stratax: plug the strategies into Keras (called by ``stratax``).
 
 It checks that Keras and JAX are in the tested range, registers the default strategy and each
-strategy's Keras runner, makes ``scope()`` lay Keras variables out for the strategy, and
-installs the Keras hooks listed in ``stratax._src.seam``. It runs once per process, the first
+strategy's Keras runner, makes ``scope()`` lay Keras variables out for the strategy (and record
+them as its: ``strategy.extended.variable_created_in_scope``), and installs the Keras hooks
+listed in ``stratax._src.seam``. It runs once per process, the first
 time a program touches a part of stratax that needs JAX or Keras.
 """
 
@@ -22,7 +23,7 @@ from stratax._src.keras.runners.tpu_runner import TPURunner
 from stratax._src.keras.seeds import AGREED_SEEDS
 from stratax._src.keras.steps import epoch_logs, metric_reset
 from stratax._src.parameter_server.strategy import ParameterServerStrategy
-from stratax._src.strategies import run_compiler
+from stratax._src.strategies import extended, run_compiler
 from stratax._src.strategies.base import Strategy
 from stratax._src.strategies.default import DefaultStrategy
 from stratax._src.strategies.tpu import TPUStrategy
@@ -38,7 +39,10 @@ def _keras_scope(strategy: Any) -> Iterator[None]:
         return
     seeds = (AGREED_SEEDS.scope() if getattr(strategy, "is_multi_process", False)
              else contextlib.nullcontext())
-    with seeds, runner_for(strategy).placement_scope():
+    def record(variable: Any) -> None:
+        extended.mark_created(variable, strategy)
+
+    with seeds, seam.keras_variables_created(record), runner_for(strategy).placement_scope():
         yield
 
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import os
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -159,12 +159,25 @@ def push_keras_optimizer(strategy: Any, optimizer: Any,
     imports.send(strategy)
 
 
-def save(strategy: Any, path: str | os.PathLike, variables: Sequence[Any]) -> None:
+def save(strategy: Any, path: str | os.PathLike, variables: Sequence[Any],
+         built_on_servers: Collection[str] = ()) -> None:
     """Writes ``variables`` (``PSVariable``s) with their optimizer state to ``path``: one
-    ``.npz`` file, or a sharded checkpoint directory (``sharded_checkpoint``)."""
+    ``.npz`` file, or a sharded checkpoint directory (``sharded_checkpoint``).
+
+    Raises:
+      ValueError: a ``.npz`` path for a variable named in ``built_on_servers`` (too large for
+        the chief, which never holds it): the message names it; save to a directory instead.
+    """
     if sharded_checkpoint.is_sharded(path):
         sharded_checkpoint.save(strategy, path, variables)
         return
+    large = [v.name for v in variables if v.name in built_on_servers]
+    if large:
+        raise ValueError(
+            f"save_checkpoint({str(path)!r}) would gather {large} whole on the chief, which "
+            "never holds them (built by their parameter servers); save to a directory "
+            "instead, e.g. strategy.save_checkpoint('ckpt'), where each server writes "
+            "its own shards.")
     shards = export_variables(strategy, variables)
     entries, arrays = [], {}
     for i, var in enumerate(variables):

@@ -18,19 +18,20 @@ chief's heartbeat that long while running a closure, e.g. SIGSTOPped) is marked 
 in-flight closure re-queued on the others (the parameter servers apply each step id at most
 once per shard, so a re-run closure does not apply twice what the dead worker already pushed);
 a task restarted at its address is taken back.
+
+Here: the user API and one dispatch thread per worker that sends it closures. The closures'
+states live in ``closure_queue``; what happens when a worker dies, hangs or a step fails, and
+how a worker is taken back, in ``recovery``.
 """
 
 from __future__ import annotations
 
 import collections
-import functools
 import itertools
 import logging
-import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent import futures
 from typing import Any
 
 import jax
@@ -38,11 +39,11 @@ import numpy as np
 
 from stratax._src.core.errors import StrataxError, WorkerUnavailableError
 from stratax._src.parameter_server import closures, per_worker_variables, progress, recovery
+from stratax._src.parameter_server.closure_queue import ClosureQueue
 from stratax._src.parameter_server.closures import (
     Closure,
     PerWorkerValues,
     RemoteValue,
-    RemoteValueStatus,
 )
 from stratax._src.parameter_server.inputs import dataset_source
 from stratax._src.parameter_server.inputs.iterator_registry import IteratorRegistry
@@ -50,7 +51,7 @@ from stratax._src.parameter_server.inputs.per_worker_dataset import (
     PerWorkerDataset,
     PerWorkerIterator,
 )
-from stratax._src.parameter_server.step_errors import StepCancelledError, StepError, step_error
+from stratax._src.parameter_server.step_errors import StepError
 from stratax._src.parameter_server.transport import rpc
 
 logger = logging.getLogger(__name__)
@@ -68,34 +69,7 @@ class _Worker:
         self.consumed = collections.Counter()  # iterator name -> batches of finished closures
         self.died_at: float | None = None
         self.restarted = False  # the heartbeat saw a new process: state rebuilt before use
-        self.caller = _Caller(index)
-
-
-class _Caller:
-    """A daemon thread that makes one worker's ``run`` calls, so the dispatch thread can stop
-    waiting for a hung worker (a thread pool's threads would hold the chief's exit)."""
-
-    def __init__(self, index: int) -> None:
-        self._calls: queue.SimpleQueue[tuple[Callable[[], Any], futures.Future] | None] = (
-            queue.SimpleQueue())
-        threading.Thread(target=self._loop, daemon=True, name=f"stratax-run-{index}").start()
-
-    def submit(self, call: Callable[[], Any]) -> futures.Future:
-        future: futures.Future = futures.Future()
-        self._calls.put((call, future))
-        return future
-
-    def stop(self) -> None:
-        """Ends the thread once its current call (if any) returns."""
-        self._calls.put(None)
-
-    def _loop(self) -> None:
-        while (item := self._calls.get()) is not None:
-            call, future = item
-            try:
-                future.set_result(call())
-            except BaseException as err:  # handed to the waiting dispatch thread
-                future.set_exception(err)
+        self.caller = recovery.Caller(index)
 
 
 class ClusterCoordinator:
@@ -131,16 +105,8 @@ class ClusterCoordinator:
         self._workers = [_Worker(i, c) for i, c in enumerate(strategy._worker_clients)]
         self._sync = getattr(strategy, "synchronous", getattr(strategy, "mode", "") == "sync")
         self._residency = getattr(strategy, "_residency", None)  # hybrid mode's replicas
-        self._queue: collections.deque[Closure] = collections.deque()
-        # Synchronous mode: each closure is queued once per worker, for that worker.
-        self._pinned: dict[int, collections.deque[Closure]] = {
-            w.index: collections.deque() for w in self._workers}
-        self._last_step: str | None = None
+        self.queue = ClosureQueue(w.index for w in self._workers)
         self._iterators = IteratorRegistry(self._workers)  # the live per-worker iterators
-        self._inflight = 0
-        self._running: dict[int, Closure] = {}  # worker index -> the closure it runs
-        self._error: BaseException | None = None
-        self._cond = threading.Condition()
         self._ids = itertools.count()
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._serve, args=(w,), daemon=True,
@@ -150,7 +116,7 @@ class ClusterCoordinator:
             thread.start()
         self.progress = progress.ProgressReporter(
             lambda: {f"worker {w.index}": (w.alive, w.stats) for w in self._workers},
-            self._pending, sync=self._sync, every_seconds=every)
+            self.queue.pending, sync=self._sync, every_seconds=every)
         self.progress.start()
 
     # ----- user API -------------------------------------------------------------------------
@@ -167,32 +133,18 @@ class ClusterCoordinator:
             raise ValueError(
                 "schedule() got a RemoteValue among its arguments; a scheduled function takes "
                 "values, per-worker iterators or variables. Pass remote_value.fetch() instead.")
-        with self._cond:
-            self._raise_error_once()
+        self.queue.raise_error_once()
         recovery.raise_if_no_worker_came_back(self)
         with closures.recording_into(Closure(next(self._ids))) as closure:
             closure.result_tree = fn(*args, **(kwargs or {}))
-        with self._cond:
-            if self._sync:
-                closure.pinned = True
-                closure.after = self._last_step
-                if closure.runs:
-                    self._last_step = f"c{closure.ident}:{len(closure.runs) - 1}"
-                for queue in self._pinned.values():
-                    queue.append(closure)
-            else:
-                self._queue.append(closure)
-            self._cond.notify_all()
+        self.queue.put(closure, self._sync)
         return closure.remote
 
     def join(self) -> None:
         """Waits until every scheduled closure is done; raises the first error of a step.
         Hybrid mode: the workers' replicas of the dense variables go back to the parameter
         servers (see ``residency``)."""
-        with self._cond:
-            while self._pending() and self._error is None:
-                self._cond.wait(1.0)
-            failed = self._error is not None
+        failed = self.queue.wait_idle()
         if self._residency is not None:
             try:
                 self._residency.end(self._workers)
@@ -201,8 +153,7 @@ class ClusterCoordinator:
                     raise
                 logger.warning("could not copy the workers' replicas back after a failed "
                                "step: %s", err)
-        with self._cond:
-            self._raise_error_once()
+        self.queue.raise_error_once()
 
     def flush_replicas(self) -> None:
         """Hybrid mode: copies the workers' replicas of the dense variables to the parameter
@@ -218,18 +169,8 @@ class ClusterCoordinator:
 
     def done(self) -> bool:
         """True when nothing is queued or running (raises a pending error like ``join``)."""
-        with self._cond:
-            self._raise_error_once()
-            return not self._pending()
-
-    def _raise_error_once(self) -> None:
-        """Under the lock: raises a step's error, once, as TensorFlow reports it (from
-        ``schedule``, ``join`` or ``done``, whichever comes first): it is cleared and the
-        closures still queued are cancelled with it."""
-        error, self._error = self._error, None
-        if error is not None:
-            self._cancel_queued(StepCancelledError(f"Cancelled after an earlier error: {error}"))
-            raise error
+        self.queue.raise_error_once()
+        return not self.queue.pending()
 
     def fetch(self, values: Any) -> Any:
         """``fetch()`` of every ``RemoteValue`` in a structure (also ``PerWorkerValues``)."""
@@ -287,8 +228,7 @@ class ClusterCoordinator:
     def shutdown(self) -> None:
         """Stops the dispatch threads (the strategy calls it on exit)."""
         self._stop.set()
-        with self._cond:
-            self._cond.notify_all()
+        self.queue.wake()
         for thread in self._threads:
             thread.join(timeout=5)
         for worker in self._workers:
@@ -304,60 +244,19 @@ class ClusterCoordinator:
         return tuple(self._workers)
 
     @property
+    def stopping(self) -> threading.Event:
+        """Set when the coordinator shuts down (its threads stop waiting)."""
+        return self._stop
+
+    @property
+    def iterators(self) -> IteratorRegistry:
+        """The live per-worker iterators, rebuilt on a worker taken back (``recovery``)."""
+        return self._iterators
+
+    @property
     def synchronous(self) -> bool:
         """Whether every step runs on every worker (sync or hybrid mode)."""
         return self._sync
-
-    def run_share_again(self, worker: _Worker, closure: Closure) -> bool:
-        """Puts ``worker``'s failed share of a synchronous step back at the head of its
-        queue, unless the step is already final; returns whether it did."""
-        with self._cond:
-            if closure.remote.status is not RemoteValueStatus.PENDING:
-                return False
-            self._inflight -= 1
-            self._pinned[worker.index].appendleft(closure)
-            self._cond.notify_all()
-        return True
-
-    def fail_waiting_for(self, worker: _Worker, error: BaseException) -> bool:
-        """Fails the synchronous steps queued for ``worker``, and every step not yet started,
-        with ``error``; returns False when none was queued for it."""
-        with self._cond:
-            if not self._pinned[worker.index]:
-                return False
-            for closure in list(self._pinned[worker.index]):
-                self._fail(closure, error)
-            self._cancel_queued(error)
-            self._cond.notify_all()
-        return True
-
-    def fail_queued(self, error: BaseException) -> None:
-        """Fails the first queued step with ``error`` (reported once) and cancels the rest."""
-        with self._cond:
-            if self._queue:
-                self._fail(self._queue[0], error)
-                self._cancel_queued(error)
-                self._cond.notify_all()
-
-    def fail_all(self, error: BaseException) -> None:
-        """Fails every step running or not yet started with ``error``, which ``join``,
-        ``done`` or ``schedule`` raise once even when none was pending: the cluster lost state
-        that no step can be exact from."""
-        with self._cond:
-            for closure in list(self._running.values()):
-                self._fail(closure, error)
-            self._cancel_queued(error)
-            if self._error is None:
-                self._error = error
-            self._cond.notify_all()
-
-    def worker_restarted(self, client: rpc.RpcClient) -> None:
-        """Called when the heartbeat finds ``client``'s worker answering as a new process: it
-        lost its programs, iterators and per-worker variables, which are rebuilt before its
-        next closure."""
-        for worker in self._workers:
-            if worker.client is client and worker.alive:
-                worker.restarted = True
 
     # ----- internals ------------------------------------------------------------------------
     def _read_per_worker(self, variable: Any) -> list[np.ndarray]:
@@ -386,7 +285,7 @@ class ClusterCoordinator:
 
         As in TensorFlow, a worker that does not answer (down, not yet noticed) does not fail
         the call: it is marked dead, and its serving thread takes it back when it answers
-        again, rebuilding every registered iterator there (``_revive``).
+        again, rebuilding every registered iterator there (``recovery.revive``).
 
         Raises:
           WorkerUnavailableError: no worker answered.
@@ -425,19 +324,6 @@ class ClusterCoordinator:
         return first.meta["structure"], [jax.ShapeDtypeStruct(tuple(shape), np.dtype(dtype))
                                          for dtype, shape in first.meta["specs"]]
 
-    def _pending(self) -> bool:
-        return bool(self._queue or self._inflight or any(self._pinned.values()))
-
-    def _cancel_queued(self, error: BaseException) -> None:
-        """Fails every closure not yet started (lock held)."""
-        queued = [*self._queue, *(c for q in self._pinned.values() for c in q)]
-        for closure in {id(c): c for c in queued}.values():
-            if closure.remote.status is RemoteValueStatus.PENDING:
-                closure.remote._set(error=error)
-        self._queue.clear()
-        for pinned in self._pinned.values():
-            pinned.clear()
-
     def _live_workers(self) -> list[_Worker]:
         live = [w for w in self._workers if w.alive]
         if not live:
@@ -446,114 +332,25 @@ class ClusterCoordinator:
         return live
 
     def _serve(self, worker: _Worker) -> None:
+        """One worker's dispatch thread: runs its closures until the coordinator stops;
+        ``recovery`` handles a lost worker (its closure re-queued, the worker waited for) and
+        a failed step."""
         while not self._stop.is_set():
-            closure = None  # a finished closure must not keep its iterators alive while idle
-            pinned = self._pinned[worker.index]
-            with self._cond:
-                # After an error no closure starts until it is reported (which cancels the
-                # queued ones): a step whose result would be dropped is not run.
-                while ((not self._queue and not pinned) or self._error is not None) and (
-                        not self._stop.is_set()):
-                    self._cond.wait(0.5)
-                if self._stop.is_set():
-                    return
-                closure = pinned.popleft() if pinned else self._queue.popleft()
-                self._inflight += 1
-                self._running[worker.index] = closure
+            closure = self.queue.take(worker.index, self._stop)
+            if closure is None:
+                return
             try:
                 recovery.run_detecting_restart(self._run, worker, closure)
             except WorkerUnavailableError as err:
-                logger.warning("%s; re-queueing closure %d %s", err, closure.ident,
-                               "for its restart" if closure.pinned else "on the other workers")
-                worker.alive = False
-                worker.died_at = time.monotonic()
-                with self._cond:
-                    self._inflight -= 1
-                    self._running.pop(worker.index, None)
-                    # A closure cancelled meanwhile does not run again. A synchronous step
-                    # needs this worker's gradient, on this worker's data: it waits for the
-                    # task to be restarted (see _revive); an asynchronous one goes to another
-                    # worker, or (none left) to the first one back.
-                    if closure.remote.status is RemoteValueStatus.PENDING:
-                        (pinned if closure.pinned else self._queue).appendleft(closure)
-                    self._cond.notify_all()
-                if not self._revive(worker):
+                if not recovery.worker_lost(self, worker, closure, err):
                     return
                 continue
             except Exception as err:
-                if recovery.retry_sync_share(self, worker, closure, err):
-                    with self._cond:
-                        self._running.pop(worker.index, None)
-                    continue
-                error = step_error(f"worker {worker.index} at {worker.client.address}", err)
-                with self._cond:
-                    self._inflight -= 1
-                    self._running.pop(worker.index, None)
-                    self._fail(closure, error)
-                    if closure.pinned:  # later synchronous steps would wait for this worker
-                        self._cancel_queued(StepCancelledError(f"Cancelled after: {error}"))
-                    self._cond.notify_all()
+                recovery.step_failed(self, worker, closure, err)
                 continue
-            with self._cond:
-                self._inflight -= 1
-                self._running.pop(worker.index, None)
-                self._cond.notify_all()
-
-    def _revive(self, worker: _Worker) -> bool:
-        """Waits for a dead worker to answer again (a restarted task at the same address),
-        rebuilds its iterators (asynchronous mode: from the start of their ``dataset_fn``;
-        synchronous mode: past the batches of its finished steps, see ``recovery``) and takes
-        it back; returns False when the coordinator stops first."""
-        while not self._stop.wait(1.0):
-            if self._sync:
-                recovery.expire_sync_shares(self, worker)
-            recovery.expire_when_no_worker_came_back(self)
-            try:
-                session = getattr(self.strategy, "_session", None)
-                if session is not None:  # also records its incarnation (see worker_restarted)
-                    session.refresh(worker.client, timeout=2.0)
-                else:
-                    worker.client.call("ping", timeout=2.0)
-            except StrataxError:
-                continue
-            with self._iterators.lock:  # no iterator is created or released meanwhile
-                try:
-                    live = self._iterators.live()
-                    for name, source in live.items():
-                        # Synchronous mode: skip the batches of the steps already done, so the
-                        # re-run steps read the batches the dead task would have read.
-                        skip = worker.consumed[name] if self._sync else 0
-                        worker.client.call("iterator", {"iterator": name, "skip": skip,
-                                                        "source": source.meta},
-                                           source.tensors, stream=bool(source.tensors))
-                except StrataxError:
-                    continue
-                worker.programs = set()
-                worker.per_worker = set()  # recreated from their initial values on use
-                worker.resident = set()  # a live worker's replica, before its next step
-                worker.restarted = False
-                worker.iterators = set(live)
-                worker.stats["rejoined"] += 1
-                worker.alive = True
-            logger.warning("worker %d at %s answers again; it gets work again", worker.index,
-                           worker.client.address)
-            return True
-        return False
-
-    def _fail(self, closure: Closure, error: BaseException) -> None:
-        """Fails ``closure`` with ``error`` (lock held), to be raised once by ``join``,
-        ``done`` or ``schedule``, and cancels the closures other workers are running, as
-        TensorFlow does. A closure already final (cancelled while it ran) reports nothing."""
-        if closure.remote.status is not RemoteValueStatus.PENDING:
-            return
-        closure.remote._set(error=error)
-        if self._error is None:
-            self._error = error
-        for index, running in self._running.items():
-            if running.remote.status is RemoteValueStatus.PENDING:
-                running.remote._set(error=StepCancelledError(
-                    f"Cancelled while running on worker {index} after closure {closure.ident} "
-                    f"failed: {error}"))
+            finally:
+                closure = None  # a finished closure must not keep its iterators alive
+            self.queue.finished(worker.index)
 
     def _run(self, worker: _Worker, closure: Closure) -> None:
         if worker.restarted or not worker.alive:
@@ -582,7 +379,7 @@ class ClusterCoordinator:
             worker.iterators.add(data.name)
         start = time.perf_counter()
         sync = len(self._workers) if closure.pinned else 1
-        reply = self._call_run(worker, closure, {
+        reply = recovery.call_run(self, worker, closure, {
             "closure": f"c{closure.ident}", "iterators": names,
             "batches": closure.batches, "runs": closure.runs, "sync": sync, "after": closure.after,
             "data": data.name if data is not None else None,
@@ -598,36 +395,9 @@ class ClusterCoordinator:
         worker.stats["wall"] += time.perf_counter() - start
         for key, seconds in reply.meta.get("timing", {}).items():
             worker.stats[key] += float(seconds)
-        with self._cond:
+        with self.queue.cond:
             closure.parts[worker.index] = outputs
             closure.resolve(sync)
-
-
-    def _call_run(self, worker: _Worker, closure: Closure, meta: dict[str, Any]) -> Any:
-        """The worker's ``run`` call (deadline ``step_timeout_seconds``). Asynchronous mode:
-        if the worker stops answering the chief's heartbeat for ``timeout_seconds`` meanwhile
-        (hung, SIGSTOPped, its host unreachable), raises ``WorkerUnavailableError`` so the
-        closure moves to another worker; the abandoned call's pushes, should it finish, are
-        skipped by the parameter servers (same step ids)."""
-        call = functools.partial(worker.client.call, "run", meta, closure.rows,
-                                 timeout=self.strategy._step_timeout)
-        session = getattr(self.strategy, "_session", None)
-        if self._sync or session is None:
-            return call()  # a synchronous step needs this worker anyway
-        future = worker.caller.submit(call)
-        limit = float(self.strategy._timeout)
-        while True:
-            try:
-                return future.result(timeout=0.25)
-            except futures.TimeoutError:
-                quiet = session.quiet_seconds(worker.client)
-                if quiet > limit:
-                    worker.caller.stop()  # it ends when the abandoned call returns
-                    worker.caller = _Caller(worker.index)
-                    raise WorkerUnavailableError(
-                        f"worker {worker.index} at {worker.client.address} has not answered "
-                        f"for {quiet:.1f} s (timeout_seconds={limit:g}) while running closure "
-                        f"{closure.ident}: hung or stopped") from None
 
 
 def _holds_remote_value(tree: Any) -> bool:

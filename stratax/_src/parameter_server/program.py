@@ -28,7 +28,9 @@ program ``batch -> ids`` the worker runs first to know which rows to pull. Rows 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import inspect
 import json
 import threading
 from collections.abc import Callable, Sequence
@@ -226,6 +228,52 @@ class Program:
     variables: list[PSVariable]
     optimizers: dict[str, tuple[dict[str, Any], list[PSVariable]]]
     per_worker: list[PerWorkerVariable]  # read or assigned: created on a worker before use
+
+
+class ProgramCache:
+    """The programs of one strategy, each built once per replica function and argument shapes.
+
+    Args:
+      context: Gives the context a replica function runs in while traced (the worker's
+        replica context).
+      on_new: Called with each program when it is first built.
+    """
+
+    def __init__(self, context: Callable[[], contextlib.AbstractContextManager[Any]],
+                 on_new: Callable[[Program], None]) -> None:
+        self._context = context
+        self._on_new = on_new
+        self._built: dict[Any, Program] = {}
+
+    def get(self, fn: Callable[..., Any], call_args: tuple[tuple[Any, ...], dict[str, Any]],
+            specs: Sequence[jax.ShapeDtypeStruct], namespace: str) -> Program:
+        """The program of ``fn(*args, **kwargs)`` for ``call_args = (args, kwargs)`` whose
+        leaves have ``specs``; named ``<namespace>p<n>`` when built."""
+        treedef = jax.tree_util.tree_structure(call_args)
+        key = (_function_key(fn), treedef, tuple((s.shape, s.dtype.name) for s in specs))
+        built = self._built.get(key)
+        if built is None:
+            def positional(packed: Any) -> Any:
+                a, kw = packed
+                with self._context():
+                    return fn(*a, **kw)
+
+            built = build_program(f"{namespace}p{len(self._built)}", positional, specs,
+                                  jax.tree_util.tree_structure((call_args,)))
+            self._on_new(built)
+            self._built[key] = built
+        return built
+
+
+def _function_key(fn: Callable[..., Any]) -> Any:
+    """Identity of a replica function for the program cache: its code and what it closes over
+    (a nested function re-created per call maps to the same programs)."""
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return id(fn)
+    cells = tuple(id(c.cell_contents) for c in (fn.__closure__ or ()))
+    defaults = tuple(id(d) for d in (fn.__defaults__ or ()))
+    return (code, cells, defaults, inspect.ismethod(fn) and id(fn.__self__))
 
 
 def build_program(key: str, fn: Callable[..., Any], arg_specs: Sequence[jax.ShapeDtypeStruct],

@@ -2,7 +2,8 @@
 
 JAX's gloo transport has one I/O thread per process (``gloo::transport::tcp::Loop``) that
 busy-polls ``epoll_wait`` while a collective is in flight (an early message keeps its socket
-readable until the thread that waits for it posts the receive: ~2,500 calls per all-reduce).
+readable until the thread that waits for it posts the receive: thousands of calls per
+all-reduce, counted in docs/design/performance.md).
 When that poller shares a core with the thread that posts the receive (processes pinned to one
 core each, or more busy threads than cores), the poster runs only at the next scheduler tick
 (one tick of the kernel's clock), so every gloo collective cost a tick: `docs/design/transport.md`.

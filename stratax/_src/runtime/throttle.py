@@ -8,8 +8,8 @@ intra-op thread pool* (after a parallel matmul finished) and blocks there in the
 waiting for the other device's participant. That pool is shared by all CPU devices and has one
 thread per core; with many steps in flight, every pool thread can end up blocked in a rendezvous
 while the other device's compute, which it needs to arrive, waits in the same pool's queue.
-Measured on 2 cores with 2 forced CPU devices, a 784-1024-1024-10 MLP step: unbounded dispatch
-aborts within a few hundred steps, a window of 1, 2 or 4 steps in flight never did. Strategies
+A small window of steps in flight never deadlocked where unbounded dispatch did (the
+measurement: docs/design/performance.md, "Numbers behind the code's choices"). Strategies
 whose replicas are several CPU devices of one process therefore wait for step ``k - window``
 before dispatching step ``k``. Accelerators and single-device strategies are not bounded.
 """

@@ -35,6 +35,7 @@ from stratax._src.runtime import throttle
 from stratax._src.runtime.devices import local_replica_ids, place, process_rank
 from stratax._src.strategies import transport
 from stratax._src.strategies.cross_device_ops import CrossDeviceOps
+from stratax._src.strategies.extended import StrategyExtended
 from stratax._src.strategies.replica_context import CORE_AXIS, REPLICA_AXIS, ReplicaContext
 from stratax._src.strategies.run_compiler import RunCompiler
 from stratax._src.strategies.run_options import check_run_options
@@ -57,6 +58,7 @@ class Strategy:
     # Custom-loop batches keep one shape per epoch (a short last batch padded to the full one)
     # where every new shape is a new compilation (TPUs).
     _static_batch_shapes = False
+    _extended_type: type[StrategyExtended] = StrategyExtended  # what ``extended`` gives
 
     def __init__(self, devices: Sequence[jax.Device], cores_per_replica: int | None = None,
                  layout_map: Any = None, cross_device_ops: CrossDeviceOps | None = None) -> None:
@@ -132,6 +134,12 @@ class Strategy:
     def is_chief(self) -> bool:
         """True on the process that writes checkpoints and logs (process 0)."""
         return self._process_rank == 0
+
+    @functools.cached_property
+    def extended(self) -> StrategyExtended:
+        """TensorFlow's ``strategy.extended``: which task checkpoints, the devices, reductions
+        to a destination (see ``strategies.extended``)."""
+        return self._extended_type(self)
 
     @property
     def cross_device_ops(self) -> CrossDeviceOps:

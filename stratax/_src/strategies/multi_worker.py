@@ -185,11 +185,6 @@ class MultiWorkerMirroredStrategy(Strategy):
         """This process's index among the workers (0 = the chief or worker 0)."""
         return self._layout.process_id
 
-    @property
-    def should_checkpoint(self) -> bool:
-        """True on the task that writes checkpoints and logs: the chief, else worker 0."""
-        return self.is_chief
-
     def __repr__(self) -> str:
         return (f"MultiWorkerMirroredStrategy(num_workers={self.num_workers}, "
                 f"num_replicas_in_sync={self.num_replicas_in_sync})")

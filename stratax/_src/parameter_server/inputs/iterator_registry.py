@@ -6,7 +6,7 @@ queued; a daemon thread then drops it from the registry and asks each worker tha
 release it (``drop_iterator``), as TensorFlow deletes a worker's iterator resource with its
 last reference. So the workers hold, and a restarted worker rebuilds, only the live ones.
 
-``lock`` orders a release against a worker's rebuild (``ClusterCoordinator._revive``) and the
+``lock`` orders a release against a worker's rebuild (``recovery.revive``) and the
 creation of an iterator: whoever holds it sees the registry and each worker's ``iterators``
 agree. The finalizer itself only queues (it may run inside any code, locks held).
 """

@@ -15,13 +15,14 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 from typing import Any
 
 from stratax._src.cluster.cluster_spec import ClusterSpec, parse_address
 from stratax._src.cluster.resolver import ClusterResolver
-from stratax._src.parameter_server.tasks import chief_session, cluster_check
+from stratax._src.parameter_server.tasks import chief_session, cluster_check, compute_threads
 from stratax._src.parameter_server.transport import handshake_log, rpc, wire
 
 logger = logging.getLogger(__name__)
@@ -197,3 +198,19 @@ def serve(server: Server) -> int:
         raise
     signal.signal(signal.SIGTERM, previous)
     return 1 if server.chief_lost else 0
+
+
+def serve_and_exit(spec: Any, task_type: str, task_id: int | None,
+                   timeout_seconds: float) -> None:
+    """Serves this ``worker`` or ``ps`` task until the chief is done, then exits the process
+    (status 1 when no chief was heard for the chief timeout): what constructing a
+    ``ParameterServerStrategy`` does on a task that is not the chief, so the same program may
+    be started on every task."""
+    if task_type == "worker" and task_id is not None:  # a process that only serves
+        compute_threads.limit_worker_threads(ClusterSpec(spec), task_id)
+    prepare_process()
+    if serve(Server(spec, job_name=task_type, task_index=task_id,
+                    timeout_seconds=timeout_seconds)):
+        sys.exit(1)  # no chief heard for the chief timeout
+    logger.info("%s %s: the coordinator is done; exiting", task_type, task_id)
+    sys.exit(0)
