@@ -9,6 +9,7 @@ import enum
 import jax
 
 from stratax._src.cluster.detect import detect_cluster_resolver
+from stratax._src.cluster.process_group import ProcessGroupClusterResolver
 from stratax._src.cluster.process_layout import ProcessLayout
 from stratax._src.cluster.resolver import ClusterResolver
 from stratax._src.cluster.sync_group import process_layout
@@ -161,6 +162,12 @@ class MultiWorkerMirroredStrategy(Strategy):
             task_names=_task_names(self._resolver, self._layout),
             implementation=self._options.cpu_collectives,
         )
+        if (isinstance(self._resolver, ProcessGroupClusterResolver)
+                and self._layout.num_processes > 1 and not self._resolver.lists_every_worker()):
+            # torchrun across nodes, mpirun: the environment named the coordinator only.
+            self._resolver.list_workers(
+                distributed.gathered_hosts(self._options.effective_timeout))
+            distributed.runtime.task_names = _task_names(self._resolver, self._layout)
         devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
         super().__init__(devices)
 
