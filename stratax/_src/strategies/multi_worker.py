@@ -8,6 +8,7 @@ import enum
 
 import jax
 
+from stratax._src import seam
 from stratax._src.cluster.detect import detect_cluster_resolver
 from stratax._src.cluster.process_group import ProcessGroupClusterResolver
 from stratax._src.cluster.process_layout import ProcessLayout
@@ -148,6 +149,13 @@ class MultiWorkerMirroredStrategy(Strategy):
         cluster_resolver: ClusterResolver | None = None,
         communication_options: CommunicationOptions | None = None,
     ) -> None:
+        if seam.importing_main_for_a_child():
+            raise RuntimeError(
+                "MultiWorkerMirroredStrategy() ran while multiprocessing imported the main "
+                "script in a child process (a PyDataset's workers with use_multiprocessing=True, "
+                "a 'spawn' or 'forkserver' pool), which would join the cluster a second time. "
+                'Put the script\'s training under `if __name__ == "__main__":`.'
+            )
         self._resolver = cluster_resolver or detect_cluster_resolver()
         self._options = communication_options or CommunicationOptions()
         self._layout = process_layout(self._resolver)
