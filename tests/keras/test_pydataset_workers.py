@@ -3,7 +3,9 @@
 stratax read every ``PyDataset`` by index in the main process; plain Keras reads one that asks
 for workers through its pool of threads or processes. Now stratax does too (Keras' own
 ``OrderedEnqueuer``, in the order stratax chose): the batches come from the workers, and
-training equals plain Keras reading in the main process to 1e-6.
+training equals plain Keras reading in the main process to 1e-6. Processes start from
+multiprocessing's ``forkserver``, never a fork of this JAX process; the errors for a dataset that
+does not pickle and a script that trains at import are tested too.
 """
 
 import gc
