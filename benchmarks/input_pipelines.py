@@ -10,7 +10,9 @@ same synthetic MNIST-shaped data (no download), the same initial weights, Adam, 
   with ``--pipelines``: it reads record by record, ~4k samples/s here for every system alike);
 - ``pydataset-workers``: a ``keras.utils.PyDataset`` whose batches cost ``DECODE_S`` each to
   load (a stand-in for decoding files), read with ``workers=2, use_multiprocessing=True``
-  (only with ``--pipelines``): plain Keras and stratax both read it with Keras' process pool.
+  (only with ``--pipelines``): both read it with Keras' process pool, which plain Keras forks
+  from the training process and stratax starts from multiprocessing's forkserver (the dataset,
+  arrays included, pickled to each worker every epoch).
 
 Systems, side by side: ``keras`` (Keras 3 on JAX, no strategy, stratax not imported),
 ``sx-onedevice`` (``sx.OneDeviceStrategy("cpu:0")``), ``sx-mirrored`` (``sx.MirroredStrategy()``,
@@ -28,7 +30,8 @@ stratax over plain Keras on the same pipeline in the same repetition; the table 
 median over repetitions and each repetition's value.
 
 Run: ``python -m benchmarks.input_pipelines [--reps N] [--quick]``; writes
-``benchmarks/results/input_pipelines{,_quick}.{json,md}`` with the date, CPU model, load average
+``benchmarks/results/input_pipelines{,_quick}.{json,md}`` (``--pipelines`` other than the
+default adds their names, e.g. ``_quick_pydataset-workers``) with the date, CPU model, load average
 before and after, and package versions.
 """
 
@@ -118,18 +121,9 @@ def make_pipeline(name: str, x: Any, y: Any) -> Any:
 
 def _decoded_batches(x: Any, y: Any) -> Any:
     """Batches of ``(x, y)`` that each take ``DECODE_S`` to load, read by 2 worker processes."""
-    import keras
+    from benchmarks.decoded_batches import DecodedBatches
 
-    class DecodedBatches(keras.utils.PyDataset):
-        def __len__(self) -> int:
-            return len(x) // GLOBAL_BATCH
-
-        def __getitem__(self, index: int) -> tuple[Any, Any]:
-            time.sleep(DECODE_S)
-            rows = slice(index * GLOBAL_BATCH, (index + 1) * GLOBAL_BATCH)
-            return x[rows], y[rows]
-
-    return DecodedBatches(workers=2, use_multiprocessing=True)
+    return DecodedBatches(x, y, GLOBAL_BATCH, DECODE_S)
 
 
 def _fit_one(system: str, pipeline: str, workload: str, steps: int, timed: int) -> dict[str, Any]:
@@ -366,6 +360,9 @@ def main(argv: list[str] | None = None) -> None:
     }
     name = "input_pipelines" + ("_quick" if args.quick else "")
     name += "" if args.workload == "mlp" else f"_{args.workload}"
+    # Another set of pipelines gets its own file instead of replacing the default run's.
+    name += "" if tuple(pipelines) == DEFAULT_PIPELINES else "_" + "_".join(
+        p.replace(".", "") for p in pipelines)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{name}.json").write_text(json.dumps(
         {"meta": meta, "rows": rows, "records": records}, indent=1))

@@ -365,13 +365,104 @@ def distribute_data(batch: Any, layouts: Any) -> Any:
 
 
 def ordered_enqueuer(py_dataset: Any, workers: int, use_multiprocessing: bool,
-                     max_queue_size: int) -> Any:
+                     max_queue_size: int, name: str) -> Any:
     """Keras' ``OrderedEnqueuer`` of ``py_dataset`` (not shuffled), the reader Keras' own
-    ``PyDataset`` adapter starts when the dataset asks for workers."""
-    from keras.src.trainers.data_adapters.py_dataset_adapter import OrderedEnqueuer
+    ``PyDataset`` adapter starts when the dataset asks for workers; its processes, with
+    ``use_multiprocessing``, come from ``forkserver`` (see ``_forkserver_enqueuer``). ``name``
+    names the user's dataset in errors."""
+    from keras.src.trainers.data_adapters import py_dataset_adapter
 
-    return OrderedEnqueuer(py_dataset, workers=workers, use_multiprocessing=use_multiprocessing,
-                           max_queue_size=max_queue_size, shuffle=False)
+    if not use_multiprocessing:
+        return py_dataset_adapter.OrderedEnqueuer(py_dataset, workers=workers,
+                                                  max_queue_size=max_queue_size, shuffle=False)
+    enqueuer = _forkserver_enqueuer()(py_dataset, workers=workers, use_multiprocessing=True,
+                                      max_queue_size=max_queue_size, shuffle=False)
+    enqueuer.dataset_name = name
+    return enqueuer
+
+
+def importing_main_for_a_child() -> bool:
+    """True while multiprocessing re-imports the main script in a child or forkserver process
+    (``spawn``/``forkserver`` start methods), where a script's top-level code must not run."""
+    import multiprocessing
+
+    return bool(getattr(multiprocessing.current_process(), "_inheriting", False))
+
+
+# How long the first worker process of a PyDataset may take to start (import its modules).
+PYDATASET_WORKER_START_SECONDS = 120.0
+
+_MAIN_GUARD = ("They start from multiprocessing's 'forkserver', which imports the main script and "
+               "receives the dataset by pickling: put the script's training under `if __name__ "
+               "== \"__main__\":`, define the dataset's class at the top level of a module or "
+               "of the script, or read it in threads (use_multiprocessing=False).")
+
+
+@functools.cache
+def _forkserver_enqueuer() -> type:
+    """Keras' ``OrderedEnqueuer`` whose process pool starts from multiprocessing's
+    ``forkserver`` instead of a ``fork`` of this process.
+
+    Keras' pool forks the training process (the ``fork`` default of Python <= 3.13 on Linux);
+    JAX runs threads, and a fork of a process with threads can deadlock in the child (JAX
+    warns). ``forkserver``, Python 3.14's default, forks workers from a clean server process
+    that imports ``__main__`` and this module's Keras once, so the dataset is pickled to the
+    workers and a script's training must sit under ``if __name__ == "__main__":``, as on macOS.
+    A pickling failure, or workers that die starting (a script that trains at import), is an
+    error naming the fix instead of a hang.
+    """
+    import multiprocessing
+    import multiprocessing.pool
+    import queue
+    import time
+
+    from keras.src.trainers.data_adapters import py_dataset_adapter as adapter
+
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["__main__", "stratax._src.keras.feed"])
+
+    class _CountedPool(multiprocessing.pool.Pool):
+        """A pool that counts the processes it starts: it replaces a worker that died
+        starting, endlessly, so more starts than workers mean they die."""
+
+        starts = 0
+
+        def Process(self, ctx: Any, *args: Any, **kwargs: Any) -> Any:
+            self.starts += 1
+            return ctx.Process(*args, **kwargs)
+
+    class _ForkserverEnqueuer(adapter.OrderedEnqueuer):
+        dataset_name = "the PyDataset"
+
+        def _get_executor_init(self, workers: int) -> Callable[[Any], Any]:
+            def pool_fn(shared: Any) -> Any:
+                name = self.dataset_name
+                if importing_main_for_a_child():  # this is a worker, running the script
+                    raise RuntimeError(f"The worker processes of {name} run the main script's "
+                                       f"training. {_MAIN_GUARD}")
+                started = context.Queue()
+                try:
+                    pool = _CountedPool(workers, initializer=adapter.init_pool_generator,
+                                        initargs=(shared, None, started), context=context)
+                except Exception as error:  # pickle's (and a dead server's) have no common type
+                    raise ValueError(f"Starting the worker processes of {name} failed: "
+                                     f"{error}. {_MAIN_GUARD}") from error
+                adapter._DATA_POOLS.add(pool)
+                deadline = time.monotonic() + PYDATASET_WORKER_START_SECONDS
+                while pool.starts <= workers and time.monotonic() < deadline:
+                    try:
+                        started.get(timeout=0.2)
+                        return pool
+                    except queue.Empty:
+                        pass
+                pool.terminate()
+                how = ("died while starting" if pool.starts > workers else
+                       f"did not start within {PYDATASET_WORKER_START_SECONDS:g} s")
+                raise RuntimeError(f"The worker processes of {name} {how}. {_MAIN_GUARD}")
+
+            return pool_fn
+
+    return _ForkserverEnqueuer
 
 
 def adapter_dataset(data_adapter: Any) -> Any:

@@ -27,9 +27,18 @@ def test_torchrun_child(cluster_env: pytest.MonkeyPatch) -> None:
     # torch's store holds MASTER_PORT on rank 0's host: the coordinator takes the next port.
     assert resolver.coordinator_address == "node0:29501"
     assert process_layout(resolver) == ProcessLayout("node0:29501", 4, 3, "worker", 3)
-    # Two nodes: the other node's host is unknown, so only the coordinator is listed.
+    # Two nodes: the other node's host is unknown, so only the coordinator is listed...
     assert resolver.cluster_spec().as_dict() == {"worker": ["node0:29501"]}
+    assert not resolver.lists_every_worker()
     assert TorchrunClusterResolver.is_available()
+    # ...until the strategy has gathered every process' host once the group formed.
+    resolver.list_workers(["node0", "node0", "10.0.0.7", "10.0.0.7"])
+    assert resolver.cluster_spec().as_dict() == {
+        "worker": ["node0:29501", "node0:29502", "10.0.0.7:29503", "10.0.0.7:29504"]}
+    assert resolver.lists_every_worker()
+    assert resolver.master("worker", 3) == "10.0.0.7:29504"
+    with pytest.raises(ValueError, match=r"one host for each of the 4 processes"):
+        resolver.list_workers(["node0", "10.0.0.7"])
 
 
 @pytest.mark.parametrize(

@@ -3,13 +3,14 @@
 Usage: python launcher_env_program.py. The launcher's variables come from the environment alone;
 prints one JSON line: the detected resolver, replicas in sync, chief flag, worker index and the
 process indices gathered from every process (proof that the group really communicates), and
-the workers the cluster spec lists.
+the workers the cluster spec lists before the strategy forms the group and after.
 """
 
 import json
 
 import stratax as sx
 
+before = sx.cluster_resolver.detect_cluster_resolver().cluster_spec()
 strategy = sx.MultiWorkerMirroredStrategy(
     communication_options=sx.CommunicationOptions(timeout_seconds=60))
 
@@ -24,5 +25,6 @@ print(json.dumps({
     "is_chief": strategy.is_chief,
     "worker_index": strategy.worker_index,
     "gathered": sorted(int(i) for i in gathered.ravel()),
-    "spec_workers": strategy.cluster_resolver.cluster_spec().num_tasks("worker"),
+    "spec_before": before.as_dict().get("worker", []),
+    "spec": strategy.cluster_resolver.cluster_spec().as_dict(),
 }), flush=True)

@@ -3,7 +3,9 @@
 Each case starts two processes with the variables that torchrun / a PyTorchJob, Open MPI's
 mpirun, MPICH's mpiexec or a JAX job script gives its children (no TF_CONFIG, no STRATAX_*), on
 127.0.0.1 with free ports, and checks that they form one two-replica group with exactly one
-chief, instead of two single-worker runs that both write checkpoints as chief.
+chief, instead of two single-worker runs that both write checkpoints as chief. torchrun's case
+is two nodes of two processes each, where the environment names only the coordinator's host: the
+cluster spec lists every worker once the group has formed (issue 49 #4).
 """
 
 import json
@@ -15,10 +17,12 @@ pytestmark = pytest.mark.timeout(240)
 
 
 def _torchrun(rank: int, port: int) -> dict[str, str]:
-    # torchrun's children; the coordinator is MASTER_ADDR:MASTER_PORT + 1.
-    return {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port - 1), "WORLD_SIZE": "2",
-            "RANK": str(rank), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": "2",
-            "TORCHELASTIC_RUN_ID": "test"}
+    # `torchrun --nnodes 2 --nproc-per-node 2` children, both "nodes" on 127.0.0.1; the
+    # coordinator is MASTER_ADDR:MASTER_PORT + 1.
+    return {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port - 1), "WORLD_SIZE": "4",
+            "RANK": str(rank), "LOCAL_RANK": str(rank % 2), "LOCAL_WORLD_SIZE": "2",
+            "GROUP_RANK": str(rank // 2), "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": "4",
+            "GROUP_WORLD_SIZE": "2", "TORCHELASTIC_RUN_ID": "test"}
 
 
 def _open_mpi(rank: int, port: int) -> dict[str, str]:
@@ -51,9 +55,11 @@ def _jax_job(rank: int, port: int) -> dict[str, str]:
     ],
     ids=["torchrun", "open_mpi", "mpich", "jax_job"],
 )
-def test_two_processes_form_one_group(workers, environment, resolver) -> None:
+def test_processes_form_one_group_and_the_spec_lists_them(workers, environment,
+                                                          resolver) -> None:
     port = free_port()
-    for rank in range(2):
+    size = 4 if resolver == "TorchrunClusterResolver" else 2
+    for rank in range(size):
         workers.start(["launcher_env_program.py"], [""],
                       extra_env={**environment(rank, port), "STRATAX_CPU_COLLECTIVES": "gloo"})
     outputs = workers.wait(timeout=200)
@@ -63,14 +69,17 @@ def test_two_processes_form_one_group(workers, environment, resolver) -> None:
         lines = [line for line in out.splitlines() if line.startswith("{")]
         assert lines, f"rank {rank} printed no report:\n{out[-3000:]}"
         reports.append(json.loads(lines[-1]))
-    assert [r["resolver"] for r in reports] == [resolver, resolver]
-    assert [r["replicas"] for r in reports] == [2, 2]
-    assert [r["is_chief"] for r in reports] == [True, False]
-    assert [r["worker_index"] for r in reports] == [0, 1]
-    assert [r["gathered"] for r in reports] == [[0, 1], [0, 1]]
-    if resolver == "TorchrunClusterResolver":
-        # One node: the spec lists both workers, as under Slurm, for guide code that counts them.
-        assert [r["spec_workers"] for r in reports] == [2, 2]
+    ranks = list(range(size))
+    assert [r["resolver"] for r in reports] == [resolver] * size
+    assert [r["replicas"] for r in reports] == [size] * size
+    assert [r["is_chief"] for r in reports] == [True] + [False] * (size - 1)
+    assert [r["worker_index"] for r in reports] == ranks
+    assert [r["gathered"] for r in reports] == [ranks] * size
+    # Before the group forms the environment names the coordinator only (two nodes, mpirun, a
+    # JAX job); once formed, every process' spec lists every worker, worker 0 the coordinator.
+    assert [r["spec_before"] for r in reports] == [[f"127.0.0.1:{port}"]] * size
+    every_worker = {"worker": [f"127.0.0.1:{port + rank}" for rank in ranks]}
+    assert [r["spec"] for r in reports] == [every_worker] * size
 
 
 def test_world_without_coordinator_fails_fast_naming_the_variable(workers) -> None:

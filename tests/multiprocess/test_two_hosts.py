@@ -94,3 +94,19 @@ def test_two_hosts_of_two_processes_take_the_hierarchical_all_reduce(two_hosts, 
         assert_same_weights(weights[0], other)
     reference, _, _ = _reference()
     assert_same_weights(weights[0], reference, tol=1e-5)
+
+
+def test_the_cluster_spec_lists_each_hosts_address(two_hosts, tmp_path):
+    """Issue 49 #4 on two hosts: across nodes the launcher names only the coordinator; once the
+    group forms, each worker is listed at its own host's address (not the coordinator's)."""
+    import json
+
+    outputs = _launch(two_hosts, tmp_path, ["launcher_env_program.py"], 1,
+                      STRATAX_CPU_COLLECTIVES="gloo")
+    reports = [json.loads(line[line.index("{"):]) for out in outputs
+               for line in out.splitlines() if '"resolver"' in line]
+    coordinator = reports[0]["spec_before"][0]
+    port = int(coordinator.rsplit(":", 1)[1])
+    assert coordinator == f"{two_hosts.addresses[0]}:{port}"
+    every_worker = {"worker": [coordinator, f"{two_hosts.addresses[1]}:{port + 1}"]}
+    assert [r["spec"] for r in reports] == [every_worker, every_worker], reports

@@ -2,6 +2,7 @@
 
 import pytest
 
+from stratax._src.cluster.process_layout import ProcessLayout
 from stratax._src.core.config import config
 from stratax._src.runtime import cpu_collectives, distributed, shm_collectives
 
@@ -58,3 +59,20 @@ def test_errors_name_the_setting_that_chose_the_collectives(monkeypatch):
 
 def test_local_address_towards_loopback_is_loopback():
     assert distributed.local_address_towards("127.0.0.1") == "127.0.0.1"
+
+
+@pytest.mark.parametrize(
+    "coordinator, process_id, expected",
+    [
+        ("node0:29501", 0, "node0"),           # the coordinator's own host, as written
+        ("node0:29501", 3, "10.0.0.7"),        # another node: its address towards node0
+        ("localhost:29501", 3, "localhost"),   # loopback: every process is on that machine
+        ("[::1]:29501", 1, "::1"),
+    ],
+)
+def test_advertised_host(monkeypatch, coordinator, process_id, expected):
+    """What each process publishes for the cluster spec once the group formed (issue 49 #4)."""
+    monkeypatch.setattr(distributed, "local_address_towards",
+                        lambda host: {"node0": "10.0.0.7"}[host])
+    layout = ProcessLayout(coordinator, 4, process_id, "worker", process_id)
+    assert distributed.advertised_host(layout) == expected

@@ -4,18 +4,23 @@ group outright (a rank, a process count, a coordinator), as launchers do.
 ``stratax launch``, torchrun, MPI's launchers and JAX-style job scripts all hand each process its
 global rank and the number of processes; none lists every task's address the way TF_CONFIG
 does. So these resolvers share one shape: every process is a ``"worker"`` whose task id is its
-rank, process 0 hosts the ``jax.distributed`` coordinator, and the cluster spec knows only the
-coordinator's address. The checks of rank against size live here, once, so every launcher's
-error reads the same.
+rank, and process 0 hosts the ``jax.distributed`` coordinator. Before the group forms the cluster
+spec knows only the addresses the environment states (the coordinator's, or every worker's on
+one node); once ``MultiWorkerMirroredStrategy`` has formed it, each process' host is gathered
+through the coordination service and the spec lists every worker (``list_workers``), as
+TensorFlow's resolvers do, so guide code that counts workers in the spec counts them all. The
+checks of rank against size live here, once, so every launcher's error reads the same.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 
 from stratax._src.cluster.cluster_spec import ClusterSpec, parse_address
 from stratax._src.cluster.process_layout import ProcessLayout
 from stratax._src.cluster.resolver import ClusterResolver
+from stratax._src.cluster.sync_group import SYNC_JOBS
 from stratax._src.core import env, envvars
 
 _MAX_PORT = 65535
@@ -33,6 +38,22 @@ def check_rank(rank_name: str, rank: int, size_name: str, size: int) -> None:
             f"{size - 1}. The launcher's environment is inconsistent: start every process with "
             "the same launcher command."
         )
+
+
+def workers_at(coordinator_address: str, hosts: Sequence[str]) -> ClusterSpec | None:
+    """``{"worker": [...]}`` with worker ``r`` at ``hosts[r]`` and the coordinator's port plus
+    ``r``, ``None`` when those ports run past 65535.
+
+    The rule Slurm's resolver follows for a node's tasks (``port_base + k``): only the
+    coordinator's address is ever listened on, but every worker gets a distinct address, and
+    worker 0's is the coordinator's.
+    """
+    _, port = parse_address(coordinator_address, env.JAX_COORDINATOR_ADDRESS)
+    if port + len(hosts) - 1 > _MAX_PORT:
+        return None
+    return ClusterSpec({"worker": [f"[{host}]:{port + rank}" if ":" in host
+                                   else f"{host}:{port + rank}"
+                                   for rank, host in enumerate(hosts)]})
 
 
 def coordinator_port_override() -> int | None:
@@ -154,8 +175,31 @@ class ProcessGroupClusterResolver(ClusterResolver):
         )
 
     def cluster_spec(self) -> ClusterSpec:
-        """The launcher's full cluster if it wrote one, else ``{"worker": {0: coordinator}}``."""
+        """Every worker once the group has formed (see ``list_workers``); before, the
+        launcher's full cluster if it stated one, else ``{"worker": {0: coordinator}}``."""
         return self._cluster_spec
+
+    def lists_every_worker(self) -> bool:
+        """Whether ``cluster_spec()`` names every process of the group (chief and workers)."""
+        spec = self._cluster_spec
+        return sum(spec.num_tasks(job) for job in SYNC_JOBS if job in spec) >= self._num_processes
+
+    def list_workers(self, hosts: Sequence[str]) -> None:
+        """Lists worker ``r`` at ``hosts[r]`` (see ``workers_at``); ``hosts`` are the processes'
+        hosts as gathered once the group formed, ``hosts[0]`` the coordinator's. Ports past
+        65535 keep the spec as it was.
+
+        Raises:
+          ValueError: ``hosts`` does not have one host per process.
+        """
+        if len(hosts) != self._num_processes or self._coordinator_address is None:
+            raise ValueError(
+                f"list_workers needs one host for each of the {self._num_processes} processes "
+                f"of a group with a coordinator; received {list(hosts)!r}."
+            )
+        spec = workers_at(self._coordinator_address, hosts)
+        if spec is not None:
+            self._cluster_spec = spec
 
     def master(
         self,

@@ -18,6 +18,7 @@ from stratax._src.cluster.process_group import (
     check_rank,
     coordinator_address_override,
     coordinator_port_override,
+    workers_at,
 )
 from stratax._src.core import env, envvars
 
@@ -73,18 +74,14 @@ def _one_node_cluster(
 
     torchrun names no process' address but the coordinator's, which is worker 0's. When every
     process is on that node (``LOCAL_WORLD_SIZE == WORLD_SIZE``), worker ``r`` is listed at the
-    coordinator's host with its port plus ``r``, the way Slurm's resolver lists a node's tasks
-    at ``port_base + k``: guide code that counts workers in the spec then counts them all. Only
-    the coordinator's address is ever listened on. Across several nodes the other nodes' hosts
-    are unknown, and ``None`` keeps the default (the coordinator alone).
+    coordinator's host (``workers_at``) before the group forms. Across several nodes the other
+    nodes' hosts are not in the environment: ``None`` keeps the coordinator alone until
+    ``MultiWorkerMirroredStrategy`` has gathered every process' host.
     """
     if address is None or local_size != world_size:
         return None
-    host, port = parse_address(address, env.MASTER_ADDR)
-    if port + world_size - 1 > _MAX_PORT:
-        return None
-    host = f"[{host}]" if ":" in host else host
-    return ClusterSpec({"worker": [f"{host}:{port + rank}" for rank in range(world_size)]})
+    host, _ = parse_address(address, env.MASTER_ADDR)
+    return workers_at(address, [host] * world_size)
 
 
 class TorchrunClusterResolver(ProcessGroupClusterResolver):

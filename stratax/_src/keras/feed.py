@@ -255,7 +255,8 @@ def _read_by_workers(dataset: keras.utils.PyDataset, indices: list[int]) -> Iter
     if not indices:
         return
     enqueuer = seam.ordered_enqueuer(_InOrder(dataset, indices), dataset.workers,
-                                     dataset.use_multiprocessing, dataset.max_queue_size)
+                                     dataset.use_multiprocessing, dataset.max_queue_size,
+                                     name=type(dataset).__name__)
     enqueuer.start()
     try:
         yield from itertools.islice(enqueuer.get(), len(indices))

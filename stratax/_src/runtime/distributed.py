@@ -16,7 +16,10 @@ users expect around it:
 - an uncaught exception ends the worker at once instead of in JAX's shutdown barrier, and
   SIGTERM ends it unless a preemption-aware callback is training (``worker_exit``);
 - a failed collective is reported as ``WorkerUnavailableError`` naming the processes that
-  stopped answering.
+  stopped answering;
+- each process publishes its host in the coordination service, so that a launcher that names
+  only the coordinator (torchrun across nodes, mpirun) still gets a cluster spec listing every
+  worker once the group has formed (``gathered_hosts``).
 """
 
 from __future__ import annotations
@@ -135,6 +138,7 @@ def initialize(layout: ProcessLayout, *, timeout_seconds: float, task_names: dic
                 f"jax.distributed already joined {jax.process_count()} processes, but the cluster "
                 f"has {layout.num_processes}; create one MultiWorkerMirroredStrategy per program."
             )
+        _publish_host(layout)
         runtime.layout = layout
         return
     if jax_started():
@@ -178,7 +182,58 @@ def initialize(layout: ProcessLayout, *, timeout_seconds: float, task_names: dic
     cpu_collectives.start(collectives, layout.process_id, layout.num_processes,
                           timeout_seconds, task_name, gloo_priority,
                           cpu_collectives.setting(implementation))
+    _publish_host(layout)
     runtime.layout = layout
+
+
+_HOSTS_KEY = "stratax/host/"
+
+
+def advertised_host(layout: ProcessLayout) -> str:
+    """This process' host as its peers reach it.
+
+    Process 0 is at the coordinator's host. When the coordinator is on loopback every process
+    runs on that machine, so all are at that host too. Otherwise a process is at this
+    machine's address on the route to the coordinator: the address gloo binds to
+    (``_configure_cpu_collectives``), which the environment of torchrun or mpirun never names.
+    """
+    host, _ = _split(layout.coordinator_address or "")
+    if layout.process_id == 0 or is_loopback(host):
+        return host
+    return local_address_towards(host)
+
+
+def _publish_host(layout: ProcessLayout) -> None:
+    """Writes ``advertised_host`` under this process' key (every process, always, so that a
+    peer that reads it never waits on a process that did not write)."""
+    seam.distributed_client().key_value_set(f"{_HOSTS_KEY}{layout.process_id}",
+                                            advertised_host(layout), allow_overwrite=True)
+
+
+def gathered_hosts(timeout_seconds: float) -> list[str]:
+    """Every process' ``advertised_host``, by process id, read from the coordination service.
+
+    Raises:
+        CollectiveTimeoutError: a process did not publish its host within ``timeout_seconds``.
+    """
+    layout = runtime.layout
+    if layout is None or layout.num_processes == 1:
+        raise RuntimeError("gathered_hosts needs a joined group of several processes.")
+    client = seam.distributed_client()
+    # One call reads what is there (every host, usually: each wrote right after joining).
+    hosts = {int(key.rsplit("/", 1)[1]): value
+             for key, value in client.key_value_dir_get(_HOSTS_KEY)}
+    for process in range(layout.num_processes):
+        if process not in hosts:
+            try:
+                hosts[process] = client.blocking_key_value_get(
+                    f"{_HOSTS_KEY}{process}", max(int(timeout_seconds * 1000), 1))
+            except Exception as error:  # XLA's runtime error for a deadline
+                raise CollectiveTimeoutError(
+                    f"{task_name(process)} did not publish its host within {timeout_seconds:g} "
+                    f"s of joining ({error}); check that it is still running."
+                ) from error
+    return [hosts[process] for process in range(layout.num_processes)]
 
 
 def _report_join_timeout(layout: ProcessLayout, timeout: int) -> None:

@@ -8,7 +8,9 @@ import enum
 
 import jax
 
+from stratax._src import seam
 from stratax._src.cluster.detect import detect_cluster_resolver
+from stratax._src.cluster.process_group import ProcessGroupClusterResolver
 from stratax._src.cluster.process_layout import ProcessLayout
 from stratax._src.cluster.resolver import ClusterResolver
 from stratax._src.cluster.sync_group import process_layout
@@ -147,6 +149,13 @@ class MultiWorkerMirroredStrategy(Strategy):
         cluster_resolver: ClusterResolver | None = None,
         communication_options: CommunicationOptions | None = None,
     ) -> None:
+        if seam.importing_main_for_a_child():
+            raise RuntimeError(
+                "MultiWorkerMirroredStrategy() ran while multiprocessing imported the main "
+                "script in a child process (a PyDataset's workers with use_multiprocessing=True, "
+                "a 'spawn' or 'forkserver' pool), which would join the cluster a second time. "
+                'Put the script\'s training under `if __name__ == "__main__":`.'
+            )
         self._resolver = cluster_resolver or detect_cluster_resolver()
         self._options = communication_options or CommunicationOptions()
         self._layout = process_layout(self._resolver)
@@ -161,6 +170,12 @@ class MultiWorkerMirroredStrategy(Strategy):
             task_names=_task_names(self._resolver, self._layout),
             implementation=self._options.cpu_collectives,
         )
+        if (isinstance(self._resolver, ProcessGroupClusterResolver)
+                and self._layout.num_processes > 1 and not self._resolver.lists_every_worker()):
+            # torchrun across nodes, mpirun: the environment named the coordinator only.
+            self._resolver.list_workers(
+                distributed.gathered_hosts(self._options.effective_timeout))
+            distributed.runtime.task_names = _task_names(self._resolver, self._layout)
         devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
         super().__init__(devices)
 
