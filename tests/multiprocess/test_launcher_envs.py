@@ -9,7 +9,7 @@ chief, instead of two single-worker runs that both write checkpoints as chief.
 import json
 
 import pytest
-from conftest import free_port
+from conftest import free_ports
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -52,7 +52,7 @@ def _jax_job(rank: int, port: int) -> dict[str, str]:
     ids=["torchrun", "open_mpi", "mpich", "jax_job"],
 )
 def test_two_processes_form_one_group(workers, environment, resolver) -> None:
-    port = free_port()
+    (port,) = free_ports(1)
     for rank in range(2):
         workers.start(["launcher_env_program.py"], [""],
                       extra_env={**environment(rank, port), "STRATAX_CPU_COLLECTIVES": "gloo"})

@@ -11,7 +11,14 @@ import jax.numpy as jnp
 import keras
 import numpy as np
 import pytest
-from conftest import HERE, assert_same_weights, free_port, load_weights, worker_env
+from conftest import (
+    HERE,
+    assert_same_weights,
+    free_ports,
+    load_weights,
+    worker_cluster,
+    worker_env,
+)
 from data import GLOBAL_BATCH, make_data, make_model
 
 import stratax as sx
@@ -86,7 +93,7 @@ def test_three_workers_via_launcher(tmp_path):
 def test_hand_written_tf_config_with_two_devices_per_worker(tmp_path, workers):
     """4 replicas over 2 workers; 150 examples at batch 16 leave a last batch of 6, which does
     not split over 4 replicas and is fed whole to every replica."""
-    ports = [free_port(), free_port()]
+    ports = free_ports(2)
     cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
     configs = [json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}})
                for i in range(2)]
@@ -101,7 +108,7 @@ def test_hand_written_tf_config_with_two_devices_per_worker(tmp_path, workers):
 
 
 def test_dead_peer_is_named_within_the_timeout(workers):
-    ports = [free_port(), free_port()]
+    ports = free_ports(2)
     cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
     configs = [json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}})
                for i in range(2)]
@@ -120,7 +127,7 @@ def test_dead_peer_is_named_within_the_timeout(workers):
 
 
 def test_unreachable_coordinator_is_a_named_timeout(workers):
-    cluster = {"worker": [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]}
+    cluster = worker_cluster(2)
     config = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": 1}})
     code = ("import stratax as sx\n"
             "sx.MultiWorkerMirroredStrategy(communication_options="
@@ -135,7 +142,7 @@ def test_unreachable_coordinator_is_a_named_timeout(workers):
 
 
 def test_workers_that_never_join_are_named_within_the_timeout(workers):
-    cluster = {"worker": [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]}
+    cluster = worker_cluster(2)
     config = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": 0}})
     code = ("import stratax as sx\n"
             "sx.MultiWorkerMirroredStrategy(communication_options="

@@ -12,7 +12,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import HERE, assert_same_weights, free_port, load_weights, worker_env
+from conftest import HERE, assert_same_weights, free_ports, load_weights, worker_env
 from test_multi_worker import _reference
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
@@ -42,7 +42,7 @@ def two_hosts():
 
 def _launch(bed, tmp_path, program, nproc_per_node, **env_vars):
     """``stratax launch --nnodes 2`` with one launcher per namespace; each node's output."""
-    coordinator = f"{bed.addresses[0]}:{free_port()}"
+    coordinator = f"{bed.addresses[0]}:{free_ports(1)[0]}"
     env = worker_env(PYTHONPATH=os.pathsep.join([str(HERE), str(_ROOT)]), **env_vars)
     procs = []
     try:
