@@ -394,11 +394,11 @@ def verdict(trials: list[Trial]) -> int:
 def _documented_loss(trial: Trial) -> bool:
     """A ps restarted from its snapshot loses at most the updates after it (asynchronous mode;
     in synchronous modes, hybrid included, the run resumes from its backup instead): steps
-    missing from its ledger, none applied twice."""
+    missing from its ledger, none applied twice. (``optimizer.iterations`` reads the servers'
+    count, so it is short by as many.)"""
     return (trial.mode == "ps-async" and trial.role == "ps0" and trial.struck
-            and trial.completed and trial.iterations == EXPECTED_STEPS
-            and trial.lost_updates is not None and 0 < trial.lost_updates <= SNAPSHOT_EVERY
-            and trial.extra_updates == 0
+            and trial.completed and trial.lost_updates is not None
+            and 0 < trial.lost_updates <= SNAPSHOT_EVERY and trial.extra_updates == 0
             and not trial.leftover_processes and not trial.ports_in_use)
 
 

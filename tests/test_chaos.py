@@ -117,6 +117,7 @@ def test_the_default_plan_fails_on_a_trial_not_struck_or_a_step_applied_twice(
 
 def test_a_parameter_server_kill_in_async_mode_may_lose_only_what_followed_its_snapshot():
     ps_kill = dict(mode="ps-async", role="ps0", weights_diff=None)
+    assert chaos.passed(_trial(**ps_kill, lost_updates=2, iterations=chaos.EXPECTED_STEPS - 2))
     assert chaos.passed(_trial(**ps_kill, lost_updates=chaos.SNAPSHOT_EVERY))
     assert not chaos.passed(_trial(**ps_kill, lost_updates=chaos.SNAPSHOT_EVERY + 1))
     assert not chaos.passed(_trial(**ps_kill, lost_updates=1, extra_updates=1))
@@ -194,7 +195,7 @@ def test_a_killed_asynchronous_parameter_server_loses_at_most_its_snapshot_inter
     ``timeout_seconds`` (a loaded box), the step fails and the group resumes from its backup,
     losing nothing. Either way no step is applied twice (the ledgers)."""
     trial = chaos.run_trial(chaos.Trial("ps-async", "ps0", "kill", 22), tmp_path, None)
-    assert trial.struck and trial.completed and trial.iterations == chaos.EXPECTED_STEPS, trial
+    assert trial.struck and trial.completed, trial
     assert trial.extra_updates == 0 and trial.lost_updates <= chaos.SNAPSHOT_EVERY, trial
     assert chaos.passed(trial), trial
 
