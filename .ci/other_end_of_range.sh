@@ -3,16 +3,29 @@
 # JAX-facing tests on Python 3.12 with the newest JAX that installs there and the oldest Keras
 # stratax claims. Run from the repository root; the venv is kept in .venv-range/ between runs.
 set -euo pipefail
-python312=""
-for candidate in python3.12 /root/.pyenv/versions/3.12*/bin/python3.12 /usr/bin/python3.12; do
-  if "$candidate" -c "import sys; assert sys.version_info[:2] == (3, 12)" 2>/dev/null; then
-    python312=$candidate
-    break
+tools=$PWD/.python-range   # a Python 3.12 this script installed (uv's), when none was here
+find_python312() {
+  local candidate
+  for candidate in python3.12 /root/.pyenv/versions/3.12*/bin/python3.12 /usr/bin/python3.12 \
+      "$tools"/python/cpython-3.12*/bin/python3.12; do
+    if "$candidate" -c "import sys; assert sys.version_info[:2] == (3, 12)" 2>/dev/null; then
+      echo "$candidate"
+      return 0
+    fi
+  done
+  return 1
+}
+if ! python312=$(find_python312); then
+  # No Python 3.12: install one with uv (from PyPI, into $tools), or fail. Skipping would
+  # report the range as tested when it was not.
+  echo "other end of the range: no python3.12 here; installing one with uv into $tools"
+  python -m pip install -q --target "$tools/uv" uv
+  if ! UV_PYTHON_INSTALL_DIR="$tools/python" "$tools/uv/bin/uv" python install 3.12 \
+      || ! python312=$(find_python312); then
+    echo "other end of the range: FAILED, could not install Python 3.12 (uv python install" \
+         "downloads it from github.com); install python3.12 and rerun" >&2
+    exit 1
   fi
-done
-if [ -z "$python312" ]; then
-  echo "other end of the range: SKIPPED, no python3.12 on this machine"
-  exit 0
 fi
 venv=.venv-range
 [ -x "$venv/bin/python" ] || "$python312" -m venv "$venv"

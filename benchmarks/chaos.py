@@ -18,11 +18,14 @@ Each trial is one ``stratax launch`` of ``chaos_program.py`` (``fit`` with
 
 The fault strikes the victim (a random role) when the chief's step counter reaches a random
 step: ``kill`` is SIGKILL, ``freeze`` is SIGSTOP for 1.5 x the strategy's timeout, then SIGCONT.
-After the launch ends the trial checks: the run completed; no update lost or applied twice
-(``optimizer.iterations`` and every parameter-server shard's update count against the steps
-trained); the final weights against an uninterrupted run where the mode promises equality
-(every mode but ``ps-async``); no process of the trial left and every port of its cluster free.
-Writes ``benchmarks/results/chaos.{json,md}``.
+After the launch ends the trial checks: the fault struck (a trial it never hit fails); the
+run completed; no step lost or applied twice, from every parameter-server shard's ledger of
+applied step ids and its update count (``judge``; MultiWorkerMirrored, which has no ledger,
+from ``optimizer.iterations`` and the weights); the final weights against an uninterrupted run
+where the mode promises equality (every mode but ``ps-async``, whose check is the ledger), in
+hybrid mode the replicated dense variables' own; no process of the trial left and every port of
+every group it started (restarted ones too) free. The exit status is 1 unless every trial
+passed. Writes ``benchmarks/results/chaos.{json,md}``.
 """
 
 from __future__ import annotations
@@ -76,9 +79,12 @@ class Trial:
     exit_code: int | None = None
     completed: bool = False
     iterations: int | None = None
-    lost_updates: int | None = None      # steps trained minus the fewest a shard applied
-    extra_updates: int | None = None     # the most a shard applied minus the steps trained
+    resumed_at: int | None = None        # the step the final run (after restarts) began at
+    lost_updates: int | None = None      # steps of the run missing from a shard's ledger
+    extra_updates: int | None = None     # ledger entries (or updates) that are no step of it
+    skipped_resends: int | None = None   # re-sent steps the servers recognized and skipped
     weights_diff: float | None = None
+    dense_weights_diff: float | None = None  # hybrid: the variables replicated on the workers
     leftover_processes: list[str] = field(default_factory=list)
     ports_in_use: list[int] = field(default_factory=list)
     restarts: int | None = None
@@ -87,12 +93,22 @@ class Trial:
     run_dir: str = ""                    # the trial's program output (weights, result, logs)
 
     @property
+    def struck(self) -> bool:
+        """The fault hit (always true of the uninterrupted reference run): a trial whose
+        fault never struck tested nothing, and fails."""
+        return self.role is None or self.struck_at_step is not None
+
+    @property
     def nothing_lost(self) -> bool:
+        """Every step applied once (the ledgers), the uninterrupted run's weights where the
+        mode promises them, nothing left running, and the fault struck."""
         equal_promised = self.mode != "ps-async"
-        return (self.completed and self.lost_updates == 0 and self.extra_updates == 0
-                and self.iterations == EXPECTED_STEPS
+        return (self.struck and self.completed and self.lost_updates == 0
+                and self.extra_updates == 0 and self.iterations == EXPECTED_STEPS
                 and (not equal_promised or (self.weights_diff is not None
                                             and self.weights_diff <= WEIGHTS_EQUAL))
+                and (self.mode != "hybrid" or (self.dense_weights_diff is not None
+                                               and self.dense_weights_diff <= WEIGHTS_EQUAL))
                 and not self.leftover_processes and not self.ports_in_use)
 
 
@@ -196,15 +212,15 @@ def run_trial(trial: Trial, work_dir: Path, reference: dict[str, np.ndarray] | N
     env.update({TAG: tag, "STRATAX_PS_SNAPSHOT_DIR": str(out_dir / "snapshots"),
                 "STRATAX_PS_SNAPSHOT_EVERY": str(SNAPSHOT_EVERY)})
     started = time.monotonic()
-    ports: list[int] = []
+    ports: set[int] = set()      # every port of every group the launch started, restarts too
     with open(out_dir / "launch.log", "w") as log:
         launcher = subprocess.Popen(_launch_command(trial.mode, out_dir), env=env, stdout=log,
                                     stderr=subprocess.STDOUT, start_new_session=True)
         try:
             while launcher.poll() is None and time.monotonic() - started < TRIAL_LIMIT_S:
                 tasks = _tasks(tag, launcher.pid)
-                if tasks and not ports:
-                    ports = _cluster_ports(next(iter(tasks.values()))[1])
+                for _, task_env in tasks.values():
+                    ports.update(_cluster_ports(task_env))
                 if (trial.role is not None and trial.struck_at_step is None
                         and _progress(out_dir) >= trial.at_step and trial.role in tasks):
                     trial.struck_at_step = _progress(out_dir)
@@ -217,8 +233,9 @@ def run_trial(trial: Trial, work_dir: Path, reference: dict[str, np.ndarray] | N
             os.killpg(launcher.pid, signal.SIGKILL)
             launcher.wait()
     trial.seconds = time.monotonic() - started
-    if trial.role is not None and trial.struck_at_step is None:
-        trial.notes.append(f"not struck: the run ended at step {_progress(out_dir)}")
+    if not trial.struck:
+        trial.notes.append(f"not struck (a failed trial): the run ended at step "
+                           f"{_progress(out_dir)}")
     time.sleep(0.5)
     leftovers = _tagged(tag)
     trial.leftover_processes = [f"{_role(env) or 'process'} (pid {pid})"
@@ -226,7 +243,7 @@ def run_trial(trial: Trial, work_dir: Path, reference: dict[str, np.ndarray] | N
     for pid in leftovers:               # clean up what the trial left, by process id
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-    trial.ports_in_use = [port for port in ports if not _port_free(port)]
+    trial.ports_in_use = [port for port in sorted(ports) if not _port_free(port)]
     _check(trial, out_dir, reference)
     return trial
 
@@ -238,15 +255,51 @@ def _check(trial: Trial, out_dir: Path, reference: dict[str, np.ndarray] | None)
         tail = (out_dir / "launch.log").read_text(errors="replace").splitlines()[-3:]
         trial.notes.append("failed: " + " | ".join(line.strip() for line in tail))
         return
-    result = json.loads(result_file.read_text())
-    trial.iterations, trial.restarts = result["iterations"], result["restart"]
-    counts = result.get("shard_updates") or [result["iterations"]]
-    trial.lost_updates = EXPECTED_STEPS - min(counts)
-    trial.extra_updates = max(counts) - EXPECTED_STEPS
+    judge(trial, json.loads(result_file.read_text()))
     if reference is not None:
         with np.load(out_dir / "weights.npz") as weights:
-            trial.weights_diff = max(float(np.abs(weights[k] - reference[k]).max())
-                                     for k in reference)
+            diffs = {k: float(np.abs(weights[k] - reference[k]).max()) for k in reference}
+        trial.weights_diff = max(diffs.values())
+        if trial.mode == "hybrid":
+            trial.dense_weights_diff = max(d for k, d in diffs.items() if "embedding" not in k)
+
+
+def expected_ledger(steps: int) -> set[str]:
+    """The step ids of a run that trains ``steps`` steps: one closure per step, numbered from
+    0 by the chief that scheduled them (``c<closure>:<step in it>``)."""
+    return {f"c{k}:0" for k in range(steps)}
+
+
+def judge(trial: Trial, result: dict[str, Any]) -> None:
+    """Fills in the trial's counts from the chief's ``result.json``. The final run (after any
+    restart of the group) trained the steps from ``resumed_at`` on: every shard's ledger must
+    hold each of them once and nothing else, and its optimizer must have counted one update
+    per entry on top of the ``resumed_at`` the backup restored. A step applied twice shows as
+    an id that is no step of the run (or an update outside the ledger), a lost one as a
+    missing id, each on its own shard, so one cannot hide the other. MultiWorkerMirrored has no
+    ledger: its count is ``optimizer.iterations`` and its check the uninterrupted weights."""
+    trial.iterations, trial.restarts = result["iterations"], result["restart"]
+    trial.resumed_at = result.get("resumed_at")
+    shards = result.get("shards")
+    if shards is None:                   # mwms
+        trial.lost_updates = max(0, EXPECTED_STEPS - trial.iterations)
+        trial.extra_updates = max(0, trial.iterations - EXPECTED_STEPS)
+        return
+    steps = expected_ledger(EXPECTED_STEPS - trial.resumed_at)
+    lost, extra = [], []
+    for shard in shards:
+        outside = shard["iterations"] - trial.resumed_at          # updates in the final run
+        if shard["ledger"] is None:      # hybrid's dense variables: counted, weights checked
+            lost.append(max(0, len(steps) - outside))
+            extra.append(max(0, outside - len(steps)))
+            continue
+        ledger = shard["ledger"]
+        unledgered = outside - len(ledger)
+        lost.append(len(steps - set(ledger)) + max(0, -unledgered))
+        extra.append(len(set(ledger) - steps) + (len(ledger) - len(set(ledger)))
+                     + max(0, unledgered))
+    trial.lost_updates, trial.extra_updates = max(lost), max(extra)
+    trial.skipped_resends = sum(shard["duplicates"] for shard in shards)
 
 
 def reference_weights(mode: str, work_dir: Path) -> dict[str, np.ndarray]:
@@ -316,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
                 run_trial(t, Path(work), reference)
                 done.append(t)
                 print(f"{t.mode} {t.action} {t.role} at {t.struck_at_step}: "
-                      f"{'nothing lost' if t.nothing_lost else 'LOST/FAILED'} "
+                      f"{'passed' if passed(t) else 'LOST/FAILED'} "
                       f"iterations={t.iterations} lost={t.lost_updates} "
                       f"diff={t.weights_diff} {t.seconds:.0f}s {'; '.join(t.notes)}",
                       flush=True)
@@ -324,15 +377,29 @@ def main(argv: list[str] | None = None) -> int:
     rows = summarize(done)
     write_table(args.results, "chaos", markdown(rows, meta).splitlines(),
                 {"meta": meta, "summary": rows, "trials": [asdict(t) for t in done]})
-    return 0 if all(t.nothing_lost or _documented_loss(t) for t in done) else 1
+    return verdict(done)
+
+
+def passed(trial: Trial) -> bool:
+    """The trial kept the mode's promise: nothing lost, or only what the docs allow."""
+    return trial.nothing_lost or _documented_loss(trial)
+
+
+def verdict(trials: list[Trial]) -> int:
+    """The exit status of a chaos run: 0 when every trial passed, else 1 (a trial that was
+    not struck fails too: it tested nothing)."""
+    return 0 if trials and all(passed(t) for t in trials) else 1
 
 
 def _documented_loss(trial: Trial) -> bool:
     """A ps restarted from its snapshot loses at most the updates after it (asynchronous mode;
-    in synchronous modes, hybrid included, the run resumes from its backup instead)."""
-    return (trial.mode == "ps-async" and trial.role == "ps0" and trial.completed
-            and trial.lost_updates is not None and 0 < trial.lost_updates <= SNAPSHOT_EVERY
-            and trial.extra_updates == 0)
+    in synchronous modes, hybrid included, the run resumes from its backup instead): steps
+    missing from its ledger, none applied twice. (``optimizer.iterations`` reads the servers'
+    count, so it is short by as many.)"""
+    return (trial.mode == "ps-async" and trial.role == "ps0" and trial.struck
+            and trial.completed and trial.lost_updates is not None
+            and 0 < trial.lost_updates <= SNAPSHOT_EVERY and trial.extra_updates == 0
+            and not trial.leftover_processes and not trial.ports_in_use)
 
 
 if __name__ == "__main__":

@@ -11,8 +11,9 @@ Usage (every task of the launch runs it)::
 
 The chief writes ``OUT_DIR/progress`` (the global step) after every step, so the harness
 (``benchmarks/chaos.py``) can strike at a chosen step, and at the end ``OUT_DIR/result.json``:
-``optimizer.iterations``, the steps the run should have trained, every parameter-server
-shard's update count and the final weights (``OUT_DIR/weights.npz``).
+``optimizer.iterations``, the steps the run should have trained, the step this run resumed
+at, every parameter-server shard's ledger (the ids of the steps applied to it), update count
+and skipped re-sent steps, and the final weights by variable path (``OUT_DIR/weights.npz``).
 """
 
 from __future__ import annotations
@@ -89,7 +90,7 @@ def main() -> None:
             self.step = 0
 
         def on_train_begin(self, logs=None) -> None:
-            self.step = int(self.model.optimizer.iterations.numpy())
+            self.step = self.resumed_at = int(self.model.optimizer.iterations.numpy())
 
         def on_train_batch_end(self, batch, logs=None) -> None:
             self.step += 1
@@ -105,20 +106,33 @@ def main() -> None:
         model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
     backup = sx.BackupAndRestore(os.path.join(out_dir, "backup"), save_freq=BACKUP_EVERY,
                                  delete_checkpoint=False)
+    progress = Progress()
     model.fit(x, y, batch_size=GLOBAL_BATCH, epochs=EPOCHS, shuffle=False, verbose=0,
-              callbacks=[backup, Progress()])
+              callbacks=[backup, progress])
     if not is_chief:
         return
     result = {"iterations": int(model.optimizer.iterations.numpy()),
-              "expected": EPOCHS * STEPS_PER_EPOCH,
+              "expected": EPOCHS * STEPS_PER_EPOCH, "resumed_at": progress.resumed_at,
               "restart": int(os.environ.get("STRATAX_RESTART_COUNT", "0"))}
     if mode != "mwms":
-        placed = strategy.place_variables(model.trainable_variables)
-        result["shard_updates"] = [n for v in placed for n in strategy.optimizer_iterations(v)]
+        # Each shard's ledger: the ids of the steps applied to it since this run began, its
+        # optimizer's update count and the re-sent steps it skipped.
+        shards = []
+        for v in strategy.place_variables(model.trainable_variables):
+            # Hybrid mode: the dense variables' ledgers lived in the workers' replicas, which
+            # give back only values and slots at the end; their weights are the check.
+            on_workers = mode == "hybrid" and not v.name.startswith("embedding")
+            for stats, ledger in zip(strategy.shard_stats(v), strategy.applied_steps(v),
+                                     strict=True):
+                shards.append({"variable": v.name, "iterations": stats["iterations"],
+                               "duplicates": stats["duplicates"],
+                               "ledger": None if on_workers else ledger})
+        result["shards"] = shards
     # The servers' values (a table they built is never whole on the chief: read it from them).
-    weights = ([np.asarray(v.numpy()) for v in strategy.place_variables(model.variables)]
-               if mode == "ps-table" else model.get_weights())
-    np.savez(os.path.join(out_dir, "weights.npz"), *weights)
+    weights = ({v.name: np.asarray(v.numpy()) for v in strategy.place_variables(model.variables)}
+               if mode == "ps-table" else
+               {v.path: np.asarray(v.numpy()) for v in model.weights})
+    np.savez(os.path.join(out_dir, "weights.npz"), **weights)
     _write_atomically(os.path.join(out_dir, "result.json"), json.dumps(result))
 
 

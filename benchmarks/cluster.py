@@ -23,18 +23,26 @@ from pathlib import Path
 from benchmarks import REPO_ROOT
 
 
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now (another process may take it before it is bound)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """``count`` distinct TCP ports free on ``host`` now, reserved together: all are bound
+    before any is released, so none repeats (ports taken one call at a time may). Another
+    process may still take one before its task binds it."""
+    socks: list[socket.socket] = []
+    try:
+        for _ in range(count):
+            socks.append(socket.socket())
+            socks[-1].bind((host, 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 def cluster_spec(workers: int, ps: int) -> dict[str, list[str]]:
     """TF_CONFIG's ``cluster``: one chief, ``workers`` workers and ``ps`` ps on free ports."""
-    return {"chief": [f"127.0.0.1:{free_port()}"],
-            "worker": [f"127.0.0.1:{free_port()}" for _ in range(workers)],
-            "ps": [f"127.0.0.1:{free_port()}" for _ in range(ps)]}
+    ports = iter(free_ports(1 + workers + ps))
+    return {job: [f"127.0.0.1:{next(ports)}" for _ in range(n)]
+            for job, n in (("chief", 1), ("worker", workers), ("ps", ps))}
 
 
 def reap(pid: int, deadline: float) -> tuple[int, float] | None:

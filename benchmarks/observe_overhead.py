@@ -25,13 +25,14 @@ import argparse
 import json
 import os
 import platform
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from benchmarks.cluster import free_ports
 
 RESULTS = Path(__file__).parent / "results"
 GLOBAL_BATCH = 256
@@ -102,19 +103,13 @@ def _child(variant: str, epochs: int, out_dir: str, pin: bool) -> None:
             "final_loss": float(history.history["loss"][-1])}), flush=True)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _run(kind: str, variant: str) -> dict[str, float]:
     """Runs one configuration in fresh process(es); returns worker 0's RESULT."""
     epochs = EPOCHS[kind]
     env = {k: v for k, v in os.environ.items() if not k.startswith("STRATAX_")}
     env.pop("TF_CONFIG", None)
     nproc = 2 if kind == "2proc" else 1
-    cluster = {"worker": [f"127.0.0.1:{_free_port()}" for _ in range(nproc)]}
+    cluster = {"worker": [f"127.0.0.1:{port}" for port in free_ports(nproc)]}
     with tempfile.TemporaryDirectory(prefix="observe-overhead-") as out_dir:
         procs = []
         for index in range(nproc):

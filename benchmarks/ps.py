@@ -23,13 +23,13 @@ import json
 import os
 import secrets
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from benchmarks.cluster import cluster_spec
 from benchmarks.report import write_table
 
 HERE = Path(__file__).parent
@@ -39,21 +39,13 @@ SYSTEMS = ("stratax", "tf")
 PROGRAMS = {"stratax": "ps_program.py", "base": "ps_program.py", "tf": "ps_tf_program.py"}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_once(workload: str, spe: int, calls: int, workers: int, ps: int, timeout: float,
              system: str = "stratax", python: str = sys.executable,
              pythonpath: str | None = None, extra_env: dict[str, str] | None = None) -> dict:
     """One fresh cluster of ``system`` running ``workload``; the chief's ``RESULT`` dict.
     ``pythonpath`` runs another stratax tree (``--baseline``); ``extra_env`` is set in every
     task (``--baseline-env``)."""
-    spec = {"chief": [f"127.0.0.1:{_free_port()}"],
-            "worker": [f"127.0.0.1:{_free_port()}" for _ in range(workers)],
-            "ps": [f"127.0.0.1:{_free_port()}" for _ in range(ps)]}
+    spec = cluster_spec(workers, ps)
     env = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG",)}
     if pythonpath:
         env["PYTHONPATH"] = pythonpath

@@ -24,12 +24,13 @@ import json
 import math
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+from benchmarks.cluster import cluster_spec
 
 HERE = Path(__file__).parent
 RESULTS = HERE / "results"
@@ -44,18 +45,10 @@ def plan(full: bool) -> list[tuple[int, bool]]:
     return [*configs, (2, True)] if full else configs
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_once(task: str, mode: str, workers: int, straggler: bool, args: argparse.Namespace
              ) -> dict[str, Any]:
     """One fresh cluster (chief + ``workers`` + 1 ps); returns the chief's RESULT."""
-    spec = {"chief": [f"127.0.0.1:{_free_port()}"],
-            "worker": [f"127.0.0.1:{_free_port()}" for _ in range(workers)],
-            "ps": [f"127.0.0.1:{_free_port()}"]}
+    spec = cluster_spec(workers, 1)
     base = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", "SX_BENCH_SLEEP_S")}
     procs = []
     try:

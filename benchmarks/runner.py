@@ -14,13 +14,13 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
 from benchmarks import REPO_ROOT
+from benchmarks.cluster import free_ports
 from benchmarks.configs import SYSTEMS, WORKLOADS, Config, Device, Mode
 
 logger = logging.getLogger(__name__)
@@ -37,21 +37,6 @@ class RepResult:
     ok: bool
     reason: str
     data: dict[str, Any]
-
-
-def free_ports(n: int) -> list[int]:
-    """Return ``n`` distinct free TCP ports on 127.0.0.1 (bound, then released)."""
-    socks, ports = [], []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-            ports.append(s.getsockname()[1])
-    finally:
-        for s in socks:
-            s.close()
-    return ports
 
 
 def child_env(config: Config, device: Device, tf_config: str | None) -> dict[str, str]:

@@ -8,18 +8,12 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 from pathlib import Path
 
+from benchmarks.cluster import free_ports
+
 ROOT = Path(__file__).parent.parent
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that is free now on ``host``."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def start(commands: list[list[str]], *, transport: str = "gloo",
@@ -30,7 +24,8 @@ def start(commands: list[list[str]], *, transport: str = "gloo",
 
     Each process gets its own session (killed as a group by ``finish``); output is piped.
     """
-    cluster = {"worker": [f"{a}:{free_port()}" for a in addresses[:len(commands)]]}
+    ports = free_ports(len(commands))
+    cluster = {"worker": [f"{a}:{port}" for a, port in zip(addresses, ports, strict=False)]}
     base = {k: v for k, v in os.environ.items() if not k.startswith("STRATAX_")
             and k != "TF_CONFIG"}
     base["JAX_PLATFORMS"] = "cpu"

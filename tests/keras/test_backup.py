@@ -303,27 +303,42 @@ def test_a_chief_killed_mid_backup_leaves_nothing_after_the_next_save(tmp_path):
 @pytest.mark.parametrize("background", [True, False])
 def test_a_slow_write_does_not_stall_training_in_the_background(tmp_path, monkeypatch,
                                                                   background):
-    """A write that takes 0.5 s: in the background the steps go on (the next save and the end
-    of fit wait for it); with ``save_in_background=False`` the step that saves waits."""
-    import time
+    """In the background the steps go on while a backup is written (the next save and the end
+    of fit wait for it); with ``save_in_background=False`` the step that saves waits for it.
+    Checked by the order of events, not by a clock: the background write holds until step 6
+    has ended, which it would never see if the steps waited for it; how long a step takes
+    beside a slow write is measured by ``python -m benchmarks.timing_bounds``."""
+    import threading
 
     real_save = checkpoint_io.save
+    events = []
+    step_6_ended = threading.Event()
 
     def slow_save(*args):
-        time.sleep(0.5)
+        if background:
+            events.append(("released", step_6_ended.wait(timeout=60)))
+        events.append(("saved", None))
         return real_save(*args)
 
+    def step_ended(batch, logs):
+        events.append(("step", batch + 1))
+        if batch + 1 == 6:
+            step_6_ended.set()
+
     monkeypatch.setattr(checkpoint_io, "save", slow_save)
-    ends = []
-    clock = keras.callbacks.LambdaCallback(
-        on_train_batch_end=lambda batch, logs: ends.append(time.perf_counter()))
+    clock = keras.callbacks.LambdaCallback(on_train_batch_end=step_ended)
     x, y = _data()
     backup = sx.BackupAndRestore(str(tmp_path), save_freq=5, delete_checkpoint=False,
                                  save_in_background=background)
     _model(sx.OneDeviceStrategy("cpu:0")).fit(x[:96], y[:96], batch_size=16, verbose=0,
                                               callbacks=[backup, clock])
-    saving_step = ends[4] - ends[3]  # step 5 saves
-    assert (saving_step < 0.3) if background else (saving_step >= 0.5), ends
+    saved = events.index(("saved", None))           # step 5's save
+    if background:
+        assert events[saved - 1] == ("released", True), events
+        assert ("step", 6) in events[:saved], events
+    else:
+        assert events[saved - 1] == ("step", 4), events  # written inside step 5, before its end
+        assert ("step", 5) in events[saved:], events
     assert checkpoint_io.load(tmp_path)[1]["global_step"] == 5  # written before fit returned
 
 

@@ -283,6 +283,40 @@ def test_sigterm_to_launcher_escalates_to_sigkill_after_the_grace_period(scripts
         assert scripts.wait_gone(pid, 1.0)
 
 
+# Both workers note SIGTERM and go on sleeping: only SIGKILL stops them.
+DEAF = '''
+def on_term(signum, frame):
+    open(os.path.join(OUT, "term_%d" % RANK), "w").close()
+signal.signal(signal.SIGTERM, on_term)
+record_pid("deaf_%d" % RANK)
+while True:
+    time.sleep(60)
+'''
+
+
+@pytest.mark.timeout(60)
+def test_a_second_signal_skips_the_rest_of_the_grace_period(scripts, run_cli):
+    """docs/failures-and-signals.md: the first signal sends SIGTERM to the workers and waits
+    up to --grace-period (here 40 s); a second one SIGKILLs them at once."""
+    script = scripts.write("deaf.py", DEAF)
+    proc = run_cli("--nproc-per-node", "2", "--grace-period", "40", script)
+    pids = [scripts.pid(f"deaf_{rank}") for rank in (0, 1)]
+    proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + 20
+    while not all((scripts.out / f"term_{rank}").exists() for rank in (0, 1)):
+        assert time.monotonic() < deadline and proc.poll() is None, "SIGTERM never forwarded"
+        time.sleep(0.05)
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=30)
+    # Within a quarter of the grace period: the launcher did not wait it out.
+    assert time.monotonic() - sent < 10, stderr
+    assert proc.returncode == 128 + signal.SIGTERM, stderr     # the first signal's code
+    assert "interrupted by SIGTERM" in stderr
+    for pid in pids:
+        assert scripts.wait_gone(pid, 5.0)
+
+
 # Worker 1 freezes (SIGSTOP); worker 0 is aborted the way JAX's coordination service aborts a
 # process when a peer stops sending heartbeats (the gloo path), or fails with stratax's error
 # naming the peer (the shared-memory path).

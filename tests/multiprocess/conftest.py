@@ -4,22 +4,28 @@ set)."""
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
+import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from stratax._src.launch.network import reserve_free_ports
+
 HERE = Path(__file__).parent
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct ports free on 127.0.0.1, reserved together: ports taken one call at a
+    time may repeat, or be taken between two calls."""
+    return reserve_free_ports(count)
+
+
+def worker_cluster(count: int) -> dict[str, list[str]]:
+    """A ``{"worker": [...]}`` cluster of ``count`` addresses on 127.0.0.1."""
+    return {"worker": [f"127.0.0.1:{port}" for port in free_ports(count)]}
 
 
 # Other launchers' variables (torchrun, MPI, JAX jobs): a suite run under one of them must not
@@ -72,12 +78,27 @@ class Workers:
         return self.procs
 
     def wait(self, timeout):
-        deadline = time.monotonic() + timeout
-        outputs = []
-        for proc in self.procs:
-            remaining = max(deadline - time.monotonic(), 1)
-            out, _ = proc.communicate(timeout=remaining)
-            outputs.append(out)
+        """Every worker's output once all have exited. The pipes are drained at once, one
+        thread per worker: read one after another, a chatty worker could block on its full
+        pipe while its peer waits for it in a collective. Raises ``TimeoutExpired`` naming
+        the first worker still running after ``timeout`` seconds."""
+        outputs: list[str | None] = [None] * len(self.procs)
+        errors: list[BaseException] = []
+
+        def drain(index: int, proc: subprocess.Popen) -> None:
+            try:
+                outputs[index] = proc.communicate(timeout=timeout)[0]
+            except BaseException as err:   # re-raised in the calling thread
+                errors.append(err)
+
+        threads = [threading.Thread(target=drain, args=(i, proc), daemon=True)
+                   for i, proc in enumerate(self.procs)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if errors:
+            raise errors[0]
         return outputs
 
     def kill_all(self):

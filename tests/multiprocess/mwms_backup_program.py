@@ -1,10 +1,9 @@
 """Worker program for the fault-tolerance tests: multi-worker fit with step-level backups.
 
 Usage: python mwms_backup_program.py OUT_DIR BACKUP_DIR MODE STEP
-MODE: "none" (uninterrupted), "kill9" (worker 1 is SIGKILLed at global step STEP on the first
-start), "sigterm" (worker 1 receives SIGTERM at step STEP on the first start: a preemption),
-"lost" (worker 1 is SIGKILLed at step STEP of every start: a slot lost for good, which an
-elastic launch drops).
+MODE: "none" (uninterrupted), "kill9" (worker 1 is SIGKILLed at its STEP-th step of the first
+start), "sigterm" (worker 1 receives SIGTERM at that step: a preemption), or faults joined by
+"+" ("kill9+sigterm"): the first on the first start, the second on the first restart, ...
 Each worker writes OUT_DIR/weights_<worker>.npz when training completes.
 """
 
@@ -22,7 +21,9 @@ import numpy as np  # noqa: E402
 from data import GLOBAL_BATCH, make_data  # noqa: E402
 
 out_dir, backup_dir, mode, step = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
-first_start = os.environ.get("STRATAX_RESTART_COUNT", "0") == "0"
+restart = int(os.environ.get("STRATAX_RESTART_COUNT", "0"))
+faults = mode.split("+")
+fault = faults[restart] if restart < len(faults) else "none"
 
 
 class Fault(keras.callbacks.Callback):
@@ -34,13 +35,9 @@ class Fault(keras.callbacks.Callback):
         self.seen += 1
         if strategy.worker_index != 1 or self.seen != step:
             return
-        if mode == "lost":
+        if fault == "kill9":
             os.kill(os.getpid(), signal.SIGKILL)
-        if not first_start:
-            return
-        if mode == "kill9":
-            os.kill(os.getpid(), signal.SIGKILL)
-        if mode == "sigterm":
+        if fault == "sigterm":
             os.kill(os.getpid(), signal.SIGTERM)
 
 

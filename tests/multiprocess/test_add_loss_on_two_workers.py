@@ -10,7 +10,7 @@ import json
 import numpy as np
 import pytest
 from add_loss_program import CASES, run
-from conftest import free_port
+from conftest import worker_cluster
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -24,7 +24,7 @@ def references():
 
 @pytest.mark.slow  # tests/keras/test_add_loss.py checks the same losses in one process
 def test_add_loss_fit_and_evaluate_equal_one_process(references, workers, tmp_path):
-    cluster = {"worker": [f"127.0.0.1:{free_port()}" for _ in range(2)]}
+    cluster = worker_cluster(2)
     configs = [json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}})
                for i in range(2)]
     workers.start(["add_loss_program.py", str(tmp_path)], configs)

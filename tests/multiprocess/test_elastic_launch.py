@@ -15,24 +15,24 @@ pytestmark = pytest.mark.timeout(300)
 
 def test_a_slot_lost_for_good_is_dropped_and_training_ends_as_uninterrupted(tmp_path):
     results = {}
-    for mode, kwargs in (("none", {}), ("lost", {"min_nproc_per_node": 1})):
+    for mode, kwargs in (("none", {}), ("kill9+kill9", {"min_nproc_per_node": 1})):
         out = tmp_path / mode
         out.mkdir()
         results[mode] = _launch(["mwms_backup_program.py", out, out / "backup", mode, 5],
                                 tmp_path, nproc_per_node=2, max_restarts=1, timeout=240,
                                 run_dir=str(out / "run"), **kwargs)
         assert results[mode].ok, results[mode].summary
-    lost = results["lost"]
+    lost = results["kill9+kill9"]
     # Slot 1 failed on the first start and its restart (its one allowed restart), then was
     # dropped: the third start ran worker 0 alone.
     assert lost.restarts == 2 and lost.workers == 1, lost.summary
     assert [f.local_rank for f in lost.failures] == [1, 1], lost.failures
     assert "worker slot(s) [1] were dropped" in lost.summary, lost.summary
-    assert not (tmp_path / "lost" / "weights_1.npz").exists()
+    assert not (tmp_path / "kill9+kill9" / "weights_1.npz").exists()
     # One replica instead of two sums the same global batch in another order: float rounding.
-    assert_same_weights(load_weights(tmp_path / "lost" / "weights_0.npz"),
+    assert_same_weights(load_weights(tmp_path / "kill9+kill9" / "weights_0.npz"),
                         load_weights(tmp_path / "none" / "weights_0.npz"), tol=1e-6)
-    events = [json.loads(line) for line in (tmp_path / "lost" / "run" / "events.jsonl")
+    events = [json.loads(line) for line in (tmp_path / "kill9+kill9" / "run" / "events.jsonl")
               .read_text().splitlines()]
     restarts = [e for e in events if e["kind"] == "restart"]
     assert [e["workers"] for e in restarts] == [2, 1], restarts

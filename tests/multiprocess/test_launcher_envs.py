@@ -11,7 +11,7 @@ cluster spec lists every worker once the group has formed (issue 49 #4).
 import json
 
 import pytest
-from conftest import free_port
+from conftest import free_ports
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -57,7 +57,7 @@ def _jax_job(rank: int, port: int) -> dict[str, str]:
 )
 def test_processes_form_one_group_and_the_spec_lists_them(workers, environment,
                                                           resolver) -> None:
-    port = free_port()
+    (port,) = free_ports(1)
     size = 4 if resolver == "TorchrunClusterResolver" else 2
     for rank in range(size):
         workers.start(["launcher_env_program.py"], [""],

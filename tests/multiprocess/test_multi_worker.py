@@ -11,7 +11,14 @@ import jax.numpy as jnp
 import keras
 import numpy as np
 import pytest
-from conftest import HERE, assert_same_weights, free_port, load_weights, worker_env
+from conftest import (
+    HERE,
+    assert_same_weights,
+    free_ports,
+    load_weights,
+    worker_cluster,
+    worker_env,
+)
 from data import GLOBAL_BATCH, make_data, make_model
 
 import stratax as sx
@@ -86,7 +93,7 @@ def test_three_workers_via_launcher(tmp_path):
 def test_hand_written_tf_config_with_two_devices_per_worker(tmp_path, workers):
     """4 replicas over 2 workers; 150 examples at batch 16 leave a last batch of 6, which does
     not split over 4 replicas and is fed whole to every replica."""
-    ports = [free_port(), free_port()]
+    ports = free_ports(2)
     cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
     configs = [json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}})
                for i in range(2)]
@@ -105,7 +112,7 @@ def test_hand_written_tf_config_with_two_devices_per_worker(tmp_path, workers):
 
 
 def test_dead_peer_is_named_within_the_timeout(workers):
-    ports = [free_port(), free_port()]
+    ports = free_ports(2)
     cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
     configs = [json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}})
                for i in range(2)]
@@ -124,7 +131,7 @@ def test_dead_peer_is_named_within_the_timeout(workers):
 
 
 def test_unreachable_coordinator_is_a_named_timeout(workers):
-    cluster = {"worker": [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]}
+    cluster = worker_cluster(2)
     config = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": 1}})
     code = ("import stratax as sx\n"
             "sx.MultiWorkerMirroredStrategy(communication_options="
@@ -139,7 +146,7 @@ def test_unreachable_coordinator_is_a_named_timeout(workers):
 
 
 def test_workers_that_never_join_are_named_within_the_timeout(workers):
-    cluster = {"worker": [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]}
+    cluster = worker_cluster(2)
     config = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": 0}})
     code = ("import stratax as sx\n"
             "sx.MultiWorkerMirroredStrategy(communication_options="
@@ -154,41 +161,45 @@ def test_workers_that_never_join_are_named_within_the_timeout(workers):
 
 
 def _interrupted_run_resumes_to_the_uninterrupted_weights(tmp_path, mode, step):
-    """Runs the backup program uninterrupted and with ``mode`` at ``step`` (launcher restarts
-    and step-level backups): the interrupted run's final weights equal the uninterrupted one's.
-    Returns the failure the launcher recorded for the interrupted run."""
+    """Runs the backup program uninterrupted and with ``mode`` (faults joined by ``+``, one
+    per start) at ``step`` (launcher restarts and step-level backups): the interrupted run's
+    final weights equal the uninterrupted one's. Returns the failures the launcher recorded
+    for the interrupted run."""
+    faults = len(mode.split("+"))
     results = {}
     for name, at in (("none", 0), (mode, step)):
         out = tmp_path / name
         out.mkdir()
         results[name] = _launch(["mwms_backup_program.py", out, out / "backup", name, at],
-                                tmp_path, nproc_per_node=2, max_restarts=1, timeout=300)
+                                tmp_path, nproc_per_node=2, max_restarts=faults, timeout=300)
         assert results[name].ok, results[name].summary
     assert results["none"].restarts == 0
-    assert results[mode].restarts == 1
+    assert results[mode].restarts == faults
     reference = load_weights(tmp_path / "none" / "weights_0.npz")
     for worker in (0, 1):
         assert_same_weights(load_weights(tmp_path / mode / f"weights_{worker}.npz"), reference)
-    return results[mode].failures[0]
+    return results[mode].failures
+
+
+@pytest.mark.timeout(420)
+def test_a_killed_then_preempted_worker_resumes_to_the_uninterrupted_weights(tmp_path):
+    """SIGKILL of a worker mid-epoch, then on the restarted group a SIGTERM preemption notice
+    (the worker saves and exits with the preemption code): the launcher restarts the group
+    each time, and the backups bring it to the uninterrupted run's weights.
+    ``tests/keras/test_backup.py`` pins the save and the exit code in one process."""
+    killed, preempted = _interrupted_run_resumes_to_the_uninterrupted_weights(
+        tmp_path, "kill9+sigterm", 8)
+    assert killed.signal_name == "SIGKILL"
+    assert preempted.exit_code == sx.PREEMPTION_EXIT_CODE
 
 
 @pytest.mark.slow  # a trial; `python -m benchmarks.chaos --mode mwms` runs 50 of them
 @pytest.mark.timeout(420)
 def test_kill_9_at_a_random_step_resumes_to_the_uninterrupted_weights(tmp_path):
-    """SIGKILL of a worker mid-epoch, at a random step."""
+    """SIGKILL of a worker mid-epoch, at a random step (the default test kills at step 8)."""
     step = int(np.random.default_rng().integers(4, 14))
-    killed = _interrupted_run_resumes_to_the_uninterrupted_weights(tmp_path, "kill9", step)
+    (killed,) = _interrupted_run_resumes_to_the_uninterrupted_weights(tmp_path, "kill9", step)
     assert killed.signal_name == "SIGKILL"
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(420)
-def test_preemption_notice_resumes_to_the_uninterrupted_weights(tmp_path):
-    """A SIGTERM preemption notice mid-epoch: the worker saves and exits with the preemption
-    code, the launcher restarts it (the same path as kill -9, after a save on the way out;
-    ``tests/keras/test_backup.py`` pins the save and the exit code in one process)."""
-    preempted = _interrupted_run_resumes_to_the_uninterrupted_weights(tmp_path, "sigterm", 8)
-    assert preempted.exit_code == sx.PREEMPTION_EXIT_CODE
 
 
 def test_multi_worker_guide_example_via_stratax_launch(tmp_path):

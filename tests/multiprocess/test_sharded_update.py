@@ -10,7 +10,7 @@ import os
 
 import numpy as np
 import pytest
-from conftest import free_port
+from conftest import worker_cluster
 from sharded_update_program import OPTIMIZERS, make, train
 
 import stratax as sx
@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.timeout(300),
 
 
 def test_sharded_update_trains_as_one_process(workers, tmp_path, monkeypatch):
-    cluster = {"worker": [f"127.0.0.1:{free_port()}" for _ in range(2)]}
+    cluster = worker_cluster(2)
     configs = [json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}})
                for i in range(2)]
     workers.start(["sharded_update_program.py", str(tmp_path)], configs,

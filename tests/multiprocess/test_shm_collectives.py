@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import assert_same_weights, free_port, load_weights
+from conftest import assert_same_weights, load_weights, worker_cluster
 from test_multi_worker import _reference
 
 from stratax._src.runtime import shm_build
@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.timeout(300),
 
 
 def _configs():
-    cluster = {"worker": [f"127.0.0.1:{free_port()}" for _ in range(2)]}
+    cluster = worker_cluster(2)
     return [json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}})
             for i in range(2)], cluster
 

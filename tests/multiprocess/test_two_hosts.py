@@ -1,8 +1,9 @@
 """Two "hosts" for real: ``stratax launch --nnodes 2`` across two network namespaces.
 
 The namespaces are joined by a veth pair (10.213.x.1 <-> .2, nothing routed elsewhere), so the
-coordinator and gloo use a non-loopback interface as on two machines. Needs root; skipped with
-the reason where namespaces cannot be made. Namespaces and links are removed in teardown.
+coordinator and gloo use a non-loopback interface as on two machines. Needs root (CAP_NET_ADMIN
+and CAP_SYS_ADMIN for ``ip netns``); skipped with the reason where namespaces cannot be made.
+Namespaces and links are removed in teardown.
 """
 
 import importlib.util
@@ -12,10 +13,10 @@ import subprocess
 import sys
 
 import pytest
-from conftest import HERE, assert_same_weights, free_port, load_weights, worker_env
+from conftest import HERE, assert_same_weights, free_ports, load_weights, worker_env
 from test_multi_worker import _reference
 
-pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
+pytestmark = pytest.mark.timeout(300)
 
 _ROOT = HERE.parent.parent
 _spec = importlib.util.spec_from_file_location("_stratax_netns",
@@ -42,7 +43,7 @@ def two_hosts():
 
 def _launch(bed, tmp_path, program, nproc_per_node, **env_vars):
     """``stratax launch --nnodes 2`` with one launcher per namespace; each node's output."""
-    coordinator = f"{bed.addresses[0]}:{free_port()}"
+    coordinator = f"{bed.addresses[0]}:{free_ports(1)[0]}"
     env = worker_env(PYTHONPATH=os.pathsep.join([str(HERE), str(_ROOT)]), **env_vars)
     procs = []
     try:
@@ -77,6 +78,7 @@ def test_launch_across_two_namespaces_equals_one_process(two_hosts, tmp_path):
     assert_same_weights(w0, weights, tol=1e-5)
 
 
+@pytest.mark.slow  # four training processes; the test above is the default run's two hosts
 def test_two_hosts_of_two_processes_take_the_hierarchical_all_reduce(two_hosts, tmp_path):
     """auto on 2 namespaces x 2 processes: shared memory inside each, gloo between them; fit
     equals one process, the workers agree bit for bit, ``ctx.all_reduce`` sums exactly."""

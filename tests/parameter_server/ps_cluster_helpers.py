@@ -8,7 +8,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,12 +18,6 @@ import pytest
 from stratax._src.launch.network import reserve_free_ports
 
 HERE = Path(__file__).parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def cluster_addresses(jobs: dict[str, int]) -> dict[str, list[str]]:

@@ -9,6 +9,8 @@ chief prints one JSON line ``RESULT {...}``.
   update counted once, the dense variables still synchronous.
 - ``kill``: ``sync`` on more data with a callback that prints KILL_NOW mid-fit; the test
   SIGKILLs worker 1 and starts it again, and the run ends equal to one process.
+- ``gone``: ``kill`` with ``timeout_seconds=GONE_TIMEOUT_S``, the worker not restarted: fit
+  fails with ``sx.WorkerUnavailableError`` naming it (its message and the time it was raised).
 - ``no_tables``: a model without an Embedding is refused with a clear error.
 """
 
@@ -22,6 +24,7 @@ import numpy as np
 import stratax as sx
 
 VOCAB = 60
+GONE_TIMEOUT_S = 4.0
 
 
 def data(n=96):
@@ -114,11 +117,11 @@ def adam():
     return keras.optimizers.Adam(0.05)
 
 
-def make_strategy(mode, dense_variables):
+def make_strategy(mode, dense_variables, timeout_seconds=20.0):
     return sx.ParameterServerStrategy(
         variable_partitioner=sx.partitioners.MinSizePartitioner(min_shard_bytes=256,
                                                                 max_shards=2),
-        mode=mode, dense_variables=dense_variables, timeout_seconds=20)
+        mode=mode, dense_variables=dense_variables, timeout_seconds=timeout_seconds)
 
 
 def sync(strategy):
@@ -140,7 +143,8 @@ def asynchronous(strategy):
     return compare(strategy, adam)[2]
 
 
-def kill(strategy):
+def kill_now():
+    """A callback that prints KILL_NOW once, mid-fit (the test kills a worker on it)."""
     import keras
 
     class KillWorker(keras.callbacks.Callback):
@@ -149,9 +153,25 @@ def kill(strategy):
                 self.sent = True
                 print("KILL_NOW", flush=True)
 
-    _, _, result = compare(strategy, adam, n=768, callbacks=[KillWorker()])
+    return KillWorker()
+
+
+def kill(strategy):
+    _, _, result = compare(strategy, adam, n=768, callbacks=[kill_now()])
     stats = strategy.cluster_coordinator().stats()
     return {**result, "rejoined": sum(s.get("rejoined", 0) for s in stats.values())}
+
+
+def gone(strategy):
+    x, y = data(768)
+    with strategy.scope():
+        model = build(adam)
+    try:
+        model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0,
+                  callbacks=[kill_now()])
+    except sx.WorkerUnavailableError as err:
+        return {"error": str(err), "error_at": time.time()}
+    return {"error": None}
 
 
 def no_tables(strategy):
@@ -175,12 +195,12 @@ def everything(strategy):
             "async": asynchronous(make_strategy("async", "workers"))}
 
 
-SCENARIOS = {"all": everything, "kill": kill}
+SCENARIOS = {"all": everything, "kill": kill, "gone": gone}
 
 
 def main():
     name = sys.argv[1]
-    strategy = make_strategy("sync", "workers")
+    strategy = make_strategy("sync", "workers", GONE_TIMEOUT_S if name == "gone" else 20.0)
     import keras
 
     keras.utils.set_random_seed(0)

@@ -1,6 +1,7 @@
 """Chief sessions without a cluster: claims, refusals, take-over and the chief timeout."""
 
 import time
+import types
 
 import pytest
 
@@ -48,6 +49,23 @@ def test_a_live_owner_keeps_the_task_and_a_quiet_one_is_replaced(monkeypatch):
     assert second["incarnation"] == first["incarnation"]
     with pytest.raises(SessionError, match="this chief was replaced"):
         watch.check({"method": "pull", "session": a})  # the replaced chief's late calls
+
+
+@pytest.mark.parametrize("quiet, taken_over", [(4.9, False), (5.1, True)])
+def test_a_new_chief_takes_over_after_5_s_of_the_old_ones_silence(monkeypatch, quiet,
+                                                                   taken_over):
+    """docs/parameter_server.md, Failures: a new chief takes the tasks over after 5 s of the
+    old chief's silence, not before (a clock of the test's, no sleeping)."""
+    now = [1000.0]
+    monkeypatch.setattr(chief_session, "time", types.SimpleNamespace(monotonic=lambda: now[0]))
+    watch = ChiefWatch("ps 0", 60, lambda: None)
+    _claim(watch, "hostA-11-" + "a" * 32)
+    now[0] += quiet
+    if taken_over:
+        assert _claim(watch, "hostB-22-" + "b" * 32)["took_over"] is True
+    else:
+        with pytest.raises(SessionError, match=r"is owned by another chief .*heard 4\.9 s ago"):
+            _claim(watch, "hostB-22-" + "b" * 32)
 
 
 @pytest.mark.parametrize("meta", [{}, {"session": None}, {"session": ""}, {"session": 7},

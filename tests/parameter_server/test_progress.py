@@ -67,6 +67,22 @@ def test_async_slowest_worker_is_named_in_line_and_records(tmp_path):
     assert tasks["worker_2"]["straggler"] and not tasks["worker_0"]["straggler"]
 
 
+@pytest.mark.parametrize("slower, straggler", [(1.49, False), (1.51, True), (3.0, True)])
+def test_a_straggler_is_at_least_1_5x_the_median_of_the_others(tmp_path, slower, straggler):
+    """docs/parameter_server.md's rule, at its edge: 1.5x the others' median step time."""
+    counters = _Counters(["worker 0", "worker 1", "worker 2", "worker 3"])
+    reporter, _ = _reporter(counters, tmp_path)
+    counters.add("worker 0", 100, 0.9)
+    counters.add("worker 1", 100, 1.0)                     # the others' median: 10 ms/step
+    counters.add("worker 2", 100, 1.1)
+    counters.add("worker 3", 100, slower)
+    window = reporter.report()
+    assert window.slowest.name == "worker 3"
+    assert window.slowest.slow_factor == pytest.approx(slower)
+    assert window.slowest.straggler is straggler
+    reporter.stop()
+
+
 def test_sync_leaves_out_the_wait_in_pull(tmp_path):
     # Every worker runs every step; the fast ones wait for worker 1 inside their pull.
     counters = _Counters(["worker 0", "worker 1"])

@@ -4,7 +4,7 @@ import re
 import time
 
 import pytest
-from ps_cluster_helpers import cluster, free_port, wait_all  # noqa: F401 - `cluster` is a fixture
+from ps_cluster_helpers import cluster, cluster_addresses, wait_all  # noqa: F401 - `cluster` is a fixture
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -86,10 +86,9 @@ def test_custom_loop_sparse_exact_and_errors(cluster):  # noqa: F811 - fixture
 def test_missing_parameter_server_is_named_within_the_timeout():
     import stratax as sx
 
-    ps, worker = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"  # nobody listens
-    resolver = sx.cluster_resolver.SimpleClusterResolver(
-        {"chief": [f"127.0.0.1:{free_port()}"], "worker": [worker], "ps": [ps]},
-        task_type="chief", task_id=0)
+    spec = cluster_addresses({"chief": 1, "worker": 1, "ps": 1})  # nobody listens
+    ps = spec["ps"][0]
+    resolver = sx.cluster_resolver.SimpleClusterResolver(spec, task_type="chief", task_id=0)
     start = time.monotonic()
     with pytest.raises(sx.WorkerUnavailableError, match=f"ps 0 at {ps} did not answer within 2 s"):
         sx.ParameterServerStrategy(resolver, timeout_seconds=2)

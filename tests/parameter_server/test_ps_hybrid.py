@@ -1,8 +1,10 @@
 """Hybrid mode (``ParameterServerStrategy(dense_variables="workers")``) on chief + 2 workers
 + 2 ps."""
 
+import re
 import time
 
+import ps_hybrid_program
 import pytest
 from ps_cluster_helpers import Cluster, cluster, wait_all  # noqa: F401 - `cluster` is a fixture
 
@@ -77,6 +79,23 @@ def test_a_killed_worker_restarts_and_the_run_equals_one_process(cluster):  # no
     assert result["rejoined"] == 1, result
     assert result["weights_err"] < 5e-5 and result["iterations"] == 96, result
     assert result["dense_iterations"] == [96, 96] and result["table_ledger"] == [96, 96], result
+
+
+def test_a_worker_that_never_comes_back_fails_the_run_within_timeout_seconds(cluster):  # noqa: F811
+    """docs/parameter_server.md, Failures: a hybrid-mode worker killed and not restarted fails
+    the waiting steps with ``sx.WorkerUnavailableError`` naming it after ``timeout_seconds``;
+    the run never hangs."""
+    cluster.start("ps_hybrid_program.py", {"chief": 1, "worker": 2, "ps": 1}, args=("gone",),
+                  generic=("ps0",))
+    cluster.kill_on("KILL_NOW", "worker1")
+    killed_at = time.time()
+    code, out = cluster.wait("chief0", timeout=120)
+    assert code == 0, out[-4000:]
+    result = cluster.result()
+    assert re.search(r"worker 1 at 127\.0\.0\.1:\d+ died and was not restarted within 4 s",
+                     result["error"] or ""), result
+    # The limit, plus the heartbeat or call that noticed the death (loaded 2-core box).
+    assert result["error_at"] - killed_at < ps_hybrid_program.GONE_TIMEOUT_S + 10, result
 
 
 @pytest.mark.parametrize("kwargs, message", [

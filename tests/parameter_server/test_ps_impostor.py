@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 import pytest
-from ps_cluster_helpers import free_port
+from ps_cluster_helpers import cluster_addresses
 
 import stratax as sx
 from stratax._src.core.errors import WorkerUnavailableError
@@ -75,8 +75,8 @@ def _start_ps(spec):
 @pytest.mark.parametrize("transport", ["grpc", "auto"])
 def test_an_impostor_on_a_dead_tasks_port_gets_nothing_and_is_refused(monkeypatch, transport):
     monkeypatch.setenv("STRATAX_PS_TOKEN", _TOKEN)
-    port = free_port()
-    spec = {"ps": [f"127.0.0.1:{port}"], "worker": [f"127.0.0.1:{free_port()}"]}
+    spec = cluster_addresses({"ps": 1, "worker": 1})
+    port = int(spec["ps"][0].rsplit(":", 1)[1])
     server = _start_ps(spec)
     chief = rpc.RpcClient("ps 0", spec["ps"][0], timeout=3, transport=transport)
     impostors = []

@@ -94,17 +94,41 @@ def test_launch_gives_each_run_its_own_token(monkeypatch):
 _TASKS_AFTER_THE_CHIEF = """
 import json, os, sys, time
 task = json.loads(os.environ["TF_CONFIG"])["task"]
-first = os.environ["STRATAX_RESTART_COUNT"] == "0" and not os.path.exists(sys.argv[1])
-with open(sys.argv[1] + ".starts", "a") as f:
-    f.write(f"{task['type']}{task['index']}\\n")
-if task["type"] == "chief":
-    time.sleep(3)                       # trains, then asks its tasks to exit
-elif task["type"] == "worker" and task["index"] == 1 and first:
-    open(sys.argv[1], "w").close()
+name = f"{task['type']}{task['index']}"
+base = sys.argv[1]
+first = os.environ["STRATAX_RESTART_COUNT"] == "0" and not os.path.exists(base)
+with open(base + ".starts", "a") as f:
+    f.write(name + "\\n")
+
+def wait_for(ready):
+    deadline = time.monotonic() + 30
+    while not ready():
+        if time.monotonic() > deadline:
+            sys.exit(name + ": gave up waiting")
+        time.sleep(0.05)
+
+def pid_of_chief():
+    try:
+        return open(base + ".chief").read()
+    except OSError:
+        return None
+
+if name == "chief0":
+    with open(base + ".tmp", "w") as f:
+        f.write(str(os.getpid()))
+    os.replace(base + ".tmp", base + ".chief")
+    # Trains until worker 1 came back, then asks its tasks to exit.
+    wait_for(lambda: open(base + ".starts").read().split().count("worker1") == 2)
+elif name == "worker1" and first:
+    open(base, "w").close()
     sys.exit(1)                         # dies; restarted alone, it waits for a chief
-elif task["type"] == "worker" and task["index"] == 0:
-    time.sleep(3.3)
-    sys.exit(1)                         # fails just after the chief finished
+elif name == "worker0":
+    # Fails once the launcher has reaped the finished chief, so its exit comes after the
+    # chief's in the launcher's order (no timing gap between the two is relied on).
+    wait_for(pid_of_chief)
+    chief = pid_of_chief()
+    wait_for(lambda: not os.path.exists(f"/proc/{chief}"))
+    sys.exit(1)
 else:
     time.sleep(600)                     # a ps or restarted worker that never heard the end
 """

@@ -12,20 +12,24 @@ import tempfile
 import time
 
 import pytest
-from ps_cluster_helpers import free_port
+from ps_cluster_helpers import cluster_addresses
 
 import stratax as sx
 
 pytestmark = pytest.mark.timeout(120)
 
 
-def _spec(ps_address):
-    return {"ps": [ps_address], "worker": [f"127.0.0.1:{free_port()}"]}
+def _spec(ps_address=None):
+    """A ps and a worker on ports reserved together; ``ps_address`` replaces the ps'."""
+    spec = cluster_addresses({"ps": 1, "worker": 1})
+    if ps_address is not None:
+        spec["ps"] = [ps_address]
+    return spec
 
 
 @pytest.mark.parametrize("job", ["ps", "worker"])
 def test_port_zero_in_the_spec_is_an_error_at_start(job):
-    spec = _spec(f"127.0.0.1:{free_port()}")
+    spec = _spec()
     spec[job] = ["127.0.0.1:0"]
     with pytest.raises(ValueError, match=rf"{job}\[0\] has the address '127\.0\.0\.1:0', port 0: "
                                          r"it would listen on a random port.*fixed port, e\.g\. "
@@ -57,7 +61,7 @@ def _socket_dirs(pid):
 
 
 def test_stratax_server_removes_its_socket_directory_on_sigterm():
-    spec = _spec(f"127.0.0.1:{free_port()}")
+    spec = _spec()
     env = {k: v for k, v in os.environ.items() if not k.startswith("STRATAX_")}
     env["TF_CONFIG"] = json.dumps({"cluster": spec, "task": {"type": "ps", "index": 0}})
     proc = subprocess.Popen([sys.executable, "-m", "stratax._src.cli", "server"], env=env,

@@ -18,7 +18,7 @@ import time
 import grpc
 import numpy as np
 import pytest
-from ps_cluster_helpers import free_port
+from ps_cluster_helpers import cluster_addresses
 
 import stratax as sx
 from stratax._src.parameter_server.tasks.chief_session import ChiefSession
@@ -46,7 +46,7 @@ def _until(condition, seconds):
 
 def _start_ps():
     """An ``sx.Server`` ps task and its chief's client (claimed, holding a variable)."""
-    spec = {"ps": [f"127.0.0.1:{free_port()}"], "worker": [f"127.0.0.1:{free_port()}"]}
+    spec = cluster_addresses({"ps": 1, "worker": 1})
     server = sx.Server(spec, job_name="ps", task_index=0, chief_timeout_seconds=60)
     chief = rpc.RpcClient("ps 0", spec["ps"][0], timeout=10)
     try:
