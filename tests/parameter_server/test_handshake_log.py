@@ -15,7 +15,7 @@ import threading
 import time
 
 import pytest
-from ps_cluster_helpers import free_port
+from ps_cluster_helpers import cluster_addresses
 
 from stratax._src.parameter_server.transport import handshake_log, rpc
 
@@ -108,8 +108,8 @@ def test_a_served_task_rate_limits_refused_tls_peers_and_keeps_its_last_words(tm
     line at the first, and, after it is killed with SIGKILL (no chance to flush anything), the
     count of the rest and every line it wrote before (the filter is a process of its own,
     which drains the pipe)."""
-    address = f"127.0.0.1:{free_port()}"
-    spec = {"ps": [address], "worker": [f"127.0.0.1:{free_port()}"]}
+    spec = cluster_addresses({"ps": 1, "worker": 1})
+    address = spec["ps"][0]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("STRATAX_", "GRPC_"))}
     env.update(STRATAX_PS_TOKEN="the-cluster-key-" + "7" * 32, STRATAX_PS_TRANSPORT="grpc",
                TF_CONFIG=json.dumps({"cluster": spec, "task": {"type": "ps", "index": 0}}))
