@@ -5,10 +5,13 @@
     python -m benchmarks.chaos --dry-run --trials 4         # print the plan, run nothing
 
 Each trial is one ``stratax launch`` of ``chaos_program.py`` (``fit`` with
-``sx.BackupAndRestore`` every 4 steps, Adam, 48 steps) with ``--max-restarts 3``:
+``sx.BackupAndRestore`` every 4 steps, Adam, 48 steps) with ``--max-restarts 3`` (``elastic``:
+0):
 
 * ``mwms``: 2 MultiWorkerMirrored workers; the launcher restarts the group after a failure and
   the backup resumes it.
+* ``elastic``: ``mwms`` launched with ``--nproc-per-node 1:2 --max-restarts 0``: the struck
+  worker is dropped for good and the one left resumes the backup alone.
 * ``ps-sync`` / ``ps-async`` / ``hybrid`` (``dense_variables="workers"``, synchronous tables,
   a model with an ``Embedding``): chief + 2 workers + 1 ps; a failed worker or ps is restarted
   alone (the ps reloads its snapshot, written every ``SNAPSHOT_EVERY`` updates), a failed chief
@@ -54,8 +57,9 @@ from benchmarks.report import run_meta, write_table
 HERE = Path(__file__).parent
 RESULTS = HERE / "results"
 PROGRAM = HERE / "chaos_program.py"
-MODES = ("mwms", "ps-sync", "ps-async", "hybrid", "ps-table")
+MODES = ("mwms", "elastic", "ps-sync", "ps-async", "hybrid", "ps-table")
 ROLES = {"mwms": ("worker0", "worker1"),
+         "elastic": ("worker0", "worker1"),
          "ps-sync": ("chief0", "worker0", "worker1", "ps0"),
          "ps-async": ("chief0", "worker0", "worker1", "ps0"),
          "hybrid": ("chief0", "worker0", "worker1", "ps0"),
@@ -88,6 +92,7 @@ class Trial:
     leftover_processes: list[str] = field(default_factory=list)
     ports_in_use: list[int] = field(default_factory=list)
     restarts: int | None = None
+    dropped: bool | None = None          # elastic: the launcher dropped the struck worker
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
     run_dir: str = ""                    # the trial's program output (weights, result, logs)
@@ -109,6 +114,7 @@ class Trial:
                                             and self.weights_diff <= WEIGHTS_EQUAL))
                 and (self.mode != "hybrid" or (self.dense_weights_diff is not None
                                                and self.dense_weights_diff <= WEIGHTS_EQUAL))
+                and (self.mode != "elastic" or self.role is None or bool(self.dropped))
                 and not self.leftover_processes and not self.ports_in_use)
 
 
@@ -121,8 +127,10 @@ def plan(modes: list[str], trials: int, seed: int) -> list[Trial]:
 
 
 def _launch_command(mode: str, out_dir: Path) -> list[str]:
-    shape = ["--nproc-per-node", "2"] if mode == "mwms" else ["--workers", "2", "--ps", "1"]
-    return [sys.executable, "-m", "stratax", "launch", *shape, "--max-restarts", "3",
+    shape = {"mwms": ["--nproc-per-node", "2", "--max-restarts", "3"],
+             "elastic": ["--nproc-per-node", "1:2", "--max-restarts", "0"]}.get(
+        mode, ["--workers", "2", "--ps", "1", "--max-restarts", "3"])
+    return [sys.executable, "-m", "stratax", "launch", *shape,
             "--timeout", str(int(TRIAL_LIMIT_S - 20)), str(PROGRAM), mode, str(out_dir)]
 
 
@@ -256,6 +264,8 @@ def _check(trial: Trial, out_dir: Path, reference: dict[str, np.ndarray] | None)
         trial.notes.append("failed: " + " | ".join(line.strip() for line in tail))
         return
     judge(trial, json.loads(result_file.read_text()))
+    if trial.mode == "elastic":
+        trial.dropped = "is dropped" in (out_dir / "launch.log").read_text(errors="replace")
     if reference is not None:
         with np.load(out_dir / "weights.npz") as weights:
             diffs = {k: float(np.abs(weights[k] - reference[k]).max()) for k in reference}

@@ -31,10 +31,11 @@ VOCAB = {"hybrid": 50, "ps-table": 1000}  # rows of the table, in the modes that
 TABLE_BYTES = 8192  # ps-table: variables this large (the table: 16 KB) are built by the servers
 BACKUP_EVERY = 4          # steps between backups
 TIMEOUT_SECONDS = 10.0    # every wait on a peer (the strategy's timeout_seconds)
+MULTI_WORKER = ("mwms", "elastic")  # MultiWorkerMirrored; elastic: under --nproc-per-node 1:2
 
 
 def _strategy(mode: str):
-    if mode == "mwms":
+    if mode in MULTI_WORKER:
         return sx.MultiWorkerMirroredStrategy(
             communication_options=sx.CommunicationOptions(timeout_seconds=TIMEOUT_SECONDS))
     if mode == "hybrid":
@@ -82,7 +83,7 @@ def main() -> None:
     strategy = _strategy(mode)     # on a ps-mode worker or ps task: serves, then exits
     import keras
 
-    is_chief = mode != "mwms" or strategy.worker_index == 0
+    is_chief = mode not in MULTI_WORKER or strategy.worker_index == 0
 
     class Progress(keras.callbacks.Callback):
         def __init__(self) -> None:
@@ -114,7 +115,7 @@ def main() -> None:
     result = {"iterations": int(model.optimizer.iterations.numpy()),
               "expected": EPOCHS * STEPS_PER_EPOCH, "resumed_at": progress.resumed_at,
               "restart": int(os.environ.get("STRATAX_RESTART_COUNT", "0"))}
-    if mode != "mwms":
+    if mode not in MULTI_WORKER:
         # Each shard's ledger: the ids of the steps applied to it since this run began, its
         # optimizer's update count and the re-sent steps it skipped.
         shards = []
