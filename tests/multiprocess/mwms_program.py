@@ -79,5 +79,6 @@ model.reset_metrics()
 multihost_utils.assert_equal = check
 assert all(not np.any(np.asarray(v)) for v in model.metrics_variables), "metrics not reset"
 print("equality checks in reset_metrics", len(equality_checks), flush=True)
+print("plan", model.train_function.plan.name, flush=True)  # docs/design/step-plan.md
 print("done", worker, strategy.num_replicas_in_sync, flush=True)
 print("shm all-reduces traced", shm_collectives.state.traced_calls, flush=True)
