@@ -6,10 +6,11 @@ when it does not split, given whole to every replica). ``fit``'s train step all-
 gradients in one packed collective (``keras.steps.packed_step``) where the model allows it, a group
 of ``steps_per_execution`` such steps as one program (``keras.steps.group_step``); otherwise (e.g. a
 model whose forward pass adds losses, which only the whole global batch gives) Keras' own step
-runs over the global batch and XLA inserts one all-reduce per gradient. Whether a model packs
-is decided once, from its first batch (:meth:`MeshRunner._packs`). A
-one-replica strategy needs no mesh: Keras runs its own single-device path with the strategy's
-device as JAX's default device (a 1-device mesh made Keras recompile its step every epoch).
+runs over the global batch and XLA inserts one all-reduce per gradient. All of it is one step
+plan (``keras.steps.plan``), chosen once per step function from its first batch
+(:meth:`MeshRunner._plan`). A one-replica strategy needs no mesh: Keras runs its own
+single-device step with the strategy's device as JAX's default device (a 1-device mesh made
+Keras recompile its step every epoch).
 
 On several CPU devices of one process the host dispatches at most a few steps ahead, which
 avoids XLA's CPU all-reduce deadlock (``stratax._src.runtime.throttle``).
