@@ -166,3 +166,27 @@ def test_the_plan_calls_jitted_programs_directly(strategy, spe):
     for frames in depths:
         assert 1 < len(frames) <= 3 and frames[-1] == ("plan.py", "__call__"), frames
         assert {file for file, _ in frames} == {"plan.py"}, frames
+
+
+def test_the_base_runner_plans_keras_loop_and_joins_predict_outputs():
+    """A runner that keeps Keras' behaviour (``KerasRunner``) plans Keras' loop: up to
+    ``steps_per_execution`` steps per call, a predict group's outputs joined in order."""
+    from stratax._src.keras.runners.runner import KerasRunner
+
+    class Model:
+        steps_per_execution, jit_compile, run_eagerly = 3, False, False
+
+    def step(state, batch):
+        return np.asarray([batch]), state + 1
+
+    planned = KerasRunner(sx.OneDeviceStrategy("cpu:0")).make_step(Model(), "predict", step)
+    batches = iter(range(5))
+    outputs, state = planned(0, batches)
+    assert planned.plan.name == "predict/keras+loop3"
+    np.testing.assert_array_equal(outputs, [0, 1, 2])
+    assert state == 3
+    outputs, state = planned(state, batches)  # the epoch's short last group
+    np.testing.assert_array_equal(outputs, [3, 4])
+    assert state == 5
+    with pytest.raises(StopIteration):
+        planned(state, batches)
