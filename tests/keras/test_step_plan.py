@@ -95,6 +95,15 @@ def test_one_device_plans_for_fit_evaluate_and_predict():
     assert "Up to 3 steps per call, one after the other." in predict.describe()
 
 
+def test_tpu_fit_plans_the_on_device_loop():
+    resolver = sx.cluster_resolver.TPUClusterResolver(tpu="", emulation_cores=8)
+    sx.tpu.experimental.initialize_tpu_system(resolver)
+    model = _fit(sx.TPUStrategy(resolver), 4)
+    plan = _plan(model.train_function)
+    assert plan.name == "train/tpu-loop+group4" and plan.over == "8 TPU replica(s)"
+    assert "Each group of up to 4 steps is one on-device loop" in plan.describe()
+
+
 def test_plans_are_logged_once_at_debug(caplog):
     with caplog.at_level("DEBUG", logger=plan_lib.__name__):
         model = _fit(sx.MirroredStrategy(["cpu:0", "cpu:1"]), 2)
