@@ -88,5 +88,6 @@ total = extended.reduce_to(sx.ReduceOp.SUM, ids, model.variables[0])
 print("extended", worker, extended.should_checkpoint, extended.should_save_summary,
       len(extended.worker_devices), extended.variable_created_in_scope(model.variables[0]),
       float(np.asarray(total.addressable_data(0))), flush=True)
+print("plan", model.train_function.plan.name, flush=True)  # docs/design/step-plan.md
 print("done", worker, strategy.num_replicas_in_sync, flush=True)
 print("shm all-reduces traced", shm_collectives.state.traced_calls, flush=True)

@@ -59,4 +59,5 @@ if __name__ == "__main__":
         saved = train(model)
         np.savez(os.path.join(sys.argv[1], f"{name}_{strategy.worker_index}.npz"), **saved)
         print(name, "scatters", shm_collectives.state.scatters_traced - before, flush=True)
+        print(name, "plan", model.train_function.plan.name, flush=True)
     print("done", strategy.worker_index, flush=True)

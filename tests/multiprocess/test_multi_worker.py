@@ -63,6 +63,7 @@ def test_two_workers_via_launcher_equal_one_process(tmp_path):
     assert result.ok, result.summary + "\n" + "\n".join(result.outputs[0][-20:])
     assert any("done 0 2" in line for line in result.outputs[0])  # 2 replicas in sync
     assert any("equality checks in reset_metrics 0" in line for line in result.outputs[0])
+    assert any(line.rstrip().endswith("plan train/packed+rows") for line in result.outputs[0])
     reference = _reference()
     whole_batches = _reference(whole_batches_only=True)
     for variant in ("arrays", "batches", "off", "from_function"):

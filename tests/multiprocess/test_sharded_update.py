@@ -35,6 +35,8 @@ def test_sharded_update_trains_as_one_process(workers, tmp_path, monkeypatch):
         for output in outputs:
             # One group program traced per fit: its one reduce-scatter call site.
             assert f"{name} scatters {expected}" in output, output[-2000:]
+            plan = "train/packed+group4+rows" + ("+sharded-update" if expected else "")
+            assert f"{name} plan {plan}\n" in output, output[-2000:]  # docs/design/step-plan.md
         with sx.OneDeviceStrategy("cpu:0").scope():
             reference = train(make(name))
         with np.load(tmp_path / f"{name}_0.npz") as w0, np.load(tmp_path / f"{name}_1.npz") as w1:

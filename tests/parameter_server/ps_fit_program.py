@@ -179,6 +179,7 @@ def exact(strategy):
         "iterations": int(model.optimizer.iterations.numpy()),
         "ref_iterations": int(reference.optimizer.iterations.numpy()),
         "history_keys": sorted(history.history),
+        "plan": model.train_function.plan.describe(),
     }
 
 

@@ -34,6 +34,8 @@ def test_fit_evaluate_predict_exact_counts_saves_and_errors(cluster):  # noqa: F
     assert exact["evaluate_err"] < 1e-5, exact
     assert exact["iterations"] == exact["ref_iterations"] == 18   # 6 batches x 3 epochs
     assert exact["history_keys"] == ["loss", "mae", "val_loss", "val_mae"]
+    assert exact["plan"].startswith("train/scheduled+group6: Keras' train step scheduled on the "
+                                    "workers"), exact["plan"]  # docs/design/step-plan.md
 
     # BatchNorm statistics and the dropout seed written back by every step: still exact.
     state = result["state"]

@@ -4,8 +4,8 @@ Keras asks its epoch iterator for an iterator once per pass over the data; for a
 strategy, :func:`epoch_batches` answers with the feed's batches placed by the strategy's runner.
 A ``BackupAndRestore`` finds the running call's feed here to resume it mid-epoch.
 
-Each call also keeps the newest step state (``record_state``, from the steps' own Python
-loops), so that a call that fails can leave the model its last completed step
+Each call also keeps the newest step state (``record_state``, from the step plan's Python loop,
+``keras.steps.plan``), so that a call that fails can leave the model its last completed step
 (``keras.recovery``), and the prefetch threads it started, which end with it.
 """
 
@@ -20,14 +20,13 @@ from typing import Any
 from stratax._src import seam
 from stratax._src.data.prefetch import Prefetcher
 from stratax._src.keras.feed import GlobalFeed
-from stratax._src.keras.runners.runner import KerasRunner
 
 
 @dataclasses.dataclass
 class Call:
     """One ``fit``/``evaluate``/``predict`` call of a model under a strategy."""
 
-    runner: KerasRunner
+    runner: Any  # the strategy's ``KerasRunner`` (which plans its steps with this module)
     method: str  # "fit", "evaluate", "predict", "compile", "train_on_batch", ...
     model: Any = None
     feed: GlobalFeed | None = None
@@ -60,18 +59,6 @@ def record_state(state: Any) -> None:
     """Notes ``state`` (Keras' step state, concrete) as the running call's newest one."""
     if _calls.stack:
         _calls.stack[-1].state = state
-
-
-def recording(step: Callable[[Any, Any], tuple[Any, Any]]) -> Callable[[Any, Any], tuple[Any, Any]]:
-    """``step`` (``(state, batch) -> (logs, state)``, called from Python) noting each state it
-    returns with :func:`record_state`."""
-
-    def recorded_step(state: Any, data: Any) -> tuple[Any, Any]:
-        logs, state = step(state, data)
-        record_state(state)
-        return logs, state
-
-    return recorded_step
 
 
 @contextlib.contextmanager

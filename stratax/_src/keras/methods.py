@@ -2,9 +2,9 @@
 
 ``model.fit(...)`` of such a model: bind the arguments, let the runner turn the input into its
 feed (``KerasRunner.prepare``), then run Keras' own ``fit`` inside the runner's placement, with
-the runner's step (``make_step``) and batches (``batches``). A model of no strategy runs exactly
-as plain Keras. A call that fails leaves the model as its last completed step left it
-(``keras.recovery``), from the states the steps record in the running call.
+the runner's step plan (``make_step``, ``keras.steps.plan``) and batches (``feed_batches``). A
+model of no strategy runs exactly as plain Keras. A call that fails leaves the model as its last
+completed step left it (``keras.recovery``), from the states the steps record in the running call.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from stratax._src import seam
 from stratax._src.keras import binding, call_stack, recovery
 from stratax._src.keras.callbacks import worker_dirs, worker_metrics
 from stratax._src.keras.feed import GlobalFeed
-from stratax._src.keras.runners.runner import runner_for, steps_per_execution
+from stratax._src.keras.runners.runner import runner_for
 
 _BATCHED_METHODS = ("fit", "evaluate", "predict")
 # The step a method compiles: Keras' train_step, test_step or predict_step.
@@ -77,30 +77,11 @@ def model_method(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
 
 def make_step(model: Any, build: Callable[[Callable[..., Any]], Callable[..., Any]],
               step_function: Callable[..., Any]) -> Callable[..., Any]:
-    """How ``model`` runs a group of steps: its runner's way, else Keras' own (``build``).
-
-    Under a strategy the group notes the state it starts from and the one it returns in the
-    running call (``call_stack.record_state``), and so does each step of Keras' own loop over a
-    group of several (``build``): the state a failed call leaves the model (``keras.recovery``).
-    """
+    """How ``model`` runs a group of steps: its runner's step plan (``keras.steps.plan``), else
+    Keras' own (``build``) for a model of no strategy or a step outside a running call."""
     strategy = binding.model_strategy(model)
     call = call_stack.active()
-    if strategy is None or call is None:
+    kind = None if call is None else _STEP_KINDS.get(call.method)
+    if strategy is None or kind is None:
         return build(step_function)
-    kind = _STEP_KINDS.get(call.method)
-    if kind is None:
-        return build(step_function)
-
-    def recording_build(step: Callable[..., Any]) -> Callable[..., Any]:
-        # With one step per group, the group's own record below is the step's.
-        return build(call_stack.recording(step) if steps_per_execution(model) > 1 else step)
-
-    iterator_step = runner_for(strategy).make_step(model, kind, recording_build, step_function)
-
-    def recorded_iterator_step(state: Any, iterator: Any) -> tuple[Any, Any]:
-        call_stack.record_state(state)
-        logs, state = iterator_step(state, iterator)
-        call_stack.record_state(state)
-        return logs, state
-
-    return recorded_iterator_step
+    return runner_for(strategy).make_step(model, kind, step_function)

@@ -6,10 +6,11 @@ when it does not split, given whole to every replica). ``fit``'s train step all-
 gradients in one packed collective (``keras.steps.packed_step``) where the model allows it, a group
 of ``steps_per_execution`` such steps as one program (``keras.steps.group_step``); otherwise (e.g. a
 model whose forward pass adds losses, which only the whole global batch gives) Keras' own step
-runs over the global batch and XLA inserts one all-reduce per gradient. Whether a model packs
-is decided once, from its first batch (:meth:`MeshRunner._packs`). A
-one-replica strategy needs no mesh: Keras runs its own single-device path with the strategy's
-device as JAX's default device (a 1-device mesh made Keras recompile its step every epoch).
+runs over the global batch and XLA inserts one all-reduce per gradient. All of it is one step
+plan (``keras.steps.plan``), chosen once per step function from its first batch
+(:meth:`MeshRunner._plan`). A one-replica strategy needs no mesh: Keras runs its own
+single-device step with the strategy's device as JAX's default device (a 1-device mesh made
+Keras recompile its step every epoch).
 
 On several CPU devices of one process the host dispatches at most a few steps ahead, which
 avoids XLA's CPU all-reduce deadlock (``stratax._src.runtime.throttle``).
@@ -18,7 +19,7 @@ avoids XLA's CPU all-reduce deadlock (``stratax._src.runtime.throttle``).
 from __future__ import annotations
 
 import contextlib
-import itertools
+import dataclasses
 import logging
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -40,6 +41,7 @@ from stratax._src.keras.steps import (
     packed_step,
     sharded_update,
 )
+from stratax._src.keras.steps import plan as plan_lib
 from stratax._src.runtime import distributed
 from stratax._src.strategies.replica_context import REPLICA_AXIS
 
@@ -113,22 +115,19 @@ class MeshRunner(KerasRunner):
         """Whether ``model``'s train step (:meth:`make_step`) takes ``RowBatch`` batches."""
         if self.distribution is None:
             return _jitted(model)
-        return self._packs(model, first_batch)
+        return self._why_not_packed(model, first_batch) is None
 
-    def _packs(self, model: Any, first_batch: Callable[[], Any]) -> bool:
-        """Whether ``model``'s train step all-reduces in one packed collective.
+    def _why_not_packed(self, model: Any, first_batch: Callable[[], Any]) -> str | None:
+        """Why ``model``'s train step cannot all-reduce in one packed collective, or ``None``.
 
         ``first_batch()`` gives one batch of the step's input, on which ``packed_step.eligible``
         traces the forward pass (once per model).
         """
-        if not (isinstance(self.distribution, StrategyDistribution)
-                and self.strategy.num_replicas_in_sync > 1):
-            return False
-        reason = packed_step.eligible(model, first_batch)
-        if reason is not None:
-            logger.debug("fit: the train step is Keras' own over the global batch, its "
-                         "gradients all-reduced one by one: %s", reason)
-        return reason is None
+        if not isinstance(self.distribution, StrategyDistribution):
+            return "the variables are laid out for model parallelism"
+        if self.strategy.num_replicas_in_sync <= 1:
+            return "one replica"
+        return packed_step.eligible(model, first_batch)
 
     def place_unconverted(self, batches: Iterator[Any]) -> Iterator[Any]:
         if self.distribution is None:
@@ -148,51 +147,61 @@ class MeshRunner(KerasRunner):
             yield seam.distribute_data(batch, layouts)
 
     def make_step(self, model: Any, kind: str,
-                  build: Callable[[Callable[..., Any]], Callable[..., Any]],
-                  step_fn: Callable[..., Any]) -> Callable[..., Any]:
-        iterator_step = self._iterator_step(model, kind, build, step_fn)
-        if kind == "train" and epoch_logs.keeps_keras_logs(model):
-            return epoch_logs.marking_state_logs(iterator_step)
-        return iterator_step
+                  step_fn: Callable[..., Any]) -> plan_lib.PlannedStep:
+        # The sharded update's layout reads the optimizer's config, which Keras empties (with
+        # every variable) once its loop runs: made now, used if the plan packs.
+        layout = (self._update_plan(model) if kind == "train" and self.distribution is not None
+                  else None)
+        return plan_lib.PlannedStep(
+            lambda state, first_batch: self._plan(model, kind, step_fn, layout, state,
+                                                  first_batch))
 
-    def _iterator_step(self, model: Any, kind: str,
-                       build: Callable[[Callable[..., Any]], Callable[..., Any]],
-                       step_fn: Callable[..., Any]) -> Callable[..., Any]:
-        if self.distribution is None:
+    def _plan(self, model: Any, kind: str, keras_step: Callable[..., Any],
+              layout: sharded_update.Plan | str | None, state: Any,
+              first_batch: Callable[[], Any]) -> tuple[plan_lib.StepPlan, plan_lib.StepPrograms]:
+        """The step plan of ``model``'s ``kind`` steps, chosen on the first call (``state``,
+        ``first_batch``), with its programs: the table in docs/design/step-plan.md."""
+        group = steps_per_execution(model)
+        plan = plan_lib.StepPlan(
+            kind, group=group, state_logs=kind == "train" and epoch_logs.keeps_keras_logs(model))
+        concatenate = (plan_lib.concatenation(_jitted(model))
+                       if kind == "predict" and group > 1 else None)
+        if self.distribution is None:  # one device: Keras' step, the state committed to it
             device = self.strategy.devices[0]
-            if kind == "train" and _jitted(model):
-                keras_step, step_fn = step_fn, _taking_rows(step_fn)
-                group = steps_per_execution(model)
-                if group > 1:  # groups of batches kept on the device: one scanned program each
-                    return _committed(group_step.grouped_steps(
-                        group, lambda state, data: keras_step(state, device_rows.whole_batch(data)),
-                        step_fn, lambda data: isinstance(data, device_rows.RowBatch)), device)
-            return build(_committed(step_fn, device))
-        if kind == "train":
-            # The update's plan reads the optimizer's config, which Keras empties (with every
-            # variable) once its loop runs: made now, used if the step packs.
-            layout = self._update_plan(model)
-            return _chosen_on_first_batch(
-                lambda state, batch: self._train_step(model, build, step_fn, state, batch,
-                                                      layout))
-        return build(self._bounded(step_fn))
-
-    def _train_step(self, model: Any, build: Callable[[Callable[..., Any]], Callable[..., Any]],
-                    step_fn: Callable[..., Any], state: Any, first: Any,
-                    layout: sharded_update.Plan | str) -> Callable[..., Any]:
-        """The multi-replica ``iterator_step`` of ``fit``, chosen on its first call (``state``
-        and ``first`` batch): the packed step (alone or in groups, with the update sharded by
-        ``layout`` where it is a plan) when the model packs, else Keras' own."""
-        if self._packs(model, lambda: first):
-            compiled = packed_step.compiled_packed_step(model, self.strategy, state)
-            step_fn = packed_step.packed_train_step(compiled, step_fn)
-            group = steps_per_execution(model)
-            if group > 1:
-                shardings = packed_step.output_shardings(self.strategy, state)
-                return self._bounded(group_step.grouped_steps(
-                    group, compiled, step_fn, packed_step.splits_over_replicas, shardings,
-                    self._sharded_update(model, layout, shardings)))
-        return build(self._bounded(step_fn))
+            plan = dataclasses.replace(plan, over=str(device), committed=True)
+            if kind != "train" or not _jitted(model):
+                return plan, plan_lib.StepPrograms(keras_step, device=device,
+                                                   concatenate=concatenate)
+            # Batches kept on the device gathered in a jitted step of their own; groups of
+            # them as one scanned program each.
+            gathering = jax.jit(_rows_of(keras_step), donate_argnums=0)
+            grouped = (group_step.programs(_rows_of(keras_step)) if group > 1
+                       else (None, None))
+            return (dataclasses.replace(plan, rows=True, group_program=group > 1),
+                    plan_lib.StepPrograms(keras_step, gathering, plan_lib.is_row_batch,
+                                          *grouped, device=device))
+        window = self.strategy.dispatch_window
+        window = window if window.size > 0 else None
+        replicas = self.strategy.num_replicas_in_sync
+        plan = dataclasses.replace(plan, over=f"{replicas} replica(s)",
+                                   window=window.size if window is not None else 0)
+        why_not = self._why_not_packed(model, first_batch) if kind == "train" else None
+        if kind != "train" or why_not is not None:
+            if why_not is not None:
+                plan = dataclasses.replace(plan, note=why_not)
+            return plan, plan_lib.StepPrograms(keras_step, window=window,
+                                               concatenate=concatenate)
+        compiled = packed_step.compiled_packed_step(model, self.strategy, state)
+        plan = dataclasses.replace(plan, step="packed", rows=True)
+        if group == 1:
+            return plan, plan_lib.StepPrograms(keras_step, compiled,
+                                               packed_step.splits_over_replicas, window=window)
+        shardings = packed_step.output_shardings(self.strategy, state)
+        sharded = self._sharded_update(model, layout, shardings)
+        return (dataclasses.replace(plan, group_program=True, sharded_update=sharded is not None),
+                plan_lib.StepPrograms(keras_step, compiled, packed_step.splits_over_replicas,
+                                      *group_step.programs(compiled, shardings, sharded),
+                                      window=window))
 
     def _update_plan(self, model: Any) -> sharded_update.Plan | str:
         """How a group program would shard ``model``'s optimizer update over the processes, or
@@ -215,19 +224,6 @@ class MeshRunner(KerasRunner):
                     self.strategy.num_replicas_in_sync, env.STRATAX_SHARDED_UPDATE)
         return sharded_update.group_program(model, self.strategy, layout, shardings)
 
-    def _bounded(self, step_fn: Callable[..., Any]) -> Callable[..., Any]:
-        """``step_fn`` admitting its results to the strategy's dispatch window."""
-        window = self.strategy.dispatch_window
-        if window.size <= 0:
-            return step_fn
-
-        def bounded_step(state: Any, data: Any) -> Any:
-            result = step_fn(state, data)
-            window.admit(result[0])
-            return result
-
-        return bounded_step
-
     def call(self, run: Callable[[], Any]) -> Any:
         def run_to_the_last_step() -> Any:
             result = run()
@@ -247,68 +243,9 @@ def _jitted(model: Any) -> bool:
     return model.jit_compile and not model.run_eagerly
 
 
-def _chosen_on_first_batch(choose: Callable[[Any, Any], Callable[..., Any]]
-                           ) -> Callable[..., Any]:
-    """An ``iterator_step(state, iterator)`` that is ``choose(state, first batch)``'s, chosen on
-    its first call (the batch is handed back to the chosen step with the rest of the
-    iterator)."""
-    chosen: list[Callable[..., Any]] = []
-
-    def iterator_step(state: Any, iterator: Iterator[Any]) -> Any:
-        if not chosen:
-            first = next(iterator)  # StopIteration here ends the epoch, as in Keras' loop
-            chosen.append(choose(state, first))
-            iterator = itertools.chain([first], iterator)
-        return chosen[0](state, iterator)
-
-    return iterator_step
-
-
-def _taking_rows(step_fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``step_fn`` (jitted) that also takes ``RowBatch`` batches, gathered in its program."""
+def _rows_of(keras_step: Callable[..., Any]) -> Callable[..., Any]:
+    """``keras_step`` (jitted) taking ``RowBatch`` batches too, their rows gathered in it."""
     def train_step(state: Any, data: Any) -> Any:  # Keras' name, for jit's logs and profiles
-        return step_fn(state, device_rows.whole_batch(data))
+        return keras_step(state, device_rows.whole_batch(data))
 
-    gathered = jax.jit(train_step, donate_argnums=0)
-
-    def step(state: Any, data: Any) -> Any:
-        if isinstance(data, device_rows.RowBatch):
-            return gathered(state, data)
-        return step_fn(state, data)
-
-    return step
-
-
-def _committed(step_fn: Callable[..., Any], device: Any) -> Callable[..., Any]:
-    """``step_fn`` with its state committed to ``device``, so it compiles once.
-
-    jit's cache key includes whether each argument is committed to a device. Keras hands over
-    fresh, uncommitted state at the start of a call and after ``reset_metrics``; committing it
-    (and the batches) keeps every call of the step on one compiled program. A state the step
-    returned is already committed and passes through untouched, and so do the leaves of a new
-    state tuple that are (Keras rebuilds the tuple every epoch from its variables, which hold
-    the step's outputs: re-placing all of them cost host time at every epoch).
-    """
-    returned: list[Any] = [None]
-    sharding = jax.sharding.SingleDeviceSharding(device)
-
-    def step(state: Any, data: Any) -> Any:
-        if state is not returned[0]:
-            state = _placed_on(state, device, sharding)
-        logs, new_state = step_fn(state, data)
-        returned[0] = new_state
-        return logs, new_state
-
-    return step
-
-
-def _placed_on(tree: Any, device: Any, sharding: Any) -> Any:
-    """``tree`` with every leaf not already committed to ``device`` placed there (one batch)."""
-    leaves, structure = jax.tree.flatten(tree)
-    stale = [i for i, leaf in enumerate(leaves)
-             if not (isinstance(leaf, jax.Array) and leaf.committed and leaf.sharding == sharding)]
-    if not stale:
-        return tree
-    for i, placed in zip(stale, jax.device_put([leaves[i] for i in stale], device), strict=True):
-        leaves[i] = placed
-    return jax.tree.unflatten(structure, leaves)
+    return train_step

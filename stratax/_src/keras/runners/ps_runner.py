@@ -39,7 +39,8 @@ from stratax._src.keras.runners.ps_fit import (
     check_additive_metrics,
     sparse_tables,
 )
-from stratax._src.keras.runners.runner import KerasRunner
+from stratax._src.keras.runners.runner import KerasRunner, steps_per_execution
+from stratax._src.keras.steps import plan as plan_lib
 from stratax._src.parameter_server.inputs import worker_data
 from stratax._src.parameter_server.shard_init import remote_recipe
 
@@ -137,8 +138,8 @@ class ParameterServerRunner(KerasRunner):
         for batch, _ in local_batches:
             yield batch
 
-    def make_step(self, model: Any, kind: str, build: Callable[..., Any],
-                  step_fn: Callable[..., Any]) -> Callable[..., Any]:
+    def make_step(self, model: Any, kind: str,
+                  step_fn: Callable[..., Any]) -> plan_lib.PlannedStep:
         if kind == "train" and not type(model).train_step.__module__.startswith("keras."):
             raise ValueError(
                 f"{type(model).__name__} overrides train_step; under ParameterServerStrategy the "
@@ -159,11 +160,15 @@ class ParameterServerRunner(KerasRunner):
             self.strategy.push_optimizer_state(optimizer, [
                 v for v in model.trainable_variables
                 if not any(self.strategy.optimizer_iterations(self.strategy.place_variables(v)))])
+        workers = self._num_workers()
         pipeline = GroupPipeline(model, kind, self.strategy.cluster_coordinator(),
-                                 depth=self._num_workers(),
+                                 depth=workers,
                                  planned_steps=lambda: self._planned_steps(kind))
         self._pipelines[(id(model), kind)] = pipeline
-        return pipeline
+        return plan_lib.PlannedStep.fixed(
+            plan_lib.StepPlan(kind, step="scheduled", over=f"{workers} worker(s)",
+                              group=steps_per_execution(model), group_program=True),
+            plan_lib.StepPrograms(whole=pipeline))
 
     def call(self, run: Callable[[], Any]) -> Any:
         method = self._calls[-1].method if self._calls else None

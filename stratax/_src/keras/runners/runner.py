@@ -11,8 +11,9 @@ strategy changes only what its runner says. Follow a batch from ``model.fit`` to
    runner gives as :meth:`~KerasRunner.feed_batches`: the feed's batches placed on the replicas
    (or, for arrays kept on the devices, named by their rows: ``keras.steps.device_rows``).
 3. Keras compiles ``train_step`` and asks how a group of ``steps_per_execution`` steps runs;
-   :meth:`~KerasRunner.make_step` answers (the mirrored runner bounds the steps in flight; a TPU
-   runner loops on the device; a parameter-server runner schedules the group on a worker).
+   :meth:`~KerasRunner.make_step` answers with a ``PlannedStep`` (``keras.steps.plan``) whose one
+   plan the runner chooses on the first batch (the mirrored runner: packed, grouped, bounded; a
+   TPU runner: an on-device loop; a parameter-server runner: the group scheduled on a worker).
 4. Saves and ``get_weights`` first call :meth:`~KerasRunner.before_save`; a backup restored
    inside ``fit`` calls :meth:`~KerasRunner.after_restore`, and
    :meth:`~KerasRunner.hold_after` keeps steps that run ahead of the callbacks from passing
@@ -29,6 +30,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from stratax._src.keras import feed as feed_lib
+from stratax._src.keras.steps.plan import PlannedStep, StepPlan, StepPrograms, concatenation
 
 
 class KerasRunner:
@@ -80,16 +82,21 @@ class KerasRunner:
         """Places batches of an input kind stratax leaves to Keras (e.g. a ``tf.data`` dataset)."""
         return batches
 
-    def make_step(self, model: Any, kind: str,
-                  build: Callable[[Callable[..., Any]], Callable[..., Any]],
-                  step_fn: Callable[..., Any]) -> Callable[..., Any]:
-        """Returns ``iterator_step(state, iterator) -> (logs, state)`` for one step group.
+    def make_step(self, model: Any, kind: str, step_fn: Callable[..., Any]) -> PlannedStep:
+        """Returns the step function Keras calls once per group of ``steps_per_execution``
+        batches, ``iterator_step(state, iterator) -> (logs, state)``: a
+        :class:`~stratax._src.keras.steps.plan.PlannedStep` executing the plan this runner
+        chooses (on its first call).
 
         ``kind`` is ``"train"``, ``"test"`` or ``"predict"``; ``step_fn(state, batch)`` is
-        Keras' (compiled) single step of ``model`` and ``build`` Keras' own way of running
-        ``steps_per_execution`` of them.
+        Keras' (compiled) single step of ``model``. This base class plans Keras' own loop.
         """
-        return build(step_fn)
+        group = steps_per_execution(model)
+        jitted = model.jit_compile and not model.run_eagerly
+        return PlannedStep.fixed(
+            StepPlan(kind, group=group),
+            StepPrograms(step_fn, concatenate=concatenation(jitted)
+                         if kind == "predict" and group > 1 else None))
 
     def call(self, run: Callable[[], Any]) -> Any:
         """Runs Keras' method (lets a runner translate the failures of its transport)."""

@@ -33,7 +33,7 @@ Example (what the Keras seam does for ``model.fit`` under a ``TPUStrategy``)::
     runner = TPURunner(strategy)
     arguments = runner.prepare("fit", arguments)
     with runner.placement_scope():
-        train_function = runner.make_step(model, "train", keras_jitted_train_step)
+        train_function = runner.make_step(model, "train", keras_jitted_train_step)  # a plan
         logs, state = train_function(state, iterator_of(runner.batches(data_adapter)))
 """
 
@@ -53,6 +53,7 @@ from jax.sharding import PartitionSpec as P
 from stratax._src.keras import model_parallel
 from stratax._src.keras.runners.runner import KerasRunner, steps_per_execution
 from stratax._src.keras.steps import forward_losses
+from stratax._src.keras.steps import plan as plan_lib
 from stratax._src.strategies.replica_context import REPLICA_AXIS
 from stratax._src.strategies.tpu import TPUStrategy
 
@@ -165,10 +166,11 @@ class TPURunner(KerasRunner):
     def place_unconverted(self, batches: Iterator[Any]) -> Iterator[Any]:
         return self.batches((batch, False) for batch in batches)
 
-    def make_step(self, model: Any, kind: str, build: Callable[..., Any],
-                  step_fn: Callable[[Any, Any], tuple[Any, Any]]) -> Callable[[Any, Any], Any]:
-        """Returns ``function(state, iterator) -> (logs, state)`` running up to
-        ``model.steps_per_execution`` batches of ``iterator`` as one on-device loop.
+    def make_step(self, model: Any, kind: str,
+                  step_fn: Callable[[Any, Any], tuple[Any, Any]]) -> plan_lib.PlannedStep:
+        """Returns the planned step (plan ``tpu-loop``) whose ``function(state, iterator) ->
+        (logs, state)`` runs up to ``model.steps_per_execution`` batches of ``iterator`` as one
+        on-device loop.
 
         Raises:
             ValueError: ``kind`` is not ``"train"``, ``"test"`` or ``"predict"``.
@@ -196,7 +198,12 @@ class TPURunner(KerasRunner):
                 outputs = _crop(outputs, rows)
             return outputs, state
 
-        return function
+        return plan_lib.PlannedStep.fixed(
+            plan_lib.StepPlan(kind, step="tpu-loop",
+                              over=f"{self.strategy.num_replicas_in_sync} TPU replica(s)",
+                              group=group, group_program=True,
+                              window=max(self.strategy.dispatch_window.size, 0)),
+            plan_lib.StepPrograms(whole=function))
 
     # ------------------------------------------------------------------ internals
     def _stack(self, steps: list[Any], group: int) -> tuple[Any, Any, Any]:

@@ -14,12 +14,10 @@ the epoch's logs are the step's, converted as Keras converts its own.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import keras
-
-Step = Callable[[Any, Iterator[Any]], tuple[Any, Any]]
 
 # The methods whose stock versions make a train step's logs ``get_metrics_result()`` of the
 # metric values it returns.
@@ -50,20 +48,6 @@ def overridden(model: Any, names: tuple[str, ...]) -> str | None:
 def keeps_keras_logs(model: Any) -> bool:
     """Whether ``model``'s train step logs are Keras' own metric results of its final state."""
     return overridden(model, _KERAS_OWN) is None
-
-
-def marking_state_logs(iterator_step: Step) -> Step:
-    """``iterator_step`` (Keras' ``(state, iterator) -> (logs, state)``) with its logs marked
-    as the results of the metric values in the state it returns."""
-
-    @functools.wraps(iterator_step)
-    def step(state: Any, iterator: Iterator[Any]) -> tuple[Any, Any]:
-        logs, state = iterator_step(state, iterator)
-        if isinstance(logs, dict):
-            logs = StateLogs(logs, state[3])
-        return logs, state
-
-    return step
 
 
 def _python_value(value: Any) -> Any:

@@ -138,19 +138,3 @@ def output_shardings(strategy: Any, state: Any) -> tuple[Any, Any]:
     return (NamedSharding(strategy.mesh, P()),
             tuple([value.sharding for value in values] for values in state))
 
-
-def packed_train_step(compiled: Callable[..., Any],
-                      gspmd_step: Callable[..., Any]) -> Callable[..., Any]:
-    """Keras' train step: ``compiled`` (:func:`compiled_packed_step`) when the batch splits
-    over the replicas.
-
-    ``gspmd_step`` (Keras' own jitted step) runs the batches that do not split (the last,
-    partial batch of a one-process run, given whole to every replica).
-    """
-
-    def step(state: Any, data: Any) -> Any:
-        if splits_over_replicas(data):
-            return compiled(state, data)
-        return gspmd_step(state, data)
-
-    return step
