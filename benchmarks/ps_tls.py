@@ -30,7 +30,7 @@ from pathlib import Path
 
 import grpc
 
-from benchmarks.report import write_table
+from benchmarks.report import round_trip_table, write_table
 from stratax._src.parameter_server.transport import cluster_tls, rpc
 
 RESULTS = Path(__file__).parent / "results"
@@ -150,19 +150,11 @@ def main() -> None:
             for mode in ("plain", "tls"):
                 runs[f"{kb}:{mode}"].append(_measure(mode, kb * 1000, args.calls))
         floors[kb] = _aead_floor_ms(kb * 1000)
-    lines = ["# One gRPC round trip: plaintext vs the cluster's mutual TLS", "",
-             (f"{args.calls} calls per repetition, {args.reps} repetitions interleaved, medians; "
-              f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} cores. "
-              f"The client offers {', '.join(suites)} (in that order)."), "",
-             "| KB each way | mode | wall ms/call | client CPU ms/call | server CPU ms/call "
-             "| 1-min load during the reps |", "| ---: | --- | ---: | ---: | ---: | --- |"]
-    for key, reps in runs.items():
-        kb, mode = key.split(":")
-        med = {k: statistics.median(r[k] for r in reps)
-               for k in ("wall_ms", "client_cpu_ms", "server_cpu_ms")}
-        loads = ", ".join(f"{r['load']:.1f}" for r in reps)
-        lines.append(f"| {kb} | {mode} | {med['wall_ms']:.3f} | {med['client_cpu_ms']:.3f} | "
-                     f"{med['server_cpu_ms']:.3f} | {loads} |")
+    lines = round_trip_table(
+        "# One gRPC round trip: plaintext vs the cluster's mutual TLS",
+        f"{args.calls} calls per repetition, {args.reps} repetitions interleaved, medians; "
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} cores. "
+        f"The client offers {', '.join(suites)} (in that order).", "mode", runs)
     lines += ["", "The floor: sealing and opening that many bytes once (what each side's crypto "
               "costs at least per call), ms:", "",
               "| KB | " + " | ".join(next(iter(floors.values()))) + " |",

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import os
 import secrets
-import statistics
 import subprocess
 import sys
 import textwrap
@@ -25,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.report import write_table
+from benchmarks.report import round_trip_table, write_table
 from stratax._src.parameter_server.transport import rpc
 
 RESULTS = Path(__file__).parent / "results"
@@ -94,19 +93,11 @@ def main() -> None:
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait(5)
-    lines = ["# One round trip: gRPC vs the same-host Unix socket", "",
-             (f"{args.calls} calls per repetition, {args.reps} repetitions interleaved, medians; "
-              f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
-              f"{os.cpu_count()} cores."), "",
-             "| KB each way | transport | wall ms/call | client CPU ms/call | server CPU ms/call "
-             "| 1-min load during the reps |", "| ---: | --- | ---: | ---: | ---: | --- |"]
-    for key, reps in runs.items():
-        kb, transport = key.split(":")
-        med = {k: statistics.median(r[k] for r in reps)
-               for k in ("wall_ms", "client_cpu_ms", "server_cpu_ms")}
-        loads = ", ".join(f"{r['load']:.1f}" for r in reps)
-        lines.append(f"| {kb} | {transport} ({used[transport]}) | {med['wall_ms']:.3f} | "
-                     f"{med['client_cpu_ms']:.3f} | {med['server_cpu_ms']:.3f} | {loads} |")
+    lines = round_trip_table(
+        "# One round trip: gRPC vs the same-host Unix socket",
+        f"{args.calls} calls per repetition, {args.reps} repetitions interleaved, medians; "
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} cores.",
+        "transport", runs, lambda transport: f"{transport} ({used[transport]})")
     write_table(RESULTS, "ps_transport", lines, runs)
 
 

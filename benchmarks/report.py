@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +24,24 @@ def write_table(results: Path, stem: str, lines: list[str], raw: Any) -> None:
     (results / f"{stem}.md").write_text("\n".join(lines) + "\n")
     (results / f"{stem}.json").write_text(json.dumps(raw, indent=1) + "\n")
     print("\n".join(lines))
+
+
+def round_trip_table(title: str, note: str, column: str, runs: dict[str, list[dict]],
+                     label: Any = str) -> list[str]:
+    """A markdown table of round-trip medians: one row per ``"<KB>:<kind>"`` key of ``runs``
+    (each repetition a dict of ``wall_ms``, ``client_cpu_ms``, ``server_cpu_ms``, ``load``),
+    the kind shown as ``label(kind)`` under ``column``."""
+    lines = [title, "", note, "",
+             f"| KB each way | {column} | wall ms/call | client CPU ms/call | server CPU ms/call "
+             "| 1-min load during the reps |", "| ---: | --- | ---: | ---: | ---: | --- |"]
+    for key, reps in runs.items():
+        kb, kind = key.split(":")
+        med = {k: statistics.median(r[k] for r in reps)
+               for k in ("wall_ms", "client_cpu_ms", "server_cpu_ms")}
+        loads = ", ".join(f"{r['load']:.1f}" for r in reps)
+        lines.append(f"| {kb} | {label(kind)} | {med['wall_ms']:.3f} | "
+                     f"{med['client_cpu_ms']:.3f} | {med['server_cpu_ms']:.3f} | {loads} |")
+    return lines
 
 
 def run_meta(module: str, argv: list[str] | None) -> dict[str, Any]:
