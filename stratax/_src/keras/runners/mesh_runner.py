@@ -77,8 +77,9 @@ class MeshRunner(KerasRunner):
             if self._on_cpu:  # the step reads host numpy in place, as Keras' own loop feeds it
                 yield from (batch for batch, _ in local_batches)
                 return
-            # Uncommitted, on the default device the placement scope sets: 3x cheaper per batch
-            # than committing, and always the same kind, so the step's cache key is stable.
+            # Uncommitted, on the default device the placement scope sets: cheaper per batch
+            # than committing (docs/design/performance.md), and always the same kind, so the
+            # step's cache key is stable.
             for batch, _ in local_batches:
                 yield jax.device_put(batch)
             return

@@ -73,7 +73,8 @@ class KerasRunner:
         """Batches ``fit`` places ahead of the step when nothing says otherwise.
 
         2 on accelerators, where the transfer overlaps the step; 0 on CPU, where the placing
-        thread takes the cores the step needs (benchmark ``mirrored``: 0.81-0.90x with it).
+        thread takes the cores the step needs (measured: docs/design/performance.md, "Numbers
+        behind the code's choices").
         """
         devices = getattr(self.strategy, "devices", ())
         return 2 if any(d.platform != "cpu" for d in devices) else 0
