@@ -43,3 +43,18 @@ def test_a_backup_resumes_into_another_replica_count(tmp_path, uninterrupted, wr
     assert int(resumed.optimizer.iterations.numpy()) == 10
     for got, want in zip(resumed.get_weights(), uninterrupted, strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_batch_that_does_not_split_over_the_new_count_is_a_clear_error(tmp_path):
+    """Written by 2 replicas with a global batch of 16, resumed by 3: the resumed fit stops at
+    once, naming the batch and the replica count, before it trains a step."""
+    x, y = _data()
+    backup = str(tmp_path / "backup")
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        _model(_strategy(2)).fit(
+            x, y, batch_size=16, epochs=1, verbose=0,
+            callbacks=[sx.BackupAndRestore(backup, save_freq=3), _FailAt(4, _raise)])
+    wait_for_writes(backup)
+    with pytest.raises(ValueError, match="Global batch size 16 does not split over 3 replicas"):
+        _model(_strategy(3)).fit(x, y, batch_size=16, epochs=1, verbose=0,
+                                 callbacks=[sx.BackupAndRestore(backup, save_freq=3)])
