@@ -130,6 +130,16 @@ def _flush(f: Any) -> None:
     os.fsync(f.fileno())
 
 
+def add_named(named: dict[str, Any], base: str, variable: Any) -> None:
+    """Enters ``variable`` in ``named`` as ``base``, or ``base#1``, ``base#2``... when that
+    entry name is taken (two variables with one path)."""
+    name, n = base, 0
+    while name in named:
+        n += 1
+        name = f"{base}#{n}"
+    named[name] = variable
+
+
 def match(arrays: dict[str, np.ndarray], variables: dict[str, Any], where: str, directory_arg: str
           ) -> list[tuple[Any, np.ndarray]]:
     """Pairs saved arrays with variables: by name when the names agree, else by position when

@@ -102,11 +102,7 @@ def _named_variables(checkpoint: Any) -> dict[str, Any]:
             if id(variable) in seen:
                 continue
             seen.add(id(variable))
-            name, n = f"{key}/{variable.path}", 0
-            while name in named:
-                n += 1
-                name = f"{key}/{variable.path}#{n}"
-            named[name] = variable
+            checkpoint_io.add_named(named, f"{key}/{variable.path}", variable)
     return named
 
 

@@ -138,10 +138,10 @@ def parse_nproc(text: str | int) -> tuple[int | None, int]:
         >>> parse_nproc("1:2")
         (1, 2)
     """
-    low, sep, high = str(text).partition(":")
-    if not (high if sep else low).isdigit() or (sep and not low.isdigit()):
+    parts = str(text).split(":")
+    if len(parts) > 2 or not all(part.isdigit() for part in parts):
         raise ValueError(f"--nproc-per-node must be N or MIN:MAX (e.g. 2 or 1:2), got {text!r}.")
-    return (int(low), int(high)) if sep else (None, int(low))
+    return (int(parts[0]), int(parts[1])) if len(parts) == 2 else (None, int(parts[0]))
 
 
 def _check_int(name: str, value: object, *, minimum: int, fix: str) -> None:

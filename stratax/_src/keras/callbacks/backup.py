@@ -186,13 +186,8 @@ class BackupAndRestore(keras.callbacks.Callback):
         for group, variables in (("model", model.variables), ("optimizer", optimizer_vars),
                                  ("metrics", model.metrics_variables)):
             for variable in variables:
-                if remote_recipe(variable) is not None:  # saved by its servers
-                    continue
-                name, n = f"{group}/{variable.path}", 0
-                while name in named:
-                    n += 1
-                    name = f"{group}/{variable.path}#{n}"
-                named[name] = variable
+                if remote_recipe(variable) is None:  # else saved by its servers
+                    checkpoint_io.add_named(named, f"{group}/{variable.path}", variable)
         return named
 
     def _save(self, epoch: int, steps_in_epoch: int) -> None:
