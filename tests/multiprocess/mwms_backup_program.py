@@ -10,6 +10,7 @@ Each worker writes OUT_DIR/weights_<worker>.npz when training completes.
 import os
 import signal
 import sys
+import time
 
 import stratax as sx
 
@@ -39,6 +40,9 @@ class Fault(keras.callbacks.Callback):
             os.kill(os.getpid(), signal.SIGKILL)
         if fault == "sigterm":
             os.kill(os.getpid(), signal.SIGTERM)
+            # JAX's notifier looks at its SIGTERM flag once a second: without this pause the
+            # rest of this short run can end before the workers agree on a step to save at.
+            time.sleep(3)
 
 
 x, y = make_data(n=300)
