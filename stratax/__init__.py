@@ -45,27 +45,27 @@ _EXPORTS = {
     "PerWorkerVariable": "stratax._src.parameter_server.per_worker_variables",
     "Server": "stratax._src.parameter_server.tasks.server",
     "ParameterServerStrategy": "stratax._src.parameter_server.strategy",
-    "AutoShardPolicy": "stratax._src.data.input_context",
+    "AutoShardPolicy": "stratax._src.distributed_input.input_context",
     "BackupAndRestore": "stratax._src.keras.callbacks.backup",
     "CollectiveTimeoutError": "stratax._src.core.errors",
     "CommunicationImplementation": "stratax._src.strategies.multi_worker",
     "CommunicationOptions": "stratax._src.strategies.multi_worker",
     "CrossDeviceOps": "stratax._src.strategies.cross_device_ops",
-    "DistributedDataset": "stratax._src.data.distributed_dataset",
-    "DistributedIterator": "stratax._src.data.distributed_dataset",
-    "DistributedValues": "stratax._src.data.values",
+    "DistributedDataset": "stratax._src.distributed_input.distributed_dataset",
+    "DistributedIterator": "stratax._src.distributed_input.distributed_dataset",
+    "DistributedValues": "stratax._src.distributed_input.values",
     "HierarchicalCopyAllReduce": "stratax._src.strategies.cross_device_ops",
-    "InputContext": "stratax._src.data.input_context",
-    "InputOptions": "stratax._src.data.input_context",
-    "InputReplicationMode": "stratax._src.data.input_context",
-    "Mirrored": "stratax._src.data.values",
+    "InputContext": "stratax._src.distributed_input.input_context",
+    "InputOptions": "stratax._src.distributed_input.input_context",
+    "InputReplicationMode": "stratax._src.distributed_input.input_context",
+    "Mirrored": "stratax._src.distributed_input.values",
     "MirroredStrategy": "stratax._src.strategies.mirrored",
     "MixedStrategyError": "stratax._src.core.errors",
     "MultiWorkerMirroredStrategy": "stratax._src.strategies.multi_worker",
     "NcclAllReduce": "stratax._src.strategies.cross_device_ops",
     "OneDeviceStrategy": "stratax._src.strategies.one_device",
     "PREEMPTION_EXIT_CODE": "stratax._src.keras.callbacks.backup",
-    "PerReplica": "stratax._src.data.values",
+    "PerReplica": "stratax._src.distributed_input.values",
     "ReduceOp": "stratax._src.core.reduce_op",
     "ReductionToOneDevice": "stratax._src.strategies.cross_device_ops",
     "ReplicaContext": "stratax._src.strategies.replica_context",
@@ -74,7 +74,7 @@ _EXPORTS = {
     "TPUStrategy": "stratax._src.strategies.tpu",
     "SyncBatchNormalization": "stratax._src.keras.sync_batch_norm",
     "StrataxError": "stratax._src.core.errors",
-    "ValueContext": "stratax._src.data.input_context",
+    "ValueContext": "stratax._src.distributed_input.input_context",
     "WorkerUnavailableError": "stratax._src.core.errors",
     "callbacks": "stratax.callbacks",
     "cluster_resolver": "stratax.cluster_resolver",
@@ -132,18 +132,18 @@ if TYPE_CHECKING:
         WorkerUnavailableError as WorkerUnavailableError,
     )
     from stratax._src.core.reduce_op import ReduceOp as ReduceOp
-    from stratax._src.data.distributed_dataset import (
+    from stratax._src.distributed_input.distributed_dataset import (
         DistributedDataset as DistributedDataset,
         DistributedIterator as DistributedIterator,
     )
-    from stratax._src.data.input_context import (
+    from stratax._src.distributed_input.input_context import (
         AutoShardPolicy as AutoShardPolicy,
         InputContext as InputContext,
         InputOptions as InputOptions,
         InputReplicationMode as InputReplicationMode,
         ValueContext as ValueContext,
     )
-    from stratax._src.data.values import (
+    from stratax._src.distributed_input.values import (
         DistributedValues as DistributedValues,
         Mirrored as Mirrored,
         PerReplica as PerReplica,

@@ -10,7 +10,7 @@ from stratax._src.keras.install import install as _install
 _install()
 
 from stratax import coordinator, partitioners  # noqa: E402
-from stratax._src.data.input_context import ValueContext  # noqa: E402
+from stratax._src.distributed_input.input_context import ValueContext  # noqa: E402
 from stratax._src.keras.preemption import (  # noqa: E402
     PreemptionCheckpointHandler,
     TerminationConfig,

@@ -54,11 +54,11 @@ written), what for, and which stratax module relies on it:
   the replicas inside ``strategy.run``. -> ``keras.sync_batch_norm``
 - ``JAXTrainer._update_metrics_variables`` (called, by ``update_metrics``): Keras' own metric
   update of a train step (loss tracker and compiled metrics), split from the optimizer step: run
-  on a worker without Keras' local optimizer step (-> ``keras.runners.ps_fit``), and before the
+  on a worker without Keras' local optimizer step (-> ``keras.steps.ps_steps``), and before the
   packed all-reduce of gradients and metric updates (-> ``keras.steps.packed_step``).
 - ``keras.layers.Embedding.call`` (wrapped once; unchanged unless this thread sets a lookup):
   a plain embedding's ``take`` replaced by the rows a worker pulled (row-sparse path under
-  ``ParameterServerStrategy``). -> ``keras.runners.ps_fit``
+  ``ParameterServerStrategy``). -> ``keras.steps.ps_steps``
 - ``distribution_lib.distribute_tensor`` of Keras' JAX backend (wrapped once; unchanged unless
   this thread sets a placement): how a Keras variable under a layout takes a new value, here
   metric resets placed without JAX's cross-process equality check. -> ``keras.steps.metric_reset``
@@ -77,7 +77,7 @@ written), what for, and which stratax module relies on it:
   -> ``keras.runners.ps_runner``, ``keras.install``
 - ``Variable._value`` (read) and ``model._jax_state``/``_jax_state_synced`` (written): after a
   failed call, which variables Keras left purged (``None``) and its pending step state
-  dropped, so that the model holds its last completed step. -> ``keras.recovery``
+  dropped, so that the model holds its last completed step. -> ``keras.failed_calls``
 - ``model._initial_epoch`` (written): Keras' own resume hook, the epoch ``fit`` starts at after
   a restore. -> ``keras.callbacks.backup``
 - ``jax._src.ffi.FfiEffect`` (read) and ``Jaxpr.replace`` / ``JaxprEqn.replace`` (called): a

@@ -16,7 +16,7 @@ import logging
 import os
 import sys
 
-from stratax._src.core import env, envvars, logs
+from stratax._src.core import env, logs
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ def cpu_device_count_from_env() -> int | None:
     Raises:
         ValueError: the variable is not an integer >= 1.
     """
-    return envvars.get_optional_int(env.STRATAX_CPU_DEVICES, 1,
+    return env.get_optional_int(env.STRATAX_CPU_DEVICES, 1,
                                     meaning="CPU devices to split the host into, one replica each",
                                     unset="for one CPU device")
 

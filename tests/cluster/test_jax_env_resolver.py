@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 
 from stratax._src.cluster.jax_env import JAXClusterResolver
-from stratax._src.cluster.process_layout import ProcessLayout
-from stratax._src.cluster.sync_group import process_layout
+from stratax._src.cluster.process_layout import ProcessLayout, process_layout
 from stratax._src.core import env
 
 JOB = {env.JAX_COORDINATOR_ADDRESS: "node0:1234", env.JAX_NUM_PROCESSES: "3",

@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 
 from stratax._src.cluster.kubernetes import KubernetesClusterResolver
-from stratax._src.cluster.process_layout import ProcessLayout
-from stratax._src.cluster.sync_group import process_layout
+from stratax._src.cluster.process_layout import ProcessLayout, process_layout
 
 
 def _pod(cluster_env: pytest.MonkeyPatch, index: int = 2, **extra: str) -> None:

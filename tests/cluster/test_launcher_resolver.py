@@ -7,8 +7,7 @@ import json
 import pytest
 
 from stratax._src.cluster.launch_env import LauncherClusterResolver
-from stratax._src.cluster.process_layout import ProcessLayout
-from stratax._src.cluster.sync_group import process_layout
+from stratax._src.cluster.process_layout import ProcessLayout, process_layout
 from stratax._src.core import env
 
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 
 from stratax._src.cluster.mpi import MPIClusterResolver, orte_coordinator_address
-from stratax._src.cluster.process_layout import ProcessLayout
-from stratax._src.cluster.sync_group import process_layout
+from stratax._src.cluster.process_layout import ProcessLayout, process_layout
 from stratax._src.core import env
 
 # The URI Open MPI 4's mpirun exports (format as in JAX's ompi_cluster.py).

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from stratax._src.cluster.process_layout import ProcessLayout
+from stratax._src.cluster.process_layout import ProcessLayout, process_layout
 from stratax._src.cluster.simple import SimpleClusterResolver
-from stratax._src.cluster.sync_group import process_layout
 
 CHIEF_WORKERS_PS = {
     "chief": ["c:1"],

@@ -6,9 +6,8 @@ import os
 
 import pytest
 
-from stratax._src.cluster.process_layout import ProcessLayout
+from stratax._src.cluster.process_layout import ProcessLayout, process_layout
 from stratax._src.cluster.slurm import SlurmClusterResolver
-from stratax._src.cluster.sync_group import process_layout
 
 
 def _slurm(cluster_env: pytest.MonkeyPatch, **variables: str) -> None:

@@ -200,7 +200,7 @@ def test_whole_number_indices_are_cast_as_tensorflow_does(cluster_env: pytest.Mo
 def test_a_task_is_only_required_where_it_is_needed(cluster_env: pytest.MonkeyPatch) -> None:
     """TensorFlow accepts a cluster without "task"; stratax fails where a task is needed
     (issue 8, item 11)."""
-    from stratax._src.cluster.sync_group import process_layout
+    from stratax._src.cluster.process_layout import process_layout
 
     _set(cluster_env, {"cluster": CLUSTER})
     resolver = TFConfigClusterResolver()
@@ -216,7 +216,7 @@ def test_a_task_is_only_required_where_it_is_needed(cluster_env: pytest.MonkeyPa
 def test_one_task_cluster_without_task_is_that_task(cluster_env: pytest.MonkeyPatch,
                                                     job: str) -> None:
     from stratax._src.cluster.detect import detect_cluster_resolver
-    from stratax._src.cluster.sync_group import process_layout
+    from stratax._src.cluster.process_layout import process_layout
 
     _set(cluster_env, {"cluster": {job: ["worker0:2222"]}})
     resolver = detect_cluster_resolver()
@@ -230,7 +230,7 @@ def test_one_task_cluster_without_task_is_that_task(cluster_env: pytest.MonkeyPa
 def test_one_ps_task_without_task_is_not_a_synchronous_worker(
     cluster_env: pytest.MonkeyPatch,
 ) -> None:
-    from stratax._src.cluster.sync_group import process_layout
+    from stratax._src.cluster.process_layout import process_layout
 
     _set(cluster_env, {"cluster": {"ps": ["ps0:2222"]}})
     with pytest.raises(ValueError, match=r"Task type 'ps' is not part of synchronous training"):

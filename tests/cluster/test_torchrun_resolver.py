@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from stratax._src.cluster.process_layout import ProcessLayout
-from stratax._src.cluster.sync_group import process_layout
+from stratax._src.cluster.process_layout import ProcessLayout, process_layout
 from stratax._src.cluster.torchrun import TorchrunClusterResolver
 from stratax._src.core import env
 

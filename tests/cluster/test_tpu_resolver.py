@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from stratax._src.cluster.sync_group import process_layout
+from stratax._src.cluster.process_layout import process_layout
 from stratax._src.cluster.tpu import TPUClusterResolver, parse_accelerator_type
 from stratax._src.core import env
 

@@ -18,7 +18,7 @@ import pytest
 from render import DEPLOY, KUBERNETES, ROOT, pods_of, sbatch_environment
 
 from stratax._src.cluster.detect import detect_cluster_resolver
-from stratax._src.cluster.sync_group import process_layout
+from stratax._src.cluster.process_layout import process_layout
 
 _spec = importlib.util.spec_from_file_location(
     "_stratax_fake_slurm", ROOT / "tests" / "multiprocess" / "fake_slurm.py")

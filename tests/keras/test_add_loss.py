@@ -163,7 +163,7 @@ def test_tpu_full_batches_equal_one_device_and_a_padded_one_is_refused(plain, _f
 
 
 class _SyncStrategy:
-    """What ``ps_fit.replica_function`` reads of a ParameterServerStrategy in sync mode with
+    """What ``ps_steps.replica_function`` reads of a ParameterServerStrategy in sync mode with
     ``workers`` workers (its steps refuse the model before reading any variable)."""
 
     def __init__(self, workers):
@@ -173,14 +173,14 @@ class _SyncStrategy:
 def test_ps_sync_over_several_workers_refuses_added_losses(plain):
     """Each worker of a synchronous step sees its share of the batch: refused, naming the fix.
     Asynchronous steps and one worker run the whole batch (the refusal does not apply)."""
-    from stratax._src.keras.runners import ps_fit
+    from stratax._src.keras.steps import ps_steps
 
     x, y = _data()
     model = _model("sum")
     model.compile(optimizer="sgd", loss="mse")
     model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)  # builds the optimizer
     for kind, method in (("train", "fit"), ("test", "evaluate")):
-        step = ps_fit.replica_function(model, kind, _SyncStrategy(2))
+        step = ps_steps.replica_function(model, kind, _SyncStrategy(2))
         with pytest.raises(ValueError, match=rf"model.{method} .*mode='sync'.* 2 workers.*"
                                              r"adds 2 loss term.*mode='async'"):
             step((x[:4], y[:4]))

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from stratax._src.launch import EXIT_TIMEOUT, launch, process_group
+from stratax._src.launch import EXIT_TIMEOUT, launch, worker_group
 
 # Worker 0 sleeps (with a sleeping grandchild); worker 1 fails once both are running.
 FAIL_ONE = '''
@@ -187,7 +187,7 @@ sys.exit(1)
 def test_a_worker_that_lost_a_peer_is_not_named_before_the_peer(scripts, monkeypatch):
     """On a loaded box the launcher may reap the killed peer only after the survivor printed
     its traceback and exited (CI saw this): the peer, not the survivor, is still named."""
-    reap = process_group.WorkerGroup._wait
+    reap = worker_group.WorkerGroup._wait
 
     def late_reap_of_worker_1(group, worker):
         if worker.spec.name == "worker 1":
@@ -199,7 +199,7 @@ def test_a_worker_that_lost_a_peer_is_not_named_before_the_peer(scripts, monkeyp
                 time.sleep(0.01)
         reap(group, worker)
 
-    monkeypatch.setattr(process_group.WorkerGroup, "_wait", late_reap_of_worker_1)
+    monkeypatch.setattr(worker_group.WorkerGroup, "_wait", late_reap_of_worker_1)
     script = scripts.write("peer.py", PEER_DIES_THEN_THE_SURVIVOR_FAILS)
     result = launch([sys.executable, script], nproc_per_node=2, stream_output=False)
     failure = result.failure

@@ -21,8 +21,8 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from input_matrix import GLOBAL_BATCH, make_data, make_model  # noqa: E402
 
-from stratax._src.data import sharding  # noqa: E402
-from stratax._src.data.input_context import AutoShardPolicy  # noqa: E402
+from stratax._src.distributed_input import sharding  # noqa: E402
+from stratax._src.distributed_input.input_context import AutoShardPolicy  # noqa: E402
 
 data_dir, out_dir = sys.argv[1:3]
 

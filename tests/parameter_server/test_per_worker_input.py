@@ -10,7 +10,7 @@ import types
 import numpy as np
 import pytest
 
-from stratax._src.data.input_context import InputContext
+from stratax._src.distributed_input.input_context import InputContext
 from stratax._src.parameter_server.inputs import dataset_source, worker_input
 from stratax._src.parameter_server.inputs.iterator_registry import IteratorRegistry
 from stratax._src.parameter_server.inputs.per_worker_dataset import PerWorkerIterator

@@ -19,7 +19,7 @@ from ps_cluster_helpers import cluster_addresses
 
 import stratax as sx
 from stratax._src.core.errors import WorkerUnavailableError
-from stratax._src.parameter_server.tasks.chief_session import ChiefSession
+from stratax._src.parameter_server.tasks.ownership import ChiefSession
 from stratax._src.parameter_server.transport import rpc, wire
 
 pytestmark = pytest.mark.timeout(120)

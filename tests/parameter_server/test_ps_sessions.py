@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from ps_cluster_helpers import local_cluster  # noqa: F401 - a fixture
 
-from stratax._src.parameter_server.tasks.chief_session import ChiefSession, SessionError
+from stratax._src.parameter_server.tasks.ownership import ChiefSession, SessionError
 from stratax._src.parameter_server.transport import rpc
 
 pytestmark = pytest.mark.timeout(120)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from kill_mid_write import kill_while_writing
 
-from stratax._src.parameter_server.tasks.chief_session import session_digest
+from stratax._src.parameter_server.tasks.ownership import session_digest
 from stratax._src.parameter_server.tasks.ps import ParameterServer
 from stratax._src.parameter_server.tasks.snapshots import Snapshots, write_npz
 from stratax._src.parameter_server.transport import wire

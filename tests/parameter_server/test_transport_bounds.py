@@ -21,7 +21,7 @@ import pytest
 from ps_cluster_helpers import cluster_addresses
 
 import stratax as sx
-from stratax._src.parameter_server.tasks.chief_session import ChiefSession
+from stratax._src.parameter_server.tasks.ownership import ChiefSession
 from stratax._src.parameter_server.transport import local_socket, rpc, shared_frames, wire
 
 pytestmark = pytest.mark.timeout(120)

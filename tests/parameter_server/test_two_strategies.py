@@ -7,7 +7,7 @@ import pytest
 from ps_cluster_helpers import local_cluster  # noqa: F401 - a fixture
 
 import stratax as sx
-from stratax._src.parameter_server.tasks.chief_session import ChiefSession, SessionError
+from stratax._src.parameter_server.tasks.ownership import ChiefSession, SessionError
 from stratax._src.parameter_server.transport import rpc
 
 pytestmark = pytest.mark.timeout(180)

@@ -5,7 +5,7 @@ import keras
 import numpy as np
 import pytest
 
-from stratax._src.keras.runners.ps_fit import check_additive_metrics
+from stratax._src.keras.steps.ps_steps import check_additive_metrics
 from stratax._src.parameter_server.inputs.worker_data import ArrayStore
 
 

@@ -10,13 +10,12 @@ from stratax._src.cluster.jax_env import JAXClusterResolver
 from stratax._src.cluster.kubernetes import KubernetesClusterResolver
 from stratax._src.cluster.launch_env import LauncherClusterResolver
 from stratax._src.cluster.mpi import MPIClusterResolver
-from stratax._src.cluster.process_group import ProcessGroupClusterResolver
-from stratax._src.cluster.process_layout import ProcessLayout
+from stratax._src.cluster.process_group_resolver import ProcessGroupClusterResolver
+from stratax._src.cluster.process_layout import ProcessLayout, process_layout
 from stratax._src.cluster.resolver import ClusterResolver, format_master_url
 from stratax._src.cluster.simple import SimpleClusterResolver
 from stratax._src.cluster.slurm import SlurmClusterResolver
 from stratax._src.cluster.slurm_hostlist import expand_hostlist, expand_tasks_per_node
-from stratax._src.cluster.sync_group import process_layout
 from stratax._src.cluster.tfconfig import TFConfig, TFConfigClusterResolver, parse_tf_config
 from stratax._src.cluster.torchrun import TorchrunClusterResolver
 from stratax._src.cluster.tpu import TPUClusterResolver

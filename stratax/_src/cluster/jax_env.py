@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import os
 
-from stratax._src.cluster.process_group import (
+from stratax._src.cluster.process_group_resolver import (
     ProcessGroupClusterResolver,
     check_rank,
     coordinator_address_override,
 )
-from stratax._src.core import env, envvars
+from stratax._src.core import env
 
 _SET_ALL_THREE = (
     f"a JAX-style job sets {env.JAX_COORDINATOR_ADDRESS}=<host of process 0>:<port>, "
@@ -48,8 +48,8 @@ class JAXClusterResolver(ProcessGroupClusterResolver):
           ValueError: A variable missing (the coordinator may be missing only for one process)
             or malformed, or a process id outside the job.
         """
-        num_processes = envvars.get_int(env.JAX_NUM_PROCESSES, _SET_ALL_THREE, minimum=1)
-        process_id = envvars.get_int(env.JAX_PROCESS_ID, _SET_ALL_THREE, minimum=0)
+        num_processes = env.get_int(env.JAX_NUM_PROCESSES, _SET_ALL_THREE, minimum=1)
+        process_id = env.get_int(env.JAX_PROCESS_ID, _SET_ALL_THREE, minimum=0)
         check_rank(env.JAX_PROCESS_ID, process_id, env.JAX_NUM_PROCESSES, num_processes)
         address = coordinator_address_override()
         if address is None and num_processes > 1:

@@ -16,7 +16,7 @@ import re
 
 from stratax._src.cluster.cluster_spec import ClusterSpec
 from stratax._src.cluster.resolver import ClusterResolver
-from stratax._src.core import env, envvars
+from stratax._src.core import env
 
 DEFAULT_PORT = 8888
 
@@ -109,12 +109,12 @@ class KubernetesClusterResolver(ClusterResolver):
           ValueError: If a needed variable is missing or malformed, or the index is not below
             the number of workers.
         """
-        index = envvars.get_int(
+        index = env.get_int(
             env.JOB_COMPLETION_INDEX,
             "Kubernetes sets it only for Indexed Jobs: add `completionMode: Indexed` to the Job.",
         )
         if num_workers is None:
-            num_workers = envvars.get_int(env.STRATAX_K8S_NUM_WORKERS, _POD_SPEC_HINT, minimum=1)
+            num_workers = env.get_int(env.STRATAX_K8S_NUM_WORKERS, _POD_SPEC_HINT, minimum=1)
         elif isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
             raise ValueError(f"num_workers must be an integer >= 1, got {num_workers!r}.")
         if index >= num_workers:
@@ -123,11 +123,11 @@ class KubernetesClusterResolver(ClusterResolver):
                 f"{num_workers}; set {env.STRATAX_K8S_NUM_WORKERS} to the Job's completions."
             )
         if service is None:
-            service = envvars.get_str(env.STRATAX_K8S_SERVICE, _POD_SPEC_HINT)
+            service = env.get_str(env.STRATAX_K8S_SERVICE, _POD_SPEC_HINT)
         service = _check_dns_label(service, "The headless Service name")
         job_name = _check_dns_label(self._resolve_job_name(job_name, index), "The Job name")
         if port is None:
-            port = envvars.get_optional_int(env.STRATAX_K8S_PORT, minimum=0)
+            port = env.get_optional_int(env.STRATAX_K8S_PORT, minimum=0)
             port = DEFAULT_PORT if port is None else port
         if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
             raise ValueError(f"The port must be an integer in 0..65535, got {port!r}.")

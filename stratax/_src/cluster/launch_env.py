@@ -17,10 +17,10 @@ from __future__ import annotations
 import os
 
 from stratax._src.cluster.cluster_spec import ClusterSpec, parse_address
-from stratax._src.cluster.process_group import ProcessGroupClusterResolver, check_rank
-from stratax._src.cluster.sync_group import SYNC_JOBS
+from stratax._src.cluster.process_group_resolver import ProcessGroupClusterResolver, check_rank
+from stratax._src.cluster.process_layout import SYNC_JOBS
 from stratax._src.cluster.tfconfig import parse_tf_config
-from stratax._src.core import env, envvars
+from stratax._src.core import env
 
 _SET_BY_LAUNCHER = (
     "it is set by `stratax launch` for every process it starts; start the program with "
@@ -56,16 +56,16 @@ class LauncherClusterResolver(ProcessGroupClusterResolver):
             below the process count, or TF_CONFIG's chief/worker count disagrees with
             ``STRATAX_NUM_PROCESSES``.
         """
-        address = envvars.get_str(env.STRATAX_COORDINATOR_ADDRESS, _SET_BY_LAUNCHER)
+        address = env.get_str(env.STRATAX_COORDINATOR_ADDRESS, _SET_BY_LAUNCHER)
         parse_address(address, env.STRATAX_COORDINATOR_ADDRESS)
-        num_processes = envvars.get_int(env.STRATAX_NUM_PROCESSES, _SET_BY_LAUNCHER, minimum=1)
-        process_id = envvars.get_int(env.STRATAX_PROCESS_ID, _SET_BY_LAUNCHER, minimum=0)
+        num_processes = env.get_int(env.STRATAX_NUM_PROCESSES, _SET_BY_LAUNCHER, minimum=1)
+        process_id = env.get_int(env.STRATAX_PROCESS_ID, _SET_BY_LAUNCHER, minimum=0)
         check_rank(env.STRATAX_PROCESS_ID, process_id, env.STRATAX_NUM_PROCESSES, num_processes)
-        restarts = envvars.get_optional_int(env.STRATAX_RESTART_COUNT, minimum=0)
+        restarts = env.get_optional_int(env.STRATAX_RESTART_COUNT, minimum=0)
         self._restart_count = 0 if restarts is None else restarts
         super().__init__(
             address, num_processes, process_id,
-            local_rank=envvars.get_optional_int(env.STRATAX_LOCAL_RANK, minimum=0),
+            local_rank=env.get_optional_int(env.STRATAX_LOCAL_RANK, minimum=0),
             rpc_layer=rpc_layer, cluster_spec=self._read_cluster(address, num_processes))
 
     @staticmethod

@@ -20,14 +20,14 @@ from __future__ import annotations
 import os
 import re
 
-from stratax._src.cluster.process_group import (
+from stratax._src.cluster.process_group_resolver import (
     ProcessGroupClusterResolver,
     check_rank,
     coordinator_address_override,
     coordinator_port_override,
 )
 from stratax._src.cluster.slurm import SlurmClusterResolver
-from stratax._src.core import env, envvars
+from stratax._src.core import env
 
 # (rank variable, size variable) of each launcher family, in the order they are trusted.
 _FAMILIES: tuple[tuple[str, str | None], ...] = (
@@ -115,10 +115,10 @@ class MPIClusterResolver(ProcessGroupClusterResolver):
                 "No MPI rank variable is set (" + ", ".join(r for r, _ in _FAMILIES) + "); "
                 "start the program with mpirun/mpiexec, or pass another cluster resolver."
             )
-        rank_name, rank = found[0][0], envvars.get_int(found[0][0], "", minimum=0)
+        rank_name, rank = found[0][0], env.get_int(found[0][0], "", minimum=0)
         size_name, size = self._world_size(found)
         for other_name, _ in found[1:]:
-            other = envvars.get_int(other_name, "", minimum=0)
+            other = env.get_int(other_name, "", minimum=0)
             if other != rank:
                 raise ValueError(
                     f"{rank_name}={rank} but {other_name}={other}: two MPI launchers' variables "
@@ -132,14 +132,14 @@ class MPIClusterResolver(ProcessGroupClusterResolver):
                 f"{rank_name}={rank} of {size_name}={size}: the MPI launcher does not say which "
                 "host rank 0 (the jax.distributed coordinator) runs on; " + _SET_COORDINATOR
             )
-        local_rank = envvars.get_optional_int(
+        local_rank = env.get_optional_int(
             env.OMPI_COMM_WORLD_LOCAL_RANK if _set(env.OMPI_COMM_WORLD_LOCAL_RANK)
             else env.MPI_LOCALRANKID, minimum=0)
         super().__init__(address, size, rank, local_rank=local_rank, rpc_layer=rpc_layer)
 
     @staticmethod
     def _world_size(found: list[tuple[str, str | None]]) -> tuple[str, int]:
-        sizes = [(name, envvars.get_int(name, "", minimum=1))
+        sizes = [(name, env.get_int(name, "", minimum=1))
                  for _, name in found if name is not None and _set(name)]
         if not sizes:
             names = " or ".join(name for _, name in _FAMILIES if name is not None)

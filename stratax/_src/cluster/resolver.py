@@ -1,4 +1,5 @@
-"""``ClusterResolver``: the interface every cluster resolver implements.
+"""``ClusterResolver``: the interface every cluster resolver implements, and the
+``ProcessLayout`` a resolver may state outright.
 
 A cluster resolver answers "which cluster is this process part of, and which task is it?" from
 its environment (TF_CONFIG, Slurm, Kubernetes, the stratax launcher, ...). It is pure
@@ -9,12 +10,9 @@ Modelled on TensorFlow's ``tf.distribute.cluster_resolver.ClusterResolver``.
 from __future__ import annotations
 
 import abc
-from typing import TYPE_CHECKING
+import dataclasses
 
 from stratax._src.cluster.cluster_spec import ClusterSpec
-
-if TYPE_CHECKING:
-    from stratax._src.cluster.process_layout import ProcessLayout
 
 
 def format_master_url(master: str, rpc_layer: str | None = None) -> str:
@@ -22,6 +20,41 @@ def format_master_url(master: str, rpc_layer: str | None = None) -> str:
     if rpc_layer:
         return f"{rpc_layer}://{master}"
     return master
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcessLayout:
+    """This process' place in a synchronous multi-process group.
+
+    Attributes:
+      coordinator_address: ``"host:port"`` of the process that hosts the ``jax.distributed``
+        coordination service (process 0), or ``None`` in local mode.
+      num_processes: Number of processes in the group (1 in local mode).
+      process_id: This process' id in ``[0, num_processes)``.
+      task_type: This process' job name (``"chief"``/``"worker"``), or ``None`` in local mode.
+      task_id: This process' index within its job, or ``None`` in local mode.
+
+    Example:
+      >>> ProcessLayout("host0:2222", num_processes=3, process_id=1, task_type="worker",
+      ...               task_id=0).is_coordinator
+      False
+    """
+
+    coordinator_address: str | None
+    num_processes: int
+    process_id: int
+    task_type: str | None
+    task_id: int | None
+
+    @property
+    def is_coordinator(self) -> bool:
+        """True for process 0, the one that hosts the coordination service."""
+        return self.process_id == 0
+
+    @property
+    def is_local(self) -> bool:
+        """True when there is no cluster: one process, no coordinator."""
+        return self.coordinator_address is None
 
 
 class ClusterResolver(abc.ABC):

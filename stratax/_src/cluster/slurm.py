@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from stratax._src.cluster.cluster_spec import ClusterSpec
 from stratax._src.cluster.resolver import ClusterResolver
 from stratax._src.cluster.slurm_hostlist import expand_hostlist, expand_tasks_per_node
-from stratax._src.core import env, envvars
+from stratax._src.core import env
 
 logger = logging.getLogger(__name__)
 
@@ -127,10 +127,10 @@ class SlurmClusterResolver(ClusterResolver):
             ports leave 0..65535, more GPUs are requested than a node has, or ``auto_set_gpu``
             is set without a known GPU count.
         """
-        self._rank = envvars.get_int(env.SLURM_PROCID, _RUN_WITH_SRUN, minimum=0)
+        self._rank = env.get_int(env.SLURM_PROCID, _RUN_WITH_SRUN, minimum=0)
         _check_complete(self._rank, tasks_per_node)
         tasks_var = _slurm_var(_TASK_COUNT)
-        num_tasks = envvars.parse_int(tasks_var[0], tasks_var[1], minimum=1)
+        num_tasks = env.parse_int(tasks_var[0], tasks_var[1], minimum=1)
         if self._rank >= num_tasks:
             raise ValueError(
                 f"{env.SLURM_PROCID}={self._rank} is not below the task count "
@@ -252,7 +252,7 @@ class SlurmClusterResolver(ClusterResolver):
         return checked
 
     def _check_block_distribution(self) -> None:
-        local_id = envvars.get_optional_int(env.SLURM_LOCALID, minimum=0)
+        local_id = env.get_optional_int(env.SLURM_LOCALID, minimum=0)
         if local_id is not None and local_id != self._local_id:
             raise ValueError(
                 f"Rank {self._rank} should be task {self._local_id} on its node under Slurm's "
@@ -264,11 +264,11 @@ class SlurmClusterResolver(ClusterResolver):
         self, gpus_per_node: int | None, gpus_per_task: int | None, max_tasks: int
     ) -> tuple[int | None, int | None]:
         if gpus_per_node is None:
-            gpus_per_node = envvars.get_optional_int(env.SLURM_GPUS_ON_NODE, minimum=0)
+            gpus_per_node = env.get_optional_int(env.SLURM_GPUS_ON_NODE, minimum=0)
         else:
             _check_count(gpus_per_node, "gpus_per_node", 0)
         if gpus_per_task is None:
-            gpus_per_task = envvars.get_optional_int(env.SLURM_GPUS_PER_TASK, minimum=0)
+            gpus_per_task = env.get_optional_int(env.SLURM_GPUS_PER_TASK, minimum=0)
         else:
             _check_count(gpus_per_task, "gpus_per_task", 0)
         if gpus_per_task is None and gpus_per_node is not None:

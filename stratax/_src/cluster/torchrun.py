@@ -13,14 +13,14 @@ from __future__ import annotations
 import os
 
 from stratax._src.cluster.cluster_spec import ClusterSpec, parse_address
-from stratax._src.cluster.process_group import (
+from stratax._src.cluster.process_group_resolver import (
     ProcessGroupClusterResolver,
     check_rank,
     coordinator_address_override,
     coordinator_port_override,
     workers_at,
 )
-from stratax._src.core import env, envvars
+from stratax._src.core import env
 
 _SET_BY_TORCHRUN = (
     "torchrun and a Kubeflow PyTorchJob set it for every process; start every process with the "
@@ -54,7 +54,7 @@ def torchrun_coordinator_address() -> str | None:
         return None
     port = coordinator_port_override()
     if port is None:
-        master_port = envvars.get_int(env.MASTER_PORT, _SET_BY_TORCHRUN, minimum=1)
+        master_port = env.get_int(env.MASTER_PORT, _SET_BY_TORCHRUN, minimum=1)
         if master_port >= _MAX_PORT:
             raise ValueError(
                 f"{env.MASTER_PORT}={master_port} leaves no next port for the jax.distributed "
@@ -112,11 +112,11 @@ class TorchrunClusterResolver(ProcessGroupClusterResolver):
             a local rank outside its node, or several processes with no coordinator address
             (no ``MASTER_ADDR`` nor ``JAX_COORDINATOR_ADDRESS``).
         """
-        world_size = envvars.get_int(env.WORLD_SIZE, _SET_BY_TORCHRUN, minimum=1)
-        rank = envvars.get_int(env.RANK, _SET_BY_TORCHRUN, minimum=0)
+        world_size = env.get_int(env.WORLD_SIZE, _SET_BY_TORCHRUN, minimum=1)
+        rank = env.get_int(env.RANK, _SET_BY_TORCHRUN, minimum=0)
         check_rank(env.RANK, rank, env.WORLD_SIZE, world_size)
-        local_rank = envvars.get_optional_int(env.LOCAL_RANK, minimum=0)
-        local_size = envvars.get_optional_int(env.LOCAL_WORLD_SIZE, minimum=1)
+        local_rank = env.get_optional_int(env.LOCAL_RANK, minimum=0)
+        local_size = env.get_optional_int(env.LOCAL_WORLD_SIZE, minimum=1)
         if local_rank is not None and local_size is not None:
             check_rank(env.LOCAL_RANK, local_rank, env.LOCAL_WORLD_SIZE, local_size)
         if local_rank is not None and local_rank > rank:

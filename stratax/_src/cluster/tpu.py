@@ -32,7 +32,7 @@ from typing import Any
 from stratax._src.cluster.cluster_spec import ClusterSpec
 from stratax._src.cluster.process_layout import ProcessLayout
 from stratax._src.cluster.resolver import ClusterResolver
-from stratax._src.core import env, envvars
+from stratax._src.core import env
 
 # Port of the jax.distributed coordinator on host 0 of a pod slice (JAX's own TPU default).
 TPU_COORDINATOR_PORT = 8482
@@ -53,7 +53,7 @@ def emulation_cores_from_env() -> int | None:
     Raises:
       ValueError: the value is not an integer >= 0.
     """
-    cores = envvars.get_optional_int(env.STRATAX_TPU_EMULATION, minimum=0)
+    cores = env.get_optional_int(env.STRATAX_TPU_EMULATION, minimum=0)
     return cores or None
 
 
@@ -127,14 +127,14 @@ class TPUClusterResolver(ClusterResolver):
         if self._accelerator_type:
             parse_accelerator_type(self._accelerator_type)
         self._hosts = self._read_hosts()
-        self._num_slices = envvars.get_optional_int(env.MEGASCALE_NUM_SLICES, minimum=1) or 1
-        self._slice_id = envvars.get_optional_int(env.MEGASCALE_SLICE_ID, minimum=0) or 0
+        self._num_slices = env.get_optional_int(env.MEGASCALE_NUM_SLICES, minimum=1) or 1
+        self._slice_id = env.get_optional_int(env.MEGASCALE_SLICE_ID, minimum=0) or 0
         if self._slice_id >= self._num_slices:
             raise ValueError(
                 f"{env.MEGASCALE_SLICE_ID}={self._slice_id} is not below "
                 f"{env.MEGASCALE_NUM_SLICES}={self._num_slices}; the TPU runtime sets both."
             )
-        worker_id = envvars.get_optional_int(env.TPU_WORKER_ID, minimum=0)
+        worker_id = env.get_optional_int(env.TPU_WORKER_ID, minimum=0)
         if worker_id is not None and self._hosts and worker_id >= len(self._hosts):
             raise ValueError(
                 f"{env.TPU_WORKER_ID}={worker_id} is not below the {len(self._hosts)} hosts of "
@@ -297,7 +297,7 @@ class TPUClusterResolver(ClusterResolver):
         if bounds:
             chips = 1
             for part in bounds.split(","):
-                chips *= envvars.parse_int(env.TPU_CHIPS_PER_PROCESS_BOUNDS, part, minimum=1)
+                chips *= env.parse_int(env.TPU_CHIPS_PER_PROCESS_BOUNDS, part, minimum=1)
             return {"TPU": chips * _DEVICES_PER_CHIP.get(generation, 1)}
         if not self.is_multi_host():
             # The name counts TensorCores, except v5e/v6e which count chips; JAX shows one

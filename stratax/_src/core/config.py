@@ -15,7 +15,7 @@ Example::
 from __future__ import annotations
 
 from stratax._src.core import env
-from stratax._src.core.options import (
+from stratax._src.core.option_registry import (
     Choice,
     ChoiceOrInteger,
     Directory,

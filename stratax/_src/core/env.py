@@ -1,8 +1,22 @@
-"""Every environment variable stratax reads or writes, named in one place.
+"""Every environment variable stratax reads or writes: its name, and how its value is read.
 
 Resolution order everywhere in stratax: explicit argument, then the environment variable named
 here, then auto-detection.
+
+Every ``STRATAX_*`` setting (and every cluster variable a resolver reads) is read through the
+functions below, so a bad value reads the same everywhere, e.g.::
+
+    Environment variable STRATAX_SHM_SLOT_BYTES='12x' is not an integer >= 64 (bytes per
+    process slot); set it to an integer >= 64 or unset it for the default 1048576.
+
+An unset variable and an empty one are the same.
 """
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import TypeVar
 
 # Keras / JAX start-up.
 KERAS_BACKEND = "KERAS_BACKEND"
@@ -158,7 +172,7 @@ STRATAX_PS_MAX_STALENESS = "STRATAX_PS_MAX_STALENESS"
 # shard by shard, instead of on the chief (option ps_build_on_servers_bytes; 0 = never).
 STRATAX_PS_BUILD_ON_SERVERS_BYTES = "STRATAX_PS_BUILD_ON_SERVERS_BYTES"
 # Seconds a served ps/worker task waits without hearing from a chief before it exits (status
-# 1); default 120 (parameter_server/tasks/chief_session.py; Server(chief_timeout_seconds=)).
+# 1); default 120 (parameter_server/tasks/ownership.py; Server(chief_timeout_seconds=)).
 STRATAX_PS_CHIEF_TIMEOUT_SECONDS = "STRATAX_PS_CHIEF_TIMEOUT_SECONDS"
 # Largest frame (MiB, default 2048) a ps/worker task receives, and how many local-socket
 # connections (and concurrent gRPC calls) it serves (default 256): parameter_server/transport.
@@ -183,3 +197,115 @@ STRATAX_SHARDED_UPDATE = "STRATAX_SHARDED_UPDATE"
 # the worker tasks on it), "all" (XLA's default, one per core) or a number; see
 # stratax._src.parameter_server.tasks.compute_threads.
 STRATAX_PS_WORKER_THREADS = "STRATAX_PS_WORKER_THREADS"
+
+
+_Number = TypeVar("_Number", int, float)
+
+
+def get_str(name: str, context: str) -> str:
+    """Returns the non-empty value of environment variable ``name``.
+
+    Args:
+      name: The variable.
+      context: Who needs it and how to set it, appended to the error message.
+
+    Raises:
+      ValueError: If the variable is unset or empty.
+    """
+    value = os.environ.get(name, "").strip()
+    if not value:
+        raise ValueError(f"Environment variable {name} is not set (or empty); {context}")
+    return value
+
+
+def get_choice(name: str, choices: tuple[str, ...], default: str, *, what: str) -> str:
+    """The value of ``name``, case and surrounding spaces ignored, or ``default`` when unset.
+
+    Raises:
+      ValueError: a value outside ``choices``; the message says it is not ``what`` (e.g. "a
+        CPU collectives implementation") and lists the choices.
+    """
+    value = os.environ.get(name, "").strip().lower() or default
+    if value not in choices:
+        raise ValueError(f"{name}={value!r} is not {what}; use one of {', '.join(choices)} "
+                         f"(or unset it for {default}).")
+    return value
+
+
+def _parse(convert: Callable[[str], _Number], kind: str, name: str, value: str,
+           minimum: _Number, default: _Number | None, meaning: str, unset: str) -> _Number:
+    """``convert(value)`` if it is ``>= minimum``, ``default`` if ``value`` is empty and there
+    is one, else the one error, worded by ``kind`` ("an integer", "a number")."""
+    text = value.strip()
+    if not text and default is not None:
+        return default
+    try:
+        number = convert(text)
+    except ValueError:
+        number = None
+    if number is not None and number >= minimum:  # False for NaN too
+        return number
+    expected = f"{kind} >= {_show(minimum)}"
+    if default is not None:
+        fix = f" or unset it for the default {_show(default)}"
+    elif unset:
+        fix = f" or unset it {unset}"
+    else:
+        fix = f", e.g. {name}={_show(max(minimum, 1))}"
+    what = f" ({meaning})" if meaning else ""
+    raise ValueError(f"Environment variable {name}={value!r} is not {expected}{what}; "
+                     f"set it to {expected}{fix}.")
+
+
+def _show(number: float) -> str:
+    return f"{number:g}" if isinstance(number, float) else str(number)
+
+
+def parse_int(name: str, value: str, minimum: int = 0, *, default: int | None = None,
+              meaning: str = "", unset: str = "") -> int:
+    """Parses the value of environment variable ``name`` as an integer ``>= minimum``.
+
+    Args:
+      name: The variable, named in the error.
+      value: Its raw value (``""`` when unset).
+      minimum: The smallest value accepted.
+      default: Returned when ``value`` is empty; the error offers it ("or unset it for the
+        default 2").
+      meaning: What the number counts, shown in the error ("bytes per process slot").
+      unset: For a variable without a plain default, what unsetting it does, shown in the error
+        instead of a default ("for one CPU device"; ``get_optional_int`` returns ``None``).
+
+    Raises:
+      ValueError: ``value`` is not a decimal integer ``>= minimum`` (an empty one neither,
+        unless there is a ``default``).
+    """
+    return _parse(int, "an integer", name, value, minimum, default, meaning, unset)
+
+
+def get_int(name: str, context: str, minimum: int = 0) -> int:
+    """Returns required environment variable ``name`` as an integer ``>= minimum``; see
+    ``get_str`` for ``context``."""
+    return parse_int(name, get_str(name, context), minimum)
+
+
+def get_optional_int(name: str, minimum: int = 0, *, meaning: str = "",
+                     unset: str = "") -> int | None:
+    """Environment variable ``name`` as an integer ``>= minimum``, or ``None`` when it is unset
+    or empty; ``meaning`` and ``unset`` word the error as in ``parse_int``."""
+    value = os.environ.get(name, "")
+    if not value.strip():
+        return None
+    return parse_int(name, value, minimum, meaning=meaning, unset=unset)
+
+
+def get_int_or(name: str, default: int, minimum: int = 0, *, meaning: str = "") -> int:
+    """Environment variable ``name`` as an integer ``>= minimum``, or ``default`` when it is
+    unset or empty; see ``parse_int``."""
+    return parse_int(name, os.environ.get(name, ""), minimum, default=default, meaning=meaning)
+
+
+def get_float_or(name: str, default: float, minimum: float = 0, *, meaning: str = "") -> float:
+    """Environment variable ``name`` as a number ``>= minimum`` (not NaN), or ``default`` when it
+    is unset or empty; the error reads like ``parse_int``'s, with "a number" for "an integer"."""
+    return _parse(float, "a number", name, os.environ.get(name, ""), float(minimum), default,
+                  meaning, "")

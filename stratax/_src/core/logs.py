@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import os
 
-from stratax._src.core import env, envvars
+from stratax._src.core import env
 
 LEVELS = ("debug", "info", "warning", "error")
 FORMAT = "stratax %(levelname)s %(name)s: %(message)s"
@@ -46,5 +46,5 @@ def configure_from_env() -> None:
       ValueError: The variable names no level (the message lists them).
     """
     if os.environ.get(env.STRATAX_LOG_LEVEL, "").strip():
-        configure(envvars.get_choice(env.STRATAX_LOG_LEVEL, LEVELS, "warning",
+        configure(env.get_choice(env.STRATAX_LOG_LEVEL, LEVELS, "warning",
                                      what="a log level"))

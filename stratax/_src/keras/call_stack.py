@@ -6,7 +6,7 @@ A ``BackupAndRestore`` finds the running call's feed here to resume it mid-epoch
 
 Each call also keeps the newest step state (``record_state``, from the step plan's Python loop,
 ``keras.steps.plan``), so that a call that fails can leave the model its last completed step
-(``keras.recovery``), and the prefetch threads it started, which end with it.
+(``keras.failed_calls``), and the prefetch threads it started, which end with it.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from stratax._src import seam
-from stratax._src.data.prefetch import Prefetcher
+from stratax._src.distributed_input.prefetch import Prefetcher
 from stratax._src.keras.feed import GlobalFeed
 
 
@@ -33,7 +33,7 @@ class Call:
     # What the runner keeps for the length of the call (e.g. arrays placed on the devices).
     kept: dict[str, Any] = dataclasses.field(default_factory=dict)
     # Keras' step state as the newest step of this call took or returned it (None: no step
-    # ran): what the model holds if the call fails (``keras.recovery``).
+    # ran): what the model holds if the call fails (``keras.failed_calls``).
     state: Any = None
     # The prefetch threads of this call's passes over its data, closed when the call ends.
     prefetchers: list[Prefetcher] = dataclasses.field(default_factory=list)

@@ -6,7 +6,7 @@ stratax distributed dataset — becomes a ``GlobalFeed``, in one process and in 
 without callbacks. The rules, each written once:
 
 - **Global batches.** The data describe *global* batches; ``batch_size`` is global and must
-  split over the replicas (:func:`stratax._src.data.global_batch.check_divisible`).
+  split over the replicas (:func:`stratax._src.distributed_input.global_batch.check_divisible`).
 - **Order.** With ``shuffle=True`` the order of epoch ``e`` is a permutation drawn from
   ``(seed, e)`` alone — rows for arrays, batches for a ``PyDataset`` — where ``seed`` is
   ``keras.utils.set_random_seed``'s, else a draw from numpy's generator (worker 0's, on every
@@ -47,12 +47,12 @@ import numpy as np
 
 from stratax._src import seam
 from stratax._src.core.config import config
-from stratax._src.data import global_batch, sharding
-from stratax._src.data.distributed_dataset import (
+from stratax._src.distributed_input import global_batch, sharding
+from stratax._src.distributed_input.distributed_dataset import (
     DistributedDataset,
     DistributedDatasetsFromFunction,
 )
-from stratax._src.data.input_context import AutoShardPolicy
+from stratax._src.distributed_input.input_context import AutoShardPolicy
 from stratax._src.keras import seeds
 
 _KERAS_DEFAULT_BATCH = 32

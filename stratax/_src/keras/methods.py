@@ -4,7 +4,8 @@
 feed (``KerasRunner.prepare``), then run Keras' own ``fit`` inside the runner's placement, with
 the runner's step plan (``make_step``, ``keras.steps.plan``) and batches (``feed_batches``). A
 model of no strategy runs exactly as plain Keras. A call that fails leaves the model as its last
-completed step left it (``keras.recovery``), from the states the steps record in the running call.
+completed step left it (``keras.failed_calls``), from the states the steps record in the running
+call.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from stratax._src import seam
-from stratax._src.keras import binding, call_stack, recovery
+from stratax._src.keras import binding, call_stack, failed_calls
 from stratax._src.keras.callbacks import worker_dirs, worker_metrics
 from stratax._src.keras.feed import GlobalFeed
 from stratax._src.keras.runners.runner import runner_for
@@ -67,7 +68,7 @@ def model_method(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
             except BaseException:  # KeyboardInterrupt too: the model must stay usable
                 kind = _STEP_KINDS.get(name)
                 if kind is not None:
-                    recovery.restore_last_step(self, kind, call.state)
+                    failed_calls.restore_last_step(self, kind, call.state)
                 raise
             finally:
                 runner.finish()

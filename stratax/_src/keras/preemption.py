@@ -24,7 +24,7 @@ import keras
 import numpy as np
 from jax.experimental import multihost_utils
 
-from stratax._src.cluster.sync_group import process_layout
+from stratax._src.cluster.process_layout import process_layout
 from stratax._src.keras import checkpoint_io
 from stratax._src.keras.callbacks.backup import PREEMPTION_EXIT_CODE
 from stratax._src.runtime import worker_exit

@@ -38,7 +38,7 @@ from stratax._src.launch.network import (
     wait_until_reachable,
 )
 from stratax._src.launch.output import abbreviate
-from stratax._src.launch.process_group import Worker, WorkerGroup, describe_returncode
+from stratax._src.launch.worker_group import Worker, WorkerGroup, describe_returncode
 from stratax._src.observe.events import EventLog
 
 logger = logging.getLogger(__name__)

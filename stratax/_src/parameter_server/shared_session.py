@@ -2,7 +2,7 @@
 
 Why: TensorFlow lets a program build a second ``ParameterServerStrategy`` (and its
 ``ClusterCoordinator``) on the cluster it already uses; both live side by side on the same
-servers, each with its own variables and functions. A chief session (``chief_session``)
+servers, each with its own variables and functions. A chief session (``tasks.ownership``)
 refuses a second chief while the first one is live, which is right for a second *process*;
 a second strategy in the same process is the same chief, so the strategies of one process
 share one session per cluster:
@@ -24,7 +24,7 @@ import functools
 import threading
 from collections.abc import Callable, Sequence
 
-from stratax._src.parameter_server.tasks.chief_session import ChiefSession
+from stratax._src.parameter_server.tasks.ownership import ChiefSession
 from stratax._src.parameter_server.transport import rpc
 
 Listener = Callable[[rpc.RpcClient], None]

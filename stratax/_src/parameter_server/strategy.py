@@ -24,7 +24,7 @@ import numpy as np
 
 from stratax._src.cluster.resolver import ClusterResolver
 from stratax._src.core.context import replica_context_scope
-from stratax._src.data.input_context import InputContext
+from stratax._src.distributed_input.input_context import InputContext
 from stratax._src.parameter_server import (
     checkpoint,
     closures,

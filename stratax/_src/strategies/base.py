@@ -24,13 +24,13 @@ from jax.sharding import PartitionSpec as P
 
 from stratax._src.core import context
 from stratax._src.core.reduce_op import ReduceOp
-from stratax._src.data.distributed_dataset import (
+from stratax._src.distributed_input.distributed_dataset import (
     DistributedDataset,
     DistributedDatasetsFromFunction,
 )
-from stratax._src.data.global_batch import check_same_shapes
-from stratax._src.data.input_context import InputContext, InputOptions, ValueContext
-from stratax._src.data.values import Mirrored, PerReplica, is_distributed_leaf
+from stratax._src.distributed_input.global_batch import check_same_shapes
+from stratax._src.distributed_input.input_context import InputContext, InputOptions, ValueContext
+from stratax._src.distributed_input.values import Mirrored, PerReplica, is_distributed_leaf
 from stratax._src.runtime import throttle
 from stratax._src.runtime.devices import local_replica_ids, place, process_rank
 from stratax._src.strategies import transport

@@ -28,7 +28,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from stratax._src.core.reduce_op import ReduceOp
-from stratax._src.data.values import Mirrored, PerReplica, is_distributed_leaf
+from stratax._src.distributed_input.values import Mirrored, PerReplica, is_distributed_leaf
 from stratax._src.runtime.devices import resolve_device
 
 _CREATOR_ATTR = "_stratax_created_in"  # a weak reference to the strategy whose scope built it

@@ -10,10 +10,9 @@ import jax
 
 from stratax._src import seam
 from stratax._src.cluster.detect import detect_cluster_resolver
-from stratax._src.cluster.process_group import ProcessGroupClusterResolver
-from stratax._src.cluster.process_layout import ProcessLayout
+from stratax._src.cluster.process_group_resolver import ProcessGroupClusterResolver
+from stratax._src.cluster.process_layout import ProcessLayout, process_layout
 from stratax._src.cluster.resolver import ClusterResolver
-from stratax._src.cluster.sync_group import process_layout
 from stratax._src.runtime import distributed
 from stratax._src.strategies.base import Strategy
 

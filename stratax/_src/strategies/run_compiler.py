@@ -43,7 +43,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from stratax._src.core import context
-from stratax._src.data.values import Mirrored, PerReplica, is_distributed_leaf
+from stratax._src.distributed_input.values import Mirrored, PerReplica, is_distributed_leaf
 from stratax._src.runtime import devices
 from stratax._src.runtime.invariance import varying_outputs
 from stratax._src.strategies.replica_context import (

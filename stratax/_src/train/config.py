@@ -93,7 +93,7 @@ class TrainConfig:
 def check_batch_size(batch_size: int, num_replicas: int) -> None:
     """Raises ``ValueError`` unless the global ``batch_size`` splits evenly over the replicas."""
     # Imported here: the policy module needs numpy, which `stratax --help` can do without.
-    from stratax._src.data import global_batch
+    from stratax._src.distributed_input import global_batch
 
     global_batch.check_divisible(batch_size, num_replicas,
                                  hint="`stratax train --batch-size={batch}`")

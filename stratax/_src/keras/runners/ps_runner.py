@@ -1,7 +1,7 @@
 """Keras ``fit``/``evaluate``/``predict`` under ``ParameterServerStrategy``.
 
 Keras' own loop (callbacks, History, validation, progress bar) runs on the chief; each group of
-``steps_per_execution`` steps runs as one closure on a worker (``ps_fit``). Inputs:
+``steps_per_execution`` steps runs as one closure on a worker (``keras.steps.ps_steps``). Inputs:
 
 - numpy arrays (and dicts/lists of them) with ``batch_size``: cut into global batches exactly as
   under every other strategy (``keras.feed``: shuffle from ``(seed, epoch)``, ``class_weight``,
@@ -33,14 +33,14 @@ from stratax._src import seam
 from stratax._src.keras import feed as feed_lib
 from stratax._src.keras import shard_recipes
 from stratax._src.keras.dataset_creator import DatasetCreator
-from stratax._src.keras.runners.ps_fit import (
+from stratax._src.keras.runners.runner import KerasRunner, steps_per_execution
+from stratax._src.keras.steps import plan as plan_lib
+from stratax._src.keras.steps.ps_steps import (
     BatchRef,
     GroupPipeline,
     check_additive_metrics,
     sparse_tables,
 )
-from stratax._src.keras.runners.runner import KerasRunner, steps_per_execution
-from stratax._src.keras.steps import plan as plan_lib
 from stratax._src.parameter_server.inputs import worker_data
 from stratax._src.parameter_server.shard_init import remote_recipe
 

@@ -7,7 +7,7 @@ step, grouped or not, bounded or not, ...) and the :class:`StepPrograms` that ca
 jitted programs); from then on every call executes that plan here, in one place, in this order:
 
 1. note the state the group starts from in the running call (``call_stack.record_state``: what a
-   call that fails leaves the model, ``keras.recovery``);
+   call that fails leaves the model, ``keras.failed_calls``);
 2. commit the state to the strategy's one device (one-device plans: jit's cache key includes
    whether an argument is committed, so this keeps every call on one compiled program);
 3. run the group, one of three ways:

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from stratax._src.data.input_context import InputContext
+from stratax._src.distributed_input.input_context import InputContext
 from stratax._src.parameter_server import functions
 from stratax._src.parameter_server.inputs import tf_dataset_wire
 

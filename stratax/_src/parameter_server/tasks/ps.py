@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from stratax._src.parameter_server import checkpoint, shard_init, sharded_checkpoint
-from stratax._src.parameter_server.tasks import chief_session
+from stratax._src.parameter_server.tasks import ownership
 from stratax._src.parameter_server.tasks.optimizers import ShardOptimizer
 from stratax._src.parameter_server.transport import rpc, wire
 
@@ -69,7 +69,7 @@ class ParameterServer(rpc.Dispatcher):
 
     def __init__(self, snapshots: Any = None) -> None:
         self._shards: dict[str, _Shard] = {}
-        # The digest (``chief_session.session_digest``) of the chief session whose variables
+        # The digest (``ownership.session_digest``) of the chief session whose variables
         # this ps holds, restored with a snapshot, which stores the digest, never the id: a ps
         # restarted from another session's snapshot drops it when a new chief claims it.
         self.session_digest: str | None = None
@@ -99,13 +99,13 @@ class ParameterServer(rpc.Dispatcher):
         restored, written for a chief that is gone) is dropped, so the new chief starts from
         its own values or its checkpoint, as after a takeover."""
         session = meta.get("session")
-        digest = chief_session.session_digest(session) if isinstance(session, str) else None
+        digest = ownership.session_digest(session) if isinstance(session, str) else None
         with self._lock:
             if (self.session_digest is not None and self._shards and (
                     digest is None or not hmac.compare_digest(self.session_digest, digest))):
                 logger.warning("dropping %d shard(s) restored from another chief session: %s "
                                "claimed this ps", len(self._shards),
-                               chief_session.describe(session))
+                               ownership.describe(session))
                 self._shards.clear()
             self.session_digest = digest
 

@@ -7,7 +7,7 @@ Workers and parameter servers need no user code::
 or ``stratax server`` (reads TF_CONFIG). The server listens on the address the cluster spec
 gives its task (127.0.0.1 stays loopback; any other address needs ``STRATAX_PS_TOKEN``) and
 returns from ``join()`` when the coordinator has finished and asked it to stop, or when no
-chief has been heard for ``chief_timeout_seconds`` (see ``chief_session``).
+chief has been heard for ``chief_timeout_seconds`` (see ``tasks.ownership``).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any
 
 from stratax._src.cluster.cluster_spec import ClusterSpec, parse_address
 from stratax._src.cluster.resolver import ClusterResolver
-from stratax._src.parameter_server.tasks import chief_session, cluster_check, compute_threads
+from stratax._src.parameter_server.tasks import cluster_check, compute_threads, ownership
 from stratax._src.parameter_server.transport import handshake_log, rpc, wire
 
 logger = logging.getLogger(__name__)
@@ -79,8 +79,8 @@ class Server:
         self.task_index = int(task_index)
         self.address = spec.task_address(job_name, self.task_index)
         self._timeout = timeout_seconds
-        self._chief_timeout = chief_session.resolve_chief_timeout(chief_timeout_seconds)
-        self._watch: chief_session.ChiefWatch | None = None
+        self._chief_timeout = ownership.resolve_chief_timeout(chief_timeout_seconds)
+        self._watch: ownership.ChiefWatch | None = None
         self._snapshot = (snapshot_dir, snapshot_every)
         self._thread: threading.Thread | None = None
         self._service: Any = None
@@ -111,7 +111,7 @@ class Server:
 
             self._service = WorkerService(self.task_index, self.cluster_spec.job_tasks("worker"),
                                           self.cluster_spec.job_tasks("ps"), self._timeout)
-        self._watch = chief_session.ChiefWatch(name, self._chief_timeout, self._service.reset,
+        self._watch = ownership.ChiefWatch(name, self._chief_timeout, self._service.reset,
                                                getattr(self._service, "adopt", lambda m: None))
         self._rpc = rpc.RpcServer(name, host, port, self._handle)
         self._rpc.start()

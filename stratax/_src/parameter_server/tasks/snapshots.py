@@ -32,7 +32,7 @@ import numpy as np
 from stratax._src.core import env
 from stratax._src.core.config import config
 from stratax._src.core.files import remove_stale_temporaries, write_atomically
-from stratax._src.parameter_server.tasks import chief_session
+from stratax._src.parameter_server.tasks import ownership
 from stratax._src.parameter_server.tasks.optimizers import ShardOptimizer
 from stratax._src.parameter_server.transport import wire
 
@@ -190,6 +190,6 @@ class Snapshots:
                 self._server._shards[entry["name"]] = shard
         self._server.session_digest = header.get("session_sha256")
         if isinstance(header.get("session"), str):  # written before the digest replaced the id
-            self._server.session_digest = chief_session.session_digest(header["session"])
+            self._server.session_digest = ownership.session_digest(header["session"])
         logger.warning("restored %d shard(s) from snapshot %s (steps applied after it are lost)",
                        len(header["shards"]), self.path)

@@ -27,7 +27,7 @@ import jax
 import numpy as np
 from jax import export as jax_export
 
-from stratax._src.data.input_context import InputContext
+from stratax._src.distributed_input.input_context import InputContext
 from stratax._src.parameter_server.inputs import worker_input
 from stratax._src.parameter_server.inputs.worker_data import ArrayStore
 from stratax._src.parameter_server.per_worker_variables import WorkerCopies

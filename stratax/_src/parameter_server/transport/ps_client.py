@@ -66,7 +66,7 @@ class PSClients:
         ``after``, once synchronous step ``after`` is applied to each shard. ``step``: the
         synchronous step the values are read for (a shard that already applied it, for a
         re-run, gives what it read). ``session``: the chief session whose closure makes the
-        call (see ``chief_session``)."""
+        call (see ``tasks.ownership``)."""
         plan = _PullPlan(variables, rows)
 
         def pull_from(ps: int) -> Callable[[rpc.RpcClient], list[np.ndarray]]:

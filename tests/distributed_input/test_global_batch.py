@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from stratax._src.data import global_batch
+from stratax._src.distributed_input import global_batch
 
 
 def test_check_divisible_message_and_hint():

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import stratax as sx
-from stratax._src.data.prefetch import Prefetcher
+from stratax._src.distributed_input.prefetch import Prefetcher
 
 
 def _prefetch_threads():

@@ -8,7 +8,7 @@ import pytest
 
 from stratax._src.core import env
 from stratax._src.core.config import config
-from stratax._src.core.options import (
+from stratax._src.core.option_registry import (
     Choice,
     ChoiceOrInteger,
     Directory,

@@ -27,7 +27,7 @@ import threading
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from stratax._src.core import envvars
+from stratax._src.core import env
 
 
 class Choice:
@@ -45,7 +45,7 @@ class Choice:
         return text if text in self.choices else None
 
     def from_env(self, name: str, default: Any) -> str:
-        return envvars.get_choice(name, self.choices, default, what=self.what)
+        return env.get_choice(name, self.choices, default, what=self.what)
 
 
 class Integer:
@@ -65,9 +65,9 @@ class Integer:
 
     def from_env(self, name: str, default: Any) -> int | None:
         if default is None:
-            return envvars.get_optional_int(name, self.minimum, meaning=self.meaning,
+            return env.get_optional_int(name, self.minimum, meaning=self.meaning,
                                             unset=self.unset)
-        return envvars.get_int_or(name, default, self.minimum, meaning=self.meaning)
+        return env.get_int_or(name, default, self.minimum, meaning=self.meaning)
 
 
 class ChoiceOrInteger:
@@ -88,7 +88,7 @@ class ChoiceOrInteger:
         text = os.environ.get(name, "").strip().lower() or default
         if text in self.choice.choices:
             return text
-        return envvars.parse_int(name, text, self.integer.minimum, meaning=self.integer.meaning,
+        return env.parse_int(name, text, self.integer.minimum, meaning=self.integer.meaning,
                                  unset=self.integer.unset)
 
 
@@ -111,7 +111,7 @@ class Number:
     def from_env(self, name: str, default: Any) -> float | None:
         if default is None and not os.environ.get(name, "").strip():
             return None
-        return envvars.get_float_or(name, default, self.minimum, meaning=self.meaning)
+        return env.get_float_or(name, default, self.minimum, meaning=self.meaning)
 
 
 class Directory:

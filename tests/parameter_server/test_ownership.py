@@ -5,8 +5,8 @@ import types
 
 import pytest
 
-from stratax._src.parameter_server.tasks import chief_session
-from stratax._src.parameter_server.tasks.chief_session import ChiefWatch, SessionError
+from stratax._src.parameter_server.tasks import ownership
+from stratax._src.parameter_server.tasks.ownership import ChiefWatch, SessionError
 from stratax._src.parameter_server.transport import wire
 
 
@@ -17,15 +17,15 @@ def _claim(watch, session):
 
 def test_chief_timeout_resolves_argument_then_environment(monkeypatch):
     monkeypatch.setenv("STRATAX_PS_CHIEF_TIMEOUT_SECONDS", "7")
-    assert chief_session.resolve_chief_timeout(30) == 30.0
-    assert chief_session.resolve_chief_timeout() == 7.0
+    assert ownership.resolve_chief_timeout(30) == 30.0
+    assert ownership.resolve_chief_timeout() == 7.0
     monkeypatch.delenv("STRATAX_PS_CHIEF_TIMEOUT_SECONDS")
-    assert chief_session.resolve_chief_timeout() == 120.0
+    assert ownership.resolve_chief_timeout() == 120.0
     with pytest.raises(ValueError, match=r"chief_timeout_seconds must be a number >= 3, got 1"):
-        chief_session.resolve_chief_timeout(1)
+        ownership.resolve_chief_timeout(1)
     monkeypatch.setenv("STRATAX_PS_CHIEF_TIMEOUT_SECONDS", "soon")
     with pytest.raises(ValueError, match="STRATAX_PS_CHIEF_TIMEOUT_SECONDS"):
-        chief_session.resolve_chief_timeout()
+        ownership.resolve_chief_timeout()
 
 
 def test_a_live_owner_keeps_the_task_and_a_quiet_one_is_replaced(monkeypatch):
@@ -42,7 +42,7 @@ def test_a_live_owner_keeps_the_task_and_a_quiet_one_is_replaced(monkeypatch):
     with pytest.raises(SessionError, match="refused 'pull': it belongs to another chief") as late:
         watch.check({"method": "pull", "session": b})
     assert a not in str(late.value) and b not in str(late.value)
-    monkeypatch.setattr(chief_session, "LIVE_SECONDS", 0.05)
+    monkeypatch.setattr(ownership, "LIVE_SECONDS", 0.05)
     time.sleep(0.1)
     second = _claim(watch, b)                         # A went quiet: B takes over, state reset
     assert second["took_over"] is True and resets == [1]
@@ -57,7 +57,7 @@ def test_a_new_chief_takes_over_after_5_s_of_the_old_ones_silence(monkeypatch, q
     """docs/parameter_server.md, Failures: a new chief takes the tasks over after 5 s of the
     old chief's silence, not before (a clock of the test's, no sleeping)."""
     now = [1000.0]
-    monkeypatch.setattr(chief_session, "time", types.SimpleNamespace(monotonic=lambda: now[0]))
+    monkeypatch.setattr(ownership, "time", types.SimpleNamespace(monotonic=lambda: now[0]))
     watch = ChiefWatch("ps 0", 60, lambda: None)
     _claim(watch, "hostA-11-" + "a" * 32)
     now[0] += quiet
@@ -87,7 +87,7 @@ def test_an_unclaimed_task_serves_any_session():
 def test_a_replaced_session_keeps_nothing_alive(monkeypatch):
     """A's heartbeats (late, or replayed) after B took over neither reclaim the task nor count
     as a chief heard: with B gone too, the task gives up after its chief timeout."""
-    monkeypatch.setattr(chief_session, "LIVE_SECONDS", 0.05)
+    monkeypatch.setattr(ownership, "LIVE_SECONDS", 0.05)
     watch = ChiefWatch("worker 0", 0.6, lambda: None)
     _claim(watch, "A")
     time.sleep(0.1)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 
-from stratax._src.data.global_batch import check_divisible
+from stratax._src.distributed_input.global_batch import check_divisible
 
 
 class AutoShardPolicy(enum.Enum):
@@ -23,7 +23,7 @@ class AutoShardPolicy(enum.Enum):
     ``AUTO``: ``FILE`` for a ``tf.data`` pipeline that reads files, else ``DATA``; for
     ``tf.data`` it defers to the pipeline's own ``auto_shard_policy`` option.
     ``OFF``: every worker's input is already its own share (the user shards it); its batches
-    are cut over the worker's replicas the same way. ``stratax._src.data.sharding`` has the rule.
+    are cut over the worker's replicas the same way. ``distributed_input.sharding`` has the rule.
     """
 
     AUTO = "AUTO"

@@ -18,10 +18,9 @@ import os
 from collections.abc import Sequence
 
 from stratax._src.cluster.cluster_spec import ClusterSpec, parse_address
-from stratax._src.cluster.process_layout import ProcessLayout
+from stratax._src.cluster.process_layout import SYNC_JOBS, ProcessLayout
 from stratax._src.cluster.resolver import ClusterResolver
-from stratax._src.cluster.sync_group import SYNC_JOBS
-from stratax._src.core import env, envvars
+from stratax._src.core import env
 
 _MAX_PORT = 65535
 
@@ -65,7 +64,7 @@ def coordinator_port_override() -> int | None:
     Raises:
       ValueError: The value is not an integer in 1..65535.
     """
-    port = envvars.get_optional_int(env.JAX_COORDINATOR_PORT, minimum=1,
+    port = env.get_optional_int(env.JAX_COORDINATOR_PORT, minimum=1,
                                     meaning="the jax.distributed coordinator's port")
     if port is not None and port > _MAX_PORT:
         raise ValueError(f"{env.JAX_COORDINATOR_PORT}={port} is above {_MAX_PORT}; choose a free "

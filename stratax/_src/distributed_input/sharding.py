@@ -24,7 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 from stratax._src import seam
-from stratax._src.data.input_context import AutoShardPolicy
+from stratax._src.distributed_input.input_context import AutoShardPolicy
 
 
 def shard_for_process(dataset: Any, policy: AutoShardPolicy, num_processes: int,

@@ -34,10 +34,10 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from stratax._src.data import global_batch, sharding
-from stratax._src.data.input_context import InputContext, InputOptions
-from stratax._src.data.prefetch import Prefetcher
-from stratax._src.data.values import PerReplica
+from stratax._src.distributed_input import global_batch, sharding
+from stratax._src.distributed_input.input_context import InputContext, InputOptions
+from stratax._src.distributed_input.prefetch import Prefetcher
+from stratax._src.distributed_input.values import PerReplica
 from stratax._src.runtime.devices import local_replica_ids, process_rank
 
 _REPLICA_AXIS = "replica"

@@ -1,4 +1,4 @@
-"""How the workers share a tf.data or grain pipeline (stratax._src.data.sharding), in one process.
+"""How the workers share a tf.data or grain pipeline (``distributed_input.sharding``), alone.
 
 The 2-worker runs are in tests/multiprocess/test_input_matrix.py; here each worker's view is
 built directly with ``shard_for_process(..., num_processes=2, rank=r)``.
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from stratax._src.data.input_context import AutoShardPolicy
-from stratax._src.data.sharding import shard_for_process
+from stratax._src.distributed_input.input_context import AutoShardPolicy
+from stratax._src.distributed_input.sharding import shard_for_process
 
 
 def _csv_files(tmp_path, files=4, rows=6):
