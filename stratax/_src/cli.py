@@ -112,7 +112,7 @@ def _run_server(args: argparse.Namespace) -> int:
     if job == "worker" and index is not None:  # this process only serves
         compute_threads.limit_worker_threads(resolver.cluster_spec(), index)
     prepare_process()
-    return serve(Server(resolver, job_name=job, task_index=index))
+    return serve(lambda: Server(resolver, job_name=job, task_index=index))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

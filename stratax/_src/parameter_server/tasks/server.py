@@ -18,6 +18,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from stratax._src.cluster.cluster_spec import ClusterSpec, parse_address
@@ -171,23 +172,32 @@ def prepare_process() -> None:
         handshake_log.install()
 
 
-def serve(server: Server) -> int:
-    """Serves until the chief is done (returns 0) or no chief was heard for the chief timeout
-    (returns 1), as ``stratax server`` and a served task of ``ParameterServerStrategy`` do.
+def serve(build: Callable[[], Server]) -> int:
+    """Builds the server with ``build()`` and serves until the chief is done (returns 0) or no
+    chief was heard for the chief timeout (returns 1), as ``stratax server`` and a served task
+    of ``ParameterServerStrategy`` do.
 
     SIGTERM (a launcher's or Kubernetes' stop) first stops the server, which releases its port
     and removes its local socket's directory, then ends the process by the same signal, as
-    its default action would (which would leave the directory behind). Called from another
-    thread than the main one (where Python runs signal handlers), it only joins.
+    its default action would (which would leave the directory behind). SIGTERM is held back
+    while the server starts, so one that arrives then is handled the same way once it has
+    started. Called from another thread than the main one (where Python runs signal
+    handlers), it only joins.
     """
     if threading.current_thread() is not threading.main_thread():
+        server = build()
         server.join()
         return 1 if server.chief_lost else 0
 
     def terminate(signum: int, frame: Any) -> None:
         raise SystemExit(128 + signum)
 
-    previous = signal.signal(signal.SIGTERM, terminate)
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    try:
+        server = build()
+        previous = signal.signal(signal.SIGTERM, terminate)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
     try:
         server.join()
     except SystemExit:
@@ -209,8 +219,8 @@ def serve_and_exit(spec: Any, task_type: str, task_id: int | None,
     if task_type == "worker" and task_id is not None:  # a process that only serves
         compute_threads.limit_worker_threads(ClusterSpec(spec), task_id)
     prepare_process()
-    if serve(Server(spec, job_name=task_type, task_index=task_id,
-                    timeout_seconds=timeout_seconds)):
+    if serve(lambda: Server(spec, job_name=task_type, task_index=task_id,
+                            timeout_seconds=timeout_seconds)):
         sys.exit(1)  # no chief heard for the chief timeout
     logger.info("%s %s: the coordinator is done; exiting", task_type, task_id)
     sys.exit(0)
