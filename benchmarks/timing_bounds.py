@@ -3,11 +3,11 @@
     python -m benchmarks.timing_bounds --reps 5
 
 * ``rpc_give_up_s``: a call with ``timeout=0.3`` to a server that holds its reply; the seconds
-  until the call raises (``tests/parameter_server/test_local_socket.py`` checks that it gives
-  up before the reply, not how fast).
+  until the call raises (``tests/parameter_server/transport/test_local_socket.py`` checks that
+  it gives up before the reply, not how fast).
 * ``backup_step_s``: the step that starts a 0.5 s backup write, in the background and with
   ``save_in_background=False``, beside the median step without a save
-  (``tests/keras/test_backup.py`` checks the order of steps and the write).
+  (``tests/keras/callbacks/test_backup.py`` checks the order of steps and the write).
 
 Writes ``benchmarks/results/timing_bounds.{json,md}`` with the load of the box.
 """

@@ -187,7 +187,7 @@ def test_a_killed_then_preempted_worker_resumes_to_the_uninterrupted_weights(tmp
     """SIGKILL of a worker mid-epoch, then on the restarted group a SIGTERM preemption notice
     (the worker saves and exits with the preemption code): the launcher restarts the group
     each time, and the backups bring it to the uninterrupted run's weights.
-    ``tests/keras/test_backup.py`` pins the save and the exit code in one process."""
+    ``tests/keras/callbacks/test_backup.py`` pins the save and the exit code in one process."""
     killed, preempted = _interrupted_run_resumes_to_the_uninterrupted_weights(
         tmp_path, "kill9+sigterm", 8)
     assert killed.signal_name == "SIGKILL"

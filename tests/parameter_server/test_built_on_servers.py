@@ -5,7 +5,7 @@ are refused with the fix; TensorFlow's partition-aware ``create_variable``."""
 import keras
 import numpy as np
 import pytest
-from ps_cluster_helpers import local_cluster, local_servers  # noqa: F401 - a fixture
+from cluster_helpers import local_cluster, local_servers  # noqa: F401 - a fixture
 
 import stratax as sx
 from stratax._src.parameter_server.shard_init import build_rows, remote_recipe

@@ -1,13 +1,13 @@
 """Per-worker variables (TensorFlow's ``per_worker_variable=True``): the recorded program, a
 worker's copies, and the strategy's API on an in-process cluster (the real-process case, with
-a worker killed and restarted, is ``test_ps_per_worker_variables.py``)."""
+a worker killed and restarted, is ``test_per_worker_variables_on_workers.py``)."""
 
 import re
 
 import jax
 import numpy as np
 import pytest
-from ps_cluster_helpers import local_cluster  # noqa: F401 - a fixture
+from cluster_helpers import local_cluster  # noqa: F401 - a fixture
 
 import stratax as sx
 from stratax._src.parameter_server import program

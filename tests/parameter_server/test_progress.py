@@ -4,7 +4,7 @@ import io
 import json
 
 import pytest
-from ps_cluster_helpers import cluster  # noqa: F401 - `cluster` is a fixture
+from cluster_helpers import cluster  # noqa: F401 - `cluster` is a fixture
 
 from stratax._src.observe.reader import RunReader
 from stratax._src.parameter_server import progress
@@ -124,13 +124,13 @@ def test_period_from_the_environment(monkeypatch):
         progress.resolve_every_seconds()
 
 
-WINDOW_SECONDS = 0.5  # ps_straggler.py's progress_seconds
+WINDOW_SECONDS = 0.5  # straggler_program.py's progress_seconds
 
 
 @pytest.mark.timeout(120)
 def test_slowed_worker_is_reported_as_the_straggler(cluster, tmp_path):  # noqa: F811 - fixture
     run_dir = tmp_path / "run"
-    cluster.start("ps_straggler.py", {"chief": 1, "worker": 2, "ps": 1}, args=(str(run_dir),))
+    cluster.start("straggler_program.py", {"chief": 1, "worker": 2, "ps": 1}, args=(str(run_dir),))
     code, out = cluster.wait("chief0", timeout=90)
     assert code == 0, out[-4000:]
     result = cluster.result()

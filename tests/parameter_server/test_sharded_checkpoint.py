@@ -8,7 +8,7 @@ import json
 import keras
 import numpy as np
 import pytest
-from ps_cluster_helpers import local_cluster, local_servers  # noqa: F401 - a fixture
+from cluster_helpers import local_cluster, local_servers  # noqa: F401 - a fixture
 
 import stratax as sx
 from stratax._src.parameter_server import sharded_checkpoint

@@ -1,10 +1,10 @@
 """Two ParameterServerStrategy objects on one cluster in one chief process live side by side,
 as in TensorFlow: each reads its own same-named variables and runs its own programs and
-iterators (issue 36 item 2; the real-process case is in ``ps_program.py``'s ``second``)."""
+iterators (issue 36 item 2; the real-process case is in ``chief_program.py``'s ``second``)."""
 
 import numpy as np
 import pytest
-from ps_cluster_helpers import local_cluster  # noqa: F401 - a fixture
+from cluster_helpers import local_cluster  # noqa: F401 - a fixture
 
 import stratax as sx
 from stratax._src.parameter_server.tasks.ownership import ChiefSession, SessionError

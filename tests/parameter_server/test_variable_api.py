@@ -1,5 +1,5 @@
 """TensorFlow's variable API on the chief (outside steps), on shards held in a dict here; the
-cluster test (`test_ps_cluster.py`) runs the same operations against real parameter servers."""
+cluster test (`test_cluster.py`) runs the same operations against real parameter servers."""
 
 import types
 

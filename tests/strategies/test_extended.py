@@ -1,6 +1,6 @@
 """``strategy.extended`` on every data-parallel strategy, as TensorFlow's ``StrategyExtended``
 answers (MultiWorkerMirrored on two real processes: ``tests/multiprocess``; parameter servers:
-``tests/parameter_server/test_ps_strategy_api.py``)."""
+``tests/parameter_server/test_strategy_api.py``)."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ import tempfile
 import time
 
 import pytest
-from ps_cluster_helpers import cluster_addresses
+from cluster_helpers import cluster_addresses
 
 import stratax as sx
 

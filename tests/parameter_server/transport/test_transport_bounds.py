@@ -18,7 +18,7 @@ import time
 import grpc
 import numpy as np
 import pytest
-from ps_cluster_helpers import cluster_addresses
+from cluster_helpers import cluster_addresses
 
 import stratax as sx
 from stratax._src.parameter_server.tasks.ownership import ChiefSession

@@ -1,7 +1,7 @@
 """Kill trials with real processes: a random worker SIGKILLed at a random moment, restarted.
 
 One trial per mode runs by default; ``STRATAX_KILL_TRIALS=10 python -m pytest -m slow
-tests/parameter_server/test_ps_recovery.py`` runs the full count.
+tests/parameter_server/test_recovery.py`` runs the full count.
 """
 
 import os
@@ -11,13 +11,13 @@ import time
 
 import numpy as np
 import pytest
-from ps_cluster_helpers import cluster  # noqa: F401 - `cluster` is a fixture
+from cluster_helpers import cluster  # noqa: F401 - `cluster` is a fixture
 
 pytestmark = pytest.mark.timeout(900)
 
 
 def _start(cluster, *args) -> None:  # noqa: F811 - fixture
-    cluster.start("ps_kill_trial.py", {"chief": 1, "worker": 2, "ps": 1}, args=args,
+    cluster.start("kill_trial.py", {"chief": 1, "worker": 2, "ps": 1}, args=args,
                   generic=("ps0",))
     deadline = time.monotonic() + 120
     while "STARTED" not in cluster.output("chief0"):
@@ -40,7 +40,7 @@ def _kill_trial(cluster, mode: str, rng: random.Random) -> dict:  # noqa: F811 -
     result = cluster.result()
     # A kill after phase 1 would hit an idle worker, noticed only by phase 2's first call.
     assert killed_after < result["phase1_s"], ("phase 1 ended before the kill; raise "
-                                               "ps_kill_trial.PHASE1_MIN_S", killed_after, result)
+                                               "kill_trial.PHASE1_MIN_S", killed_after, result)
     assert f"worker {victim[-1]}" in out and "re-queueing" in out, out[-3000:]
 
     # Exactly once: the optimizer counted one update per scheduled step, and the ps ledger
@@ -68,7 +68,7 @@ def test_kill_trial(cluster, mode):  # noqa: F811 - fixture
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_kill_trials(tmp_path, mode):
-    from ps_cluster_helpers import Cluster
+    from cluster_helpers import Cluster
 
     rng = random.Random(f"{mode}-{time.time_ns()}")
     for trial in range(int(os.environ.get("STRATAX_KILL_TRIALS", "10"))):
@@ -98,14 +98,14 @@ def test_launch_restarts_a_dead_sync_worker_alone(tmp_path):
     import subprocess
     import sys
 
-    from ps_cluster_helpers import HERE
+    from cluster_helpers import PROGRAMS
 
     marker = tmp_path / "killed"
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("STRATAX_") and k not in ("TF_CONFIG", "PYTEST_CURRENT_TEST")}
     proc = subprocess.run(
         [sys.executable, "-m", "stratax._src.cli", "launch", "--workers", "2", "--ps", "1",
-         "--max-restarts", "1", "--timeout", "200", str(HERE / "ps_kill_trial.py"), "sync"],
+         "--max-restarts", "1", "--timeout", "200", str(PROGRAMS / "kill_trial.py"), "sync"],
         env={**env, "KILL_ONCE_MARKER": str(marker)}, capture_output=True, text=True,
         timeout=230, check=False)
     out = proc.stdout + proc.stderr
@@ -122,7 +122,7 @@ def test_killed_ps_restarts_from_its_snapshot_and_training_continues(cluster, tm
     every = 10
     # ps 0 is a generic `stratax server` (it starts in ~1 s; the program's import of JAX
     # takes several s on a loaded box, longer than the workers' 10 s of retries).
-    cluster.start("ps_snapshot.py", {"chief": 1, "worker": 2, "ps": 1}, generic=("ps0",),
+    cluster.start("snapshot_program.py", {"chief": 1, "worker": 2, "ps": 1}, generic=("ps0",),
                   env={"STRATAX_PS_SNAPSHOT_DIR": str(tmp_path / "snap"),
                        "STRATAX_PS_SNAPSHOT_EVERY": str(every)})
     deadline = time.monotonic() + 120
@@ -166,14 +166,14 @@ def test_checkpoint_reshards_and_round_trips_through_mirrored(tmp_path):
     import subprocess
     import sys
 
-    from ps_cluster_helpers import HERE, Cluster
+    from cluster_helpers import PROGRAMS, Cluster
 
     def run_cluster(scenario, ps):
         group = Cluster(tmp_path / scenario)
         group.log_dir.mkdir()
         try:
             # Generic `stratax server` tasks start in ~1 s (no JAX import on the ps).
-            group.start("ps_checkpoint.py", {"chief": 1, "worker": 1, "ps": ps},
+            group.start("checkpoint_program.py", {"chief": 1, "worker": 1, "ps": ps},
                         args=(scenario, str(tmp_path)),
                         generic=("worker0", *(f"ps{i}" for i in range(ps))))
             code, out = group.wait("chief0", timeout=180)
@@ -185,8 +185,8 @@ def test_checkpoint_reshards_and_round_trips_through_mirrored(tmp_path):
     first = run_cluster("first", ps=2)
     assert first["shards"] == [2, 2, 2, 1] and first["ps"] == [0, 1]
     env = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", "PYTEST_CURRENT_TEST")}
-    mirrored = subprocess.run([sys.executable, str(HERE / "ps_checkpoint.py"), "mirrored",
-                               str(tmp_path)], env=env, cwd=HERE, capture_output=True,
+    mirrored = subprocess.run([sys.executable, str(PROGRAMS / "checkpoint_program.py"), "mirrored",
+                               str(tmp_path)], env=env, cwd=PROGRAMS, capture_output=True,
                               text=True, timeout=120)
     assert mirrored.returncode == 0, mirrored.stdout[-2000:] + mirrored.stderr[-3000:]
     loaded = json.loads(mirrored.stdout.split("RESULT ", 1)[1])

@@ -2,13 +2,13 @@
 (``cluster_coordinator_test.py``, ``parameter_server_strategy_v2_test.py``): the guide's
 ``distribute_datasets_from_function`` inside the per-worker function, dataset objects, several
 iterators in one function, iterators created while a worker is down, and iterators freed.
-Real chief + 2 workers + 1 ps on 127.0.0.1 (``ps_data_program.py``)."""
+Real chief + 2 workers + 1 ps on 127.0.0.1 (``data_program.py``)."""
 
 import time
 from collections import Counter
 
 import pytest
-from ps_cluster_helpers import cluster, wait_all  # noqa: F401 - `cluster` is a fixture
+from cluster_helpers import cluster, wait_all  # noqa: F401 - `cluster` is a fixture
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -22,7 +22,7 @@ def _is_prefixes(steps, streams):
 def test_guide_per_worker_data_api(cluster):  # noqa: F811 - fixture
     # Worker 0 is a generic `stratax server` (it loads the script by name); worker 1 runs this
     # program: in both, `strategy` inside per_worker_dataset_fn is bound on the worker.
-    cluster.start("ps_data_program.py", {"chief": 1, "worker": 2, "ps": 1}, args=("api",),
+    cluster.start("data_program.py", {"chief": 1, "worker": 2, "ps": 1}, args=("api",),
                   generic=("ps0", "worker0"))
     code, out = cluster.wait("chief0", timeout=240)
     assert code == 0, out[-4000:]
@@ -68,7 +68,7 @@ def test_guide_per_worker_data_api(cluster):  # noqa: F811 - fixture
 
 
 def test_iterators_are_freed_and_built_on_a_worker_that_was_down(cluster, tmp_path):  # noqa: F811
-    cluster.start("ps_data_program.py", {"chief": 1, "worker": 2, "ps": 1},
+    cluster.start("data_program.py", {"chief": 1, "worker": 2, "ps": 1},
                   args=("lifecycle",), generic=("ps0", "worker0", "worker1"),
                   env={"HANDSHAKE_DIR": str(tmp_path)})
 

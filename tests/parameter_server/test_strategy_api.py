@@ -10,7 +10,7 @@ import types
 import keras
 import numpy as np
 import pytest
-from ps_cluster_helpers import local_cluster  # noqa: F401 - a fixture
+from cluster_helpers import local_cluster  # noqa: F401 - a fixture
 
 import stratax as sx
 

@@ -1,15 +1,15 @@
 """Per-worker variables with real processes: chief + 2 workers + 1 ps on 127.0.0.1, worker 1
-SIGKILLed and restarted between two phases (the chief is ``ps_per_worker_variables.py``)."""
+SIGKILLed and restarted between two phases (the chief is ``per_worker_variables_program.py``)."""
 
 import json
 import time
 
 import pytest
-from ps_cluster_helpers import cluster, wait_all  # noqa: F401 - `cluster` is a fixture
+from cluster_helpers import cluster, wait_all  # noqa: F401 - `cluster` is a fixture
 
 pytestmark = pytest.mark.timeout(300)
 
-CALLS, STEPS = 40, 2           # as in ps_per_worker_variables.py
+CALLS, STEPS = 40, 2           # as in per_worker_variables_program.py
 HIST0, STRIDE = [5, 5, 5], [1, 0, 2]
 
 
@@ -32,7 +32,7 @@ def _hist(steps):
 def test_each_worker_keeps_its_own_copy_and_a_restarted_one_starts_again(cluster, tmp_path):  # noqa: F811
     marker = tmp_path / "worker1-restarted"
     # ps 0 and worker 0 are generic `stratax server` tasks; worker 1 runs the chief's program.
-    cluster.start("ps_per_worker_variables.py", {"chief": 1, "worker": 2, "ps": 1},
+    cluster.start("per_worker_variables_program.py", {"chief": 1, "worker": 2, "ps": 1},
                   args=(str(marker),), generic=("ps0", "worker0"))
     first = _phase1(cluster)
 

@@ -4,7 +4,7 @@ import re
 import time
 
 import pytest
-from ps_cluster_helpers import cluster, cluster_addresses, wait_all  # noqa: F401 - `cluster` is a fixture
+from cluster_helpers import cluster, cluster_addresses, wait_all  # noqa: F401 - `cluster` is a fixture
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -12,7 +12,8 @@ pytestmark = pytest.mark.timeout(240)
 def test_custom_loop_sparse_exact_and_errors(cluster):  # noqa: F811 - fixture
     # ps 0 and worker 0 are generic `stratax server` tasks (worker 0 loads dataset_fn from the
     # script by name); ps 1 and worker 1 run the same program as the chief.
-    cluster.start("ps_program.py", {"chief": 1, "worker": 2, "ps": 2}, generic=("ps0", "worker0"))
+    cluster.start("chief_program.py", {"chief": 1, "worker": 2, "ps": 2},
+                  generic=("ps0", "worker0"))
     code, out = cluster.wait("chief0", timeout=180)
     assert code == 0, out[-4000:]
     result = cluster.result()
@@ -110,7 +111,7 @@ def test_sync_and_unknown_modes_and_roles_are_checked():
 
 
 def test_sync_mode_equals_one_process_on_the_global_batches(cluster):  # noqa: F811 - fixture
-    cluster.start("ps_sync.py", {"chief": 1, "worker": 2, "ps": 1})
+    cluster.start("sync_program.py", {"chief": 1, "worker": 2, "ps": 1})
     code, out = cluster.wait("chief0", timeout=180)
     assert code == 0, out[-4000:]
     result = cluster.result()
@@ -136,7 +137,7 @@ def test_a_task_with_another_cluster_fails_the_start_naming_it(cluster, task, ch
     # Before: worker 1 with the ps list swapped failed later with `KeyError: No variable shard
     # named ...`; a task with another worker list trained silently.
     jobs = {"chief": 1, "worker": 2, "ps": 2}
-    spec = cluster.start("ps_sync.py", jobs, clusters={task: change},
+    spec = cluster.start("sync_program.py", jobs, clusters={task: change},
                          generic=("worker0", "worker1", "ps0", "ps1"))
     code, out = cluster.wait("chief0", timeout=120)
     assert code != 0, out[-3000:]

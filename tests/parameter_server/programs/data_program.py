@@ -1,6 +1,6 @@
 """Per-worker data as TensorFlow's coordinator tests use it: one program for every role.
 
-Run by ``test_ps_per_worker_data.py``; the chief runs ``api`` or ``lifecycle`` (argv[1]) and
+Run by ``test_per_worker_data.py``; the chief runs ``api`` or ``lifecycle`` (argv[1]) and
 prints one JSON line ``RESULT {...}``. ``lifecycle`` asks the test to kill and restart worker 1:
 it prints ``KILL worker1`` / ``RESTART worker1`` and waits for the file ``killed`` /
 ``restarted`` in ``$HANDSHAKE_DIR``.

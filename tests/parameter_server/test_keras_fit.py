@@ -2,7 +2,7 @@
 
 
 import pytest
-from ps_cluster_helpers import cluster, wait_all  # noqa: F401 - `cluster` is a fixture
+from cluster_helpers import cluster, wait_all  # noqa: F401 - `cluster` is a fixture
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -11,7 +11,7 @@ def _run(cluster, *scenarios, kill=None):  # noqa: F811 - fixture
     """Runs ``scenarios`` on chief + 2 workers + 2 ps; with ``kill``, SIGKILLs that task when
     the chief prints KILL_NOW."""
     # ps 0 is a generic `stratax server`; every other task runs the program (one for all roles).
-    cluster.start("ps_fit_program.py", {"chief": 1, "worker": 2, "ps": 2}, args=scenarios,
+    cluster.start("fit_program.py", {"chief": 1, "worker": 2, "ps": 2}, args=scenarios,
                   generic=("ps0",))
     if kill:
         cluster.kill_on("KILL_NOW", kill)

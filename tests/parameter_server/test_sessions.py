@@ -7,7 +7,7 @@ the loss and stopped a ps mid-run; a second chief's refusal printed the live ses
 
 import numpy as np
 import pytest
-from ps_cluster_helpers import local_cluster  # noqa: F401 - a fixture
+from cluster_helpers import local_cluster  # noqa: F401 - a fixture
 
 from stratax._src.parameter_server.tasks.ownership import ChiefSession, SessionError
 from stratax._src.parameter_server.transport import rpc

@@ -8,8 +8,8 @@ good and the chief times how long the error naming it takes to reach ``join()``.
 import json
 import time
 
+import linear
 import numpy as np
-import ps_linear
 
 import stratax as sx
 
@@ -19,7 +19,7 @@ STEPS, CALLS, TIMEOUT = 2, 1000, 10
 def main():
     strategy = sx.ParameterServerStrategy(timeout_seconds=TIMEOUT)
     coordinator = sx.coordinator.ClusterCoordinator(strategy)
-    w, step_fn, iterator = ps_linear.start(strategy, coordinator, {
+    w, step_fn, iterator = linear.start(strategy, coordinator, {
         "class_name": "Adam", "config": {"learning_rate": 0.01}}, STEPS)
     remotes = [coordinator.schedule(step_fn, args=(iterator,)) for _ in range(CALLS - 1)]
     done = [time.monotonic()]

@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 import pytest
-from ps_cluster_helpers import cluster_addresses
+from cluster_helpers import cluster_addresses
 
 import stratax as sx
 from stratax._src.core.errors import WorkerUnavailableError

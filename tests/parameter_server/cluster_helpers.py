@@ -17,7 +17,7 @@ import pytest
 
 from stratax._src.launch.network import reserve_free_ports
 
-HERE = Path(__file__).parent
+PROGRAMS = Path(__file__).parent / "programs"  # the programs the tasks run
 
 
 def cluster_addresses(jobs: dict[str, int]) -> dict[str, list[str]]:
@@ -54,7 +54,7 @@ class Cluster:
                 task_env = dict(base, **(env or {}), PYTHONUNBUFFERED="1", TF_CONFIG=json.dumps(
                     {"cluster": cluster, "task": {"type": job, "index": index}}))
                 command = ([sys.executable, "-m", "stratax._src.cli", "server"] if name in generic
-                           else [sys.executable, str(HERE / program), *args])
+                           else [sys.executable, str(PROGRAMS / program), *args])
                 self._commands[name] = (command, task_env)
                 self._launch(name)
         return spec
@@ -63,7 +63,7 @@ class Cluster:
         command, env = self._commands[name]
         log = open(self.log_dir / f"{name}.log", "a")  # noqa: SIM115 - closed in kill_all
         self._logs.append(log)
-        self.procs[name] = subprocess.Popen(command, cwd=HERE, env=env, stdout=log,
+        self.procs[name] = subprocess.Popen(command, cwd=PROGRAMS, env=env, stdout=log,
                                             stderr=subprocess.STDOUT, start_new_session=True)
 
     def kill(self, name: str) -> None:

@@ -4,9 +4,9 @@
 import re
 import time
 
-import ps_hybrid_program
+import hybrid_program
 import pytest
-from ps_cluster_helpers import Cluster, cluster, wait_all  # noqa: F401 - `cluster` is a fixture
+from cluster_helpers import Cluster, cluster, wait_all  # noqa: F401 - `cluster` is a fixture
 
 import stratax as sx
 
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.timeout(300)
 def _run(cluster, scenario, kill=None):  # noqa: F811 - fixture
     """Runs ``scenario``; with ``kill``, SIGKILLs that task when the chief prints KILL_NOW and
     starts it again at its address a second later."""
-    cluster.start("ps_hybrid_program.py", {"chief": 1, "worker": 2, "ps": 2}, args=(scenario,),
+    cluster.start("hybrid_program.py", {"chief": 1, "worker": 2, "ps": 2}, args=(scenario,),
                   generic=("ps0",))
     if kill:
         cluster.kill_on("KILL_NOW", kill)
@@ -85,7 +85,7 @@ def test_a_worker_that_never_comes_back_fails_the_run_within_timeout_seconds(clu
     """docs/parameter_server.md, Failures: a hybrid-mode worker killed and not restarted fails
     the waiting steps with ``sx.WorkerUnavailableError`` naming it after ``timeout_seconds``;
     the run never hangs."""
-    cluster.start("ps_hybrid_program.py", {"chief": 1, "worker": 2, "ps": 1}, args=("gone",),
+    cluster.start("hybrid_program.py", {"chief": 1, "worker": 2, "ps": 1}, args=("gone",),
                   generic=("ps0",))
     cluster.kill_on("KILL_NOW", "worker1")
     killed_at = time.time()
@@ -95,7 +95,7 @@ def test_a_worker_that_never_comes_back_fails_the_run_within_timeout_seconds(clu
     assert re.search(r"worker 1 at 127\.0\.0\.1:\d+ died and was not restarted within 4 s",
                      result["error"] or ""), result
     # The limit, plus the heartbeat or call that noticed the death (loaded 2-core box).
-    assert result["error_at"] - killed_at < ps_hybrid_program.GONE_TIMEOUT_S + 10, result
+    assert result["error_at"] - killed_at < hybrid_program.GONE_TIMEOUT_S + 10, result
 
 
 @pytest.mark.parametrize("kwargs, message", [

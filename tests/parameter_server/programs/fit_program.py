@@ -1,6 +1,6 @@
 """Keras fit/evaluate/predict under ParameterServerStrategy: one program for every role.
 
-Run by ``test_ps_fit.py`` on chief + 2 workers + 2 ps; the chief runs the scenarios named in
+Run by ``test_keras_fit.py`` on chief + 2 workers + 2 ps; the chief runs the scenarios named in
 argv[1:] (``sync_*`` ones under ``mode="sync"``) and prints one JSON line ``RESULT {...}``.
 """
 

@@ -16,7 +16,7 @@ import time
 import grpc
 import pytest
 from as_nobody import send_as_nobody
-from ps_cluster_helpers import cluster  # noqa: F401 - `cluster` is a fixture
+from cluster_helpers import cluster  # noqa: F401 - `cluster` is a fixture
 
 from stratax._src.parameter_server.transport import cluster_tls, local_socket, wire
 
@@ -47,7 +47,7 @@ def attack(tmp_path):
 def _worker(cluster, env=None):  # noqa: F811 - fixture
     """Starts one generic worker (its ps is never started: the attack needs none) and returns
     its address once it listens."""
-    spec = cluster.start("ps_program.py", {"worker": 1, "ps": 1}, generic=("worker0",),
+    spec = cluster.start("chief_program.py", {"worker": 1, "ps": 1}, generic=("worker0",),
                          skip=("ps0",), env=env)
     address = spec["worker"][0]
     host, port = address.rsplit(":", 1)

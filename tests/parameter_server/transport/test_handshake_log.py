@@ -15,7 +15,7 @@ import threading
 import time
 
 import pytest
-from ps_cluster_helpers import cluster_addresses
+from cluster_helpers import cluster_addresses
 
 from stratax._src.parameter_server.transport import handshake_log, rpc
 

@@ -8,7 +8,7 @@ import socket
 import time
 
 import pytest
-from ps_cluster_helpers import cluster  # noqa: F401 - `cluster` is a fixture
+from cluster_helpers import cluster  # noqa: F401 - `cluster` is a fixture
 
 pytestmark = pytest.mark.timeout(180)
 CHIEF_TIMEOUT = 3.0
@@ -24,9 +24,9 @@ def _started(cluster, name="chief0", timeout=120.0):  # noqa: F811 - fixture
 
 
 def _start(cluster, *args, chief_timeout=60.0):  # noqa: F811 - fixture
-    """Starts ``ps_lifecycle.py`` (chief + 2 workers + 1 ps, ``stratax server`` tasks) with
+    """Starts ``lifecycle_program.py`` (chief + 2 workers + 1 ps, ``stratax server`` tasks) with
     ``args`` and waits for STARTED; returns the cluster spec."""
-    spec = cluster.start("ps_lifecycle.py", {"chief": 1, "worker": 2, "ps": 1}, args=args,
+    spec = cluster.start("lifecycle_program.py", {"chief": 1, "worker": 2, "ps": 1}, args=args,
                          generic=SERVED,
                          env={"STRATAX_PS_CHIEF_TIMEOUT_SECONDS": str(chief_timeout)})
     _started(cluster)
@@ -73,7 +73,7 @@ def test_served_tasks_exit_when_the_chief_is_killed(cluster):  # noqa: F811 - fi
 
 def test_served_tasks_exit_when_no_chief_ever_comes(cluster):  # noqa: F811 - fixture
     # A chief that failed at start-up (a port in use, a bad script) never calls the tasks.
-    cluster.start("ps_lifecycle.py", {"chief": 1, "worker": 1, "ps": 1}, skip=("chief0",),
+    cluster.start("lifecycle_program.py", {"chief": 1, "worker": 1, "ps": 1}, skip=("chief0",),
                   generic=("worker0", "ps0"),
                   env={"STRATAX_PS_CHIEF_TIMEOUT_SECONDS": str(CHIEF_TIMEOUT)})
     codes, seconds = _exits(cluster, ("worker0", "ps0"), timeout=60)

@@ -4,13 +4,13 @@
 import time
 
 import pytest
-from ps_cluster_helpers import cluster, wait_all  # noqa: F401 - `cluster` is a fixture
+from cluster_helpers import cluster, wait_all  # noqa: F401 - `cluster` is a fixture
 
 pytestmark = pytest.mark.timeout(240)
 
 
 def test_keras_resume_keeps_the_iterations_and_checkpoint_names_match(cluster):  # noqa: F811
-    cluster.start("ps_resume_program.py", {"chief": 1, "worker": 1, "ps": 1}, args=("resume",),
+    cluster.start("resume_program.py", {"chief": 1, "worker": 1, "ps": 1}, args=("resume",),
                   generic=("ps0",))
     code, out = cluster.wait("chief0", timeout=180)
     assert code == 0, out[-4000:]
@@ -42,7 +42,7 @@ def test_a_ps_restored_from_its_snapshot_is_reported_per_shard(cluster, tmp_path
     optimizer.iterations counts the steps trained (ps 0's shards), and a warning names every
     shard of ps 1 with the updates it applied."""
     go = tmp_path / "go"
-    cluster.start("ps_resume_program.py", {"chief": 1, "worker": 1, "ps": 2},
+    cluster.start("resume_program.py", {"chief": 1, "worker": 1, "ps": 2},
                   args=("snapshot", str(go)), generic=("ps0", "ps1"),
                   env={"STRATAX_PS_SNAPSHOT_DIR": str(tmp_path / "snap"),
                        "STRATAX_PS_SNAPSHOT_EVERY": "5"})

@@ -12,7 +12,7 @@ import json
 import sys
 import time
 
-import ps_linear
+import linear
 
 import stratax as sx
 
@@ -23,7 +23,7 @@ def main():
     seconds, timeout = float(sys.argv[1]), float(sys.argv[2])
     strategy = sx.ParameterServerStrategy(timeout_seconds=timeout)
     coordinator = sx.coordinator.ClusterCoordinator(strategy, progress_seconds=0)
-    w, step_fn, iterator = ps_linear.start(strategy, coordinator, {
+    w, step_fn, iterator = linear.start(strategy, coordinator, {
         "class_name": "SGD", "config": {"learning_rate": 0.01}}, STEPS)
     time.sleep(float(sys.argv[3]) if len(sys.argv) > 3 else 0.0)
     calls, longest = 1, 0.0

@@ -1,5 +1,5 @@
 """Per-worker variables on a real cluster (chief + 2 workers + 1 ps), for
-``test_ps_per_worker_variables.py``.
+``test_per_worker_variables_on_workers.py``.
 
 Each closure runs two steps; each step adds 1 to the per-worker ``steps`` counter, ``STRIDE``
 to the per-worker ``hist`` (another shape and dtype) and pushes an SGD gradient to the ps

@@ -1,6 +1,6 @@
 """A model resumed through a ``.keras`` file and a checkpoint under ParameterServerStrategy.
 
-Run by ``test_ps_resume.py``. ``resume`` (chief + 1 worker + 1 ps): the chief trains a
+Run by ``test_resume.py``. ``resume`` (chief + 1 worker + 1 ps): the chief trains a
 Sequential built in code for one epoch, saves it (``.keras``) and a checkpoint of its variables,
 loads the file under the strategy, evaluates it (which places its variables on the ps before any
 fit), trains one more epoch, then restores the first model's checkpoint into it. ``snapshot

@@ -1,6 +1,6 @@
 """One program for every role of a parameter-server test cluster (chief, worker, ps).
 
-Run by ``test_ps_cluster.py`` with a TF_CONFIG per task; the chief runs the scenario named in
+Run by ``test_cluster.py`` with a TF_CONFIG per task; the chief runs the scenario named in
 argv[1] and prints one JSON line ``RESULT {...}``.
 """
 
