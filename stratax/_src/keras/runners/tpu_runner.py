@@ -50,10 +50,12 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from stratax._src.data import global_batch
 from stratax._src.keras import model_parallel
 from stratax._src.keras.runners.runner import KerasRunner, steps_per_execution
 from stratax._src.keras.steps import forward_losses
 from stratax._src.keras.steps import plan as plan_lib
+from stratax._src.runtime import distributed
 from stratax._src.strategies.replica_context import REPLICA_AXIS
 from stratax._src.strategies.tpu import TPUStrategy
 
@@ -127,15 +129,8 @@ class TPURunner(KerasRunner):
         """Fixes the static global batch size and checks it splits over the replicas.
 
         Raises:
-            ValueError: the batch size does not split, or the strategy spans several hosts
-                (each host would need its own share of every batch).
+            ValueError: the batch size does not split over the replicas of every host.
         """
-        if self.strategy.is_multi_process:
-            raise ValueError(
-                f"model.{method} under a TPUStrategy that spans {self.strategy.num_processes} "
-                "hosts needs each host to feed its share of every batch, which this runner does "
-                "not do yet; use a custom loop with strategy.distribute_datasets_from_function."
-            )
         batch_size = arguments.get("batch_size")
         if batch_size is None and isinstance(arguments.get("x"), (np.ndarray, jax.Array)):
             batch_size = _KERAS_DEFAULT_BATCH
@@ -147,21 +142,49 @@ class TPURunner(KerasRunner):
     def _set_batch_size(self, batch_size: int, fix: str) -> None:
         replicas = self.strategy.num_replicas_in_sync
         if batch_size % replicas:
+            hosts = self.strategy.num_processes
+            over = (f"{replicas} TPU replicas ({hosts} hosts x {replicas // hosts})"
+                    if hosts > 1 else f"{replicas} TPU replicas")
             raise ValueError(
-                f"Global batch size {batch_size} does not split over {replicas} TPU replicas; "
+                f"Global batch size {batch_size} does not split over {over}; "
                 f"use a multiple of {replicas}, e.g. `{fix}"
-                f"{max(replicas, batch_size // replicas * replicas)})`."
+                f"{global_batch.suggested_batch(batch_size, replicas)})`."
             )
         self._batch_size = batch_size
 
     def batches(self, local_batches: Iterator[tuple[Any, bool]]) -> Iterator[Any]:
-        """One epoch of host batches, each padded to the static batch size (``pad_batch``);
-        the step places a whole group of them at once."""
-        for batch, _ in local_batches:
+        """One epoch of this host's batches, each padded to its static share of the global
+        batch (``pad_batch``, :meth:`_host_share`); the step assembles a whole group of them
+        from every host's shares at once."""
+        for batch, replicated in local_batches:
             if self._batch_size is None:
-                first = jax.tree.leaves(keras.utils.unpack_x_y_sample_weight(batch)[0])[0]
-                self._set_batch_size(int(np.shape(first)[0]), "batches of size (")
-            yield pad_batch(batch, self._batch_size)
+                rows = _rows(batch)
+                self._set_batch_size(rows if replicated else rows * self.strategy.num_processes,
+                                     "batches of size (")
+            yield self._host_share(batch, replicated)
+
+    def _host_share(self, batch: Any, replicated: bool) -> tuple[Any, Any, RowWeights]:
+        """This host's rows of a global batch of the static size, padded exactly.
+
+        A whole global batch (one host, a batch that does not split over the replicas, or
+        ``predict``) is padded to the static size, real rows first, and cut into the hosts'
+        equal shares. A host's share of a batch that splits (the feed's ``FeedLayout.share``)
+        is padded to its share of the static size, with the weights of the global batch:
+        every host pads its own rows, which changes no loss, gradient or metric (padding rows
+        weigh nothing and the metrics drop them wherever they are). ``real_rows`` counts the
+        real rows of the global batch.
+        """
+        size, hosts = self._batch_size, self.strategy.num_processes
+        if replicated or hosts == 1:
+            padded = pad_batch(batch, size)
+            if hosts == 1:
+                return padded
+            share = size // hosts
+            start = self.strategy.process_rank * share
+            return jax.tree.map(lambda a: a[start:start + share], padded)
+        x, y, weights = pad_batch(batch, size // hosts)
+        weights.real_rows *= hosts
+        return x, y, weights
 
     def place_unconverted(self, batches: Iterator[Any]) -> Iterator[Any]:
         return self.batches((batch, False) for batch in batches)
@@ -191,7 +214,10 @@ class TPURunner(KerasRunner):
             shardings = jax.tree.map(lambda a: a.sharding, state)
             state = jax.device_put(state, shardings)
             if not compiled:
-                compiled.append(jax.jit(program, donate_argnums=0, out_shardings=(None, shardings)))
+                # Several hosts: logs and predictions replicated, so that every host reads them.
+                outputs_sharding = self._replicated if self.strategy.is_multi_process else None
+                compiled.append(jax.jit(program, donate_argnums=0,
+                                        out_shardings=(outputs_sharding, shardings)))
             outputs, state = compiled[0](state, *self._stack(steps, group))
             self.strategy.dispatch_window.admit(outputs)  # the state is donated next call
             if kind == "predict":
@@ -205,17 +231,29 @@ class TPURunner(KerasRunner):
                               window=max(self.strategy.dispatch_window.size, 0)),
             plan_lib.StepPrograms(whole=function))
 
+    def call(self, run: Callable[[], Any]) -> Any:
+        """Runs Keras' method; on several hosts a peer's failure in a collective is named."""
+        if self.strategy.is_multi_process:
+            return distributed.translate_collective_errors(run)
+        return run()
+
     # ------------------------------------------------------------------ internals
     def _stack(self, steps: list[Any], group: int) -> tuple[Any, Any, Any]:
+        """The group's batches as global arrays ``(group, batch, ...)``, split over the
+        replicas: each host gives its share of every batch
+        (``jax.make_array_from_process_local_data``, as ``MeshRunner`` places a batch); the
+        real-row counts and the valid-step mask, replicated."""
         filler = jax.tree.map(np.zeros_like, steps[-1])
         padded = steps + [filler] * (group - len(steps))
         stacked = jax.tree.map(lambda *leaves: np.stack([np.asarray(v) for v in leaves]), *padded)
         real = np.array([int(b[2].real_rows) for b in steps] + [0] * (group - len(steps)),
                         np.int32)
         valid = np.arange(group) < len(steps)
-        placed = jax.device_put(stacked, self._stacked_sharding)
-        return placed, jax.device_put(real, self._replicated), jax.device_put(
-            valid, self._replicated)
+        size = self._batch_size
+        placed = jax.tree.map(
+            lambda a: jax.make_array_from_process_local_data(
+                self._stacked_sharding, a, (a.shape[0], size, *a.shape[2:])), stacked)
+        return placed, _replicated(self._replicated, real), _replicated(self._replicated, valid)
 
     def _group_program(self, model: Any, kind: str,
                        step_fn: Callable[[Any, Any], tuple[Any, Any]]) -> Callable[..., Any]:
@@ -282,6 +320,15 @@ class TPURunner(KerasRunner):
                     "padded rows. Use the default reduction ('sum_over_batch_size'), or a data "
                     "size that is a multiple of the batch size."
                 )
+
+
+def _rows(batch: Any) -> int:
+    return int(np.shape(jax.tree.leaves(keras.utils.unpack_x_y_sample_weight(batch)[0])[0])[0])
+
+
+def _replicated(sharding: NamedSharding, array: np.ndarray) -> jax.Array:
+    """``array`` (the same on every host) on every device of ``sharding``'s mesh."""
+    return jax.make_array_from_process_local_data(sharding, array, array.shape)
 
 
 def _take(iterator: Iterator[Any], count: int) -> list[Any]:
