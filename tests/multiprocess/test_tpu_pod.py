@@ -43,7 +43,7 @@ def _start_pod(workers, tmp_path):
 
 def _assert_equal(reference, candidate, what):
     for key, value in reference.items():
-        if key.startswith(("resumed", "split")):
+        if key.startswith(("resumed", "split", "plan")):
             continue
         assert np.shape(candidate[key]) == np.shape(value), (what, key)
         np.testing.assert_allclose(candidate[key], value, atol=TOLERANCE, err_msg=f"{what}: {key}")
@@ -75,6 +75,8 @@ def test_two_hosts_of_two_cores_equal_one_host_of_four_and_one_device(tmp_path, 
         assert (int(pod["hosts"]), int(pod["replicas"])) == (HOSTS, HOSTS * CORES)
         _assert_equal(one_device, pod, f"host {host} of 2 x 2 cores")
         _assert_resumed_exactly(pod, one_device, f"host {host} of 2 x 2 cores")
+        assert str(pod["plan"]) == ("train/tpu-loop+group2 over 4 TPU replica(s) on 2 hosts, "
+                                    "each feeding its share")
         assert str(pod["split_error"]) == (
             "Global batch size 14 does not split over 4 TPU replicas (2 hosts x 2); use a "
             "multiple of 4, e.g. `model.fit(..., batch_size=12)`.")

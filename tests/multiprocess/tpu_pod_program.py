@@ -87,6 +87,8 @@ def run(strategy: Any, backup_dir: str | None = None) -> dict[str, np.ndarray]:
     results.update({f"eval_{k}": np.asarray(v) for k, v in scores.items()})
     results["predict"] = model.predict(data(TRAIN_ROWS)[0], batch_size=BATCH, verbose=0)
     results.update({f"weight_{i}": v for i, v in enumerate(model.get_weights())})
+    results["plan"] = np.asarray(f"{model.train_function.plan.name} over "
+                                 f"{model.train_function.plan.over}")
     if backup_dir is not None:
         interrupted = build(strategy)
         try:

@@ -27,6 +27,12 @@ The runner implements the per-strategy runner shape of the Keras seam (``placeme
 - **Placement**: a Keras ``ModelParallel`` distribution on the strategy's ``("replica",
   "core")`` mesh: batches split over ``"replica"``; variables laid out by the strategy's
   ``LayoutMap`` (replicated otherwise).
+- **Pod slices (several hosts)**: each host feeds its share of every global batch, as the
+  feed shares it among processes under every strategy (``FeedLayout.share``), padded exactly
+  (:meth:`TPURunner._host_share`); the group is assembled from the hosts' shares with
+  ``jax.make_array_from_process_local_data`` (as ``MeshRunner`` places a batch), and logs and
+  predictions come back replicated, so every host reads them. Per-host inputs must give every
+  host the same row count at each step: a host counts the global batch as hosts x its own rows.
 
 Example (what the Keras seam does for ``model.fit`` under a ``TPUStrategy``)::
 
@@ -224,9 +230,11 @@ class TPURunner(KerasRunner):
                 outputs = _crop(outputs, rows)
             return outputs, state
 
+        over = f"{self.strategy.num_replicas_in_sync} TPU replica(s)"
+        if self.strategy.is_multi_process:
+            over += f" on {self.strategy.num_processes} hosts, each feeding its share"
         return plan_lib.PlannedStep.fixed(
-            plan_lib.StepPlan(kind, step="tpu-loop",
-                              over=f"{self.strategy.num_replicas_in_sync} TPU replica(s)",
+            plan_lib.StepPlan(kind, step="tpu-loop", over=over,
                               group=group, group_program=True,
                               window=max(self.strategy.dispatch_window.size, 0)),
             plan_lib.StepPrograms(whole=function))
