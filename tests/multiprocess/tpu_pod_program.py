@@ -73,6 +73,31 @@ def _fit(model: keras.Model, callbacks: list[Any]) -> keras.callbacks.History:
                      verbose=0, callbacks=callbacks)
 
 
+def _per_host_inputs(model: keras.Model, strategy: Any) -> tuple[dict[str, Any], np.ndarray]:
+    """evaluate and predict on the evaluation rows; on several hosts each host feeding its own
+    batches (``AutoShardPolicy.OFF``): host ``h`` has rows ``[16i + 8h, 16i + 8h + 8)`` of step
+    ``i``, and the last step's 4 rows split 3 + 1, so the hosts' row counts differ there."""
+    x, y, w = data(EVAL_ROWS)
+    hosts = strategy.num_processes
+    if hosts == 1:
+        return (model.evaluate(x, y, sample_weight=w, batch_size=BATCH, verbose=0,
+                               return_dict=True),
+                model.predict(x, batch_size=BATCH, verbose=0))
+    if hosts != 2:
+        raise ValueError(f"the per-host rows are written for 2 hosts; received {hosts}")
+    full = EVAL_ROWS // BATCH * BATCH
+    bounds = [(start + h * BATCH // 2, start + (h + 1) * BATCH // 2)
+              for start in range(0, full, BATCH) for h in range(hosts)]
+    bounds += [(full, full + 3), (full + 3, EVAL_ROWS)]
+    own = [slice(*b) for b in bounds[strategy.process_rank::hosts]]
+    per_host = sx.InputOptions(auto_shard_policy=sx.AutoShardPolicy.OFF)
+    scores = model.evaluate(strategy.experimental_distribute_dataset(
+        [(x[r], y[r], w[r]) for r in own], options=per_host), verbose=0, return_dict=True)
+    predictions = model.predict(strategy.experimental_distribute_dataset(
+        [(x[r],) for r in own], options=per_host), verbose=0)
+    return scores, predictions
+
+
 def run(strategy: Any, backup_dir: str | None = None) -> dict[str, np.ndarray]:
     """fit (history, weights), evaluate, predict; with ``backup_dir`` also the weights of a
     fit stopped mid-epoch and resumed from its backup (``resumed_*``) and how many groups of
@@ -86,6 +111,9 @@ def run(strategy: Any, backup_dir: str | None = None) -> dict[str, np.ndarray]:
     results = {f"history_{k}": np.asarray(v) for k, v in history.items()}
     results.update({f"eval_{k}": np.asarray(v) for k, v in scores.items()})
     results["predict"] = model.predict(data(TRAIN_ROWS)[0], batch_size=BATCH, verbose=0)
+    scores, predictions = _per_host_inputs(model, strategy)
+    results.update({f"host_eval_{k}": np.asarray(v) for k, v in scores.items()})
+    results["host_predict"] = predictions
     results.update({f"weight_{i}": v for i, v in enumerate(model.get_weights())})
     results["plan"] = np.asarray(f"{model.train_function.plan.name} over "
                                  f"{model.train_function.plan.over}")
