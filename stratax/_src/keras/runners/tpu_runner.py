@@ -73,12 +73,15 @@ _METRICS_INDEX = {"train": 3, "test": 2, "predict": None}
 
 
 class RowWeights(np.ndarray):
-    """A batch's sample weights that also carry how many of its rows are real (``real_rows``)."""
+    """A batch's sample weights that also carry how many of its rows are real (``real_rows``)
+    and whether the global batch it is part of was padded (``padded``: every host knows)."""
 
     real_rows: int
+    padded: bool
 
     def __array_finalize__(self, obj: Any) -> None:
         self.real_rows = getattr(obj, "real_rows", 0)
+        self.padded = getattr(obj, "padded", False)
 
 
 def pad_batch(batch: Any, size: int) -> tuple[Any, Any, RowWeights]:
@@ -109,6 +112,7 @@ def pad_batch(batch: Any, size: int) -> tuple[Any, Any, RowWeights]:
 
     padded_weights = pad(base).view(RowWeights)
     padded_weights.real_rows = rows
+    padded_weights.padded = rows < size
     return jax.tree.map(pad, x), (None if y is None else jax.tree.map(pad, y)), padded_weights
 
 
@@ -212,9 +216,9 @@ class TPURunner(KerasRunner):
 
         def function(state: Any, iterator: Iterator[Any]) -> tuple[Any, Any]:
             steps = _take(iterator, group)
-            shares = self._batch_size // self.strategy.num_processes
-            if min(int(batch[2].real_rows) for batch in steps) < shares:
-                self._check_exact_padding(model, kind, steps[0])
+            padded = [batch for batch in steps if batch[2].padded]
+            if padded:
+                self._check_exact_padding(model, kind, padded[0])
             # The state keeps its layout from call to call (committed to it, as the outputs
             # are), so one program serves every call.
             shardings = jax.tree.map(lambda a: a.sharding, state)
