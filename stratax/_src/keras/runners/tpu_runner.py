@@ -139,8 +139,11 @@ class TPURunner(KerasRunner):
         """Fixes the static global batch size and checks it splits over the replicas.
 
         Raises:
-            ValueError: the batch size does not split over the replicas of every host.
+            ValueError: the batch size does not split over the replicas of every host, or
+                (several hosts) the device assignment interleaves the hosts' replicas.
         """
+        if self.strategy.is_multi_process:
+            _check_hosts_in_order(self.strategy, method)
         batch_size = arguments.get("batch_size")
         if batch_size is None and isinstance(arguments.get("x"), (np.ndarray, jax.Array)):
             batch_size = _KERAS_DEFAULT_BATCH
@@ -342,6 +345,27 @@ class TPURunner(KerasRunner):
                     "padded rows. Use the default reduction ('sum_over_batch_size'), or a data "
                     "size that is a multiple of the batch size."
                 )
+
+
+def _check_hosts_in_order(strategy: TPUStrategy, method: str) -> None:
+    """Each host's share of a batch is a block of the replica axis: host 0's replicas first,
+    then host 1's, ..., every replica's cores on one host.
+
+    Raises:
+        ValueError: naming the replica out of place.
+    """
+    grid = strategy.mesh.devices.reshape(strategy.num_replicas_in_sync, -1)
+    hosts = [sorted({device.process_index for device in replica}) for replica in grid]
+    for replica, owners in enumerate(hosts):
+        before = hosts[replica - 1][0] if replica else 0
+        if len(owners) > 1 or owners[0] < before:
+            raise ValueError(
+                f"model.{method} on a TPU pod slice feeds each host's share of a batch to that "
+                f"host's replicas, which must come host by host; replica {replica} is on "
+                f"host(s) {owners}, after a replica on host {before}. Use the default device "
+                "assignment, or a DeviceAssignment whose computation_shape keeps each "
+                "replica's cores on one host."
+            )
 
 
 def _rows(batch: Any) -> int:
