@@ -92,6 +92,22 @@ def test_own_tpu_name_on_a_tpu_vm_is_local(tpu_env: pytest.MonkeyPatch) -> None:
     assert TPUClusterResolver("my-vm").tpu == "local"
 
 
+def test_emulation_with_several_hosts_listed_is_an_emulated_pod(
+        tpu_env: pytest.MonkeyPatch) -> None:
+    """One emulated host joins nobody, even on a large accelerator type; hosts listed in the
+    environment make an emulated pod slice whose processes join as a pod's hosts do."""
+    tpu_env.setenv(env.TPU_ACCELERATOR_TYPE, "v4-32")
+    one_host = TPUClusterResolver(tpu="", emulation_cores=2)
+    assert not one_host.is_multi_host() and one_host.distributed_init_args() is None
+    tpu_env.setenv(env.TPU_WORKER_HOSTNAMES, "127.0.0.1,127.0.0.1")
+    tpu_env.setenv(env.TPU_WORKER_ID, "1")
+    pod = TPUClusterResolver(tpu="", coordinator_address="127.0.0.1:5000", emulation_cores=2)
+    assert pod.is_multi_host()
+    assert pod.distributed_init_args() == {
+        "coordinator_address": "127.0.0.1:5000", "num_processes": 2, "process_id": 1}
+    assert pod.num_accelerators() == {"TPU": 2}   # per host
+
+
 def test_legacy_colab_tpu_is_a_clear_error(tpu_env: pytest.MonkeyPatch) -> None:
     tpu_env.setenv(env.COLAB_TPU_ADDR, "10.0.0.9:8470")
     with pytest.raises(ValueError, match=r"legacy Colab TPU.*TPU VM runtime"):

@@ -183,3 +183,24 @@ def test_custom_loop_batches_keep_one_shape_for_the_whole_epoch(from_function: b
     mirrored = sx.MirroredStrategy([f"cpu:{i}" for i in range(8)])
     last = list(mirrored.experimental_distribute_dataset(batches))[-1]
     assert last.stacked.shape == (8, 4, 4)
+
+
+def test_the_default_assignment_on_a_pod_lists_the_replicas_host_by_host():
+    """Chips whose coordinate order interleaves two hosts (as a pod slice's may): the default
+    assignment puts host 0's replicas first, each host's in coordinate order."""
+    from types import SimpleNamespace
+
+    from stratax._src.runtime.tpu_topology import DeviceAssignment
+    from stratax._src.strategies.tpu import _host_by_host
+
+    class Core:  # hashable, as JAX's devices are
+        def __init__(self, name: str, process_index: int) -> None:
+            self.name, self.process_index = name, process_index
+
+    coordinates = [(x, 0, 0, 0) for x in range(4)]
+    devices = {c: Core(f"core {c[0]}", c[0] % 2) for c in coordinates}
+    topology = SimpleNamespace(device_at_coordinates=lambda c: devices[tuple(int(v) for v in c)])
+    interleaved = DeviceAssignment(topology, np.array([[c] for c in coordinates]))
+    ordered = _host_by_host(interleaved)
+    assert [d.name for d in ordered.devices()[:, 0]] == ["core 0", "core 2", "core 1", "core 3"]
+    assert _host_by_host(ordered) is ordered

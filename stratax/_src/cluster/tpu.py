@@ -18,7 +18,9 @@ Colab's legacy ``COLAB_TPU_ADDR``) needs a Cloud API call that stratax does not 
 error telling what to run instead.
 
 Emulation (``emulation_cores=N`` or ``STRATAX_TPU_EMULATION=N``) lets N CPU devices play the TPU
-cores, so a TPU program can be tested on a laptop; it is never switched on implicitly.
+cores, so a TPU program can be tested on a laptop; it is never switched on implicitly. With
+``TPU_WORKER_HOSTNAMES`` / ``TPU_WORKER_ID`` listing several hosts it emulates a pod slice: one
+process per listed host (all on this machine, e.g. ``localhost,localhost``), N cores each.
 
 This module is pure configuration: no JAX import, no network.
 """
@@ -85,8 +87,9 @@ class TPUClusterResolver(ClusterResolver):
       job_name: The job name of the hosts in ``cluster_spec()`` (``"worker"``).
       coordinator_address: ``"host:port"`` of the ``jax.distributed`` coordinator of a pod
         slice; default host 0 on port 8482 (JAX's choice).
-      emulation_cores: Make this many CPU devices act as TPU cores (testing without a TPU);
-        environment equivalent ``STRATAX_TPU_EMULATION=N``. ``None`` reads the variable.
+      emulation_cores: Make this many CPU devices act as TPU cores (testing without a TPU),
+        per host when the environment lists several hosts (an emulated pod slice); environment
+        equivalent ``STRATAX_TPU_EMULATION=N``. ``None`` reads the variable.
 
     Example:
       >>> resolver = sx.cluster_resolver.TPUClusterResolver(tpu="")   # on a TPU VM or Colab
@@ -221,7 +224,8 @@ class TPUClusterResolver(ClusterResolver):
     def is_multi_host(self) -> bool:
         """True when several hosts must join (a pod slice, or several slices)."""
         if self._emulation_cores:
-            return False
+            # An emulated pod: processes on this machine stand in for the hosts listed.
+            return len(self._hosts) > 1
         if self._hosts:
             return len(self._hosts) * self._num_slices > 1
         if self._num_slices > 1:

@@ -5,7 +5,9 @@ nothing to do on one host) and must run before any JAX computation, as in Tensor
 ``initialize_tpu_system(resolver)`` finds the TPU cores and returns their ``Topology``. Without a
 TPU both fail with an error that says how to switch emulation on; with emulation (explicit:
 ``STRATAX_TPU_EMULATION=N`` or ``TPUClusterResolver(emulation_cores=N)``) N CPU devices act as
-the cores, and the log says so.
+the cores, and the log says so. Emulation with several hosts listed (``TPU_WORKER_HOSTNAMES``)
+is an emulated pod slice: the processes join with ``jax.distributed`` exactly as a pod's hosts
+do, and each gives N of its CPU devices.
 """
 
 from __future__ import annotations
@@ -57,9 +59,10 @@ def experimental_connect_to_cluster(
 ) -> None:
     """Joins the hosts of this TPU slice (``tf.config.experimental_connect_to_cluster``).
 
-    On one host (and under emulation) there is nothing to join. On a pod slice every host runs
-    the program and this call starts ``jax.distributed`` with the coordinator on host 0; the
-    hosts come from the environment, or from the TPU VM's metadata through JAX's own detection.
+    On one host (and under single-host emulation) there is nothing to join. On a pod slice
+    (real or emulated) every host runs the program and this call starts ``jax.distributed``
+    with the coordinator on host 0; the hosts come from the environment, or from the TPU VM's
+    metadata through JAX's own detection.
     The remaining arguments are TensorFlow's and are not needed on JAX.
 
     Raises:
@@ -68,7 +71,7 @@ def experimental_connect_to_cluster(
     """
     del job_name, task_index, protocol, make_master_device_default, cluster_device_filters
     resolver = _check_resolver(cluster_spec_or_resolver or TPUClusterResolver())
-    args = None if resolver.emulation_cores else resolver.distributed_init_args()
+    args = resolver.distributed_init_args()
     if args is not None and not jax.distributed.is_initialized():
         if jax_started():
             raise RuntimeError(
@@ -90,14 +93,19 @@ def experimental_connect_to_cluster(
 
 
 def _emulated_devices(cores: int) -> list[Any]:
-    cpus = jax.devices("cpu")
-    if len(cpus) < cores:
+    """The first ``cores`` CPU devices of every process (host), host by host: the cores of an
+    emulated TPU host, or of each host of an emulated pod slice."""
+    by_host: dict[int, list[Any]] = {}
+    for device in jax.devices("cpu"):
+        by_host.setdefault(device.process_index, []).append(device)
+    local = len(by_host.get(jax.process_index(), ()))
+    if local < cores:
         raise RuntimeError(
             f"TPU emulation with {cores} cores needs {cores} CPU devices, but JAX has "
-            f"{len(cpus)}. Split the CPU before JAX starts: {env.STRATAX_CPU_DEVICES}={cores} "
+            f"{local}. Split the CPU before JAX starts: {env.STRATAX_CPU_DEVICES}={cores} "
             f"in the environment, or sx.set_cpu_device_count({cores}) at the top of the program."
         )
-    return list(cpus[:cores])
+    return [device for host in sorted(by_host) for device in by_host[host][:cores]]
 
 
 def _tpu_devices() -> list[Any]:

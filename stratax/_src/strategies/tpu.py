@@ -6,6 +6,8 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from stratax._src.cluster.tpu import TPUClusterResolver
 from stratax._src.runtime.tpu_system import initialize_tpu_system
 from stratax._src.runtime.tpu_topology import DeviceAssignment, Topology
@@ -31,7 +33,9 @@ class TPUStrategy(Strategy):
     Args:
         tpu_cluster_resolver: The TPU; ``TPUClusterResolver()`` when ``None``.
         experimental_device_assignment: Replicas x logical cores, from
-            ``sx.tpu.experimental.DeviceAssignment.build``; default one core per replica.
+            ``sx.tpu.experimental.DeviceAssignment.build``; default one core per replica,
+            host 0's replicas first on a pod slice (each host feeds its replicas' block of
+            every batch in ``fit``).
         experimental_spmd_xla_partitioning: Accepted for TensorFlow compatibility: stratax
             always partitions with XLA's SPMD partitioner.
         layout_map: A ``keras.distribution.LayoutMap`` (variable-path regex -> axes over
@@ -59,8 +63,8 @@ class TPUStrategy(Strategy):
         del experimental_spmd_xla_partitioning
         self._resolver = tpu_cluster_resolver or TPUClusterResolver()
         topology = initialize_tpu_system(self._resolver)
-        assignment = experimental_device_assignment or DeviceAssignment.build(
-            topology, num_replicas=len(topology.devices))
+        assignment = experimental_device_assignment or _host_by_host(DeviceAssignment.build(
+            topology, num_replicas=len(topology.devices)))
         unknown = set(assignment.devices().flat) - set(topology.devices)
         if unknown:
             raise ValueError(
@@ -122,3 +126,14 @@ class TPUStrategy(Strategy):
                  else f"{len(self.devices)} TPU cores")
         return (f"TPUStrategy(num_replicas_in_sync={self.num_replicas_in_sync}, "
                 f"num_cores_per_replica={self.num_cores_per_replica}, {where})")
+
+
+def _host_by_host(assignment: DeviceAssignment) -> DeviceAssignment:
+    """``assignment`` with its replicas reordered host by host (stable): on a pod slice the
+    chips' coordinate order may interleave the hosts, and ``fit`` feeds each host's share of
+    a batch to a block of replicas. One host: unchanged."""
+    hosts = [min(device.process_index for device in replica) for replica in assignment.devices()]
+    order = np.argsort(hosts, kind="stable")
+    if (order == np.arange(len(order))).all():
+        return assignment
+    return DeviceAssignment(assignment.topology, assignment.core_assignment[order])

@@ -8,6 +8,7 @@ MirroredStrategy), mixed_bfloat16, and the TensorFlow guide program.
 from __future__ import annotations
 
 import logging
+from types import SimpleNamespace
 
 import jax
 import keras
@@ -17,7 +18,7 @@ from jax.sharding import PartitionSpec as P
 from tpu_hook import tpu_runner_hook
 
 import stratax as sx
-from stratax._src.keras.runners.tpu_runner import pad_batch
+from stratax._src.keras.runners.tpu_runner import _check_hosts_in_order, pad_batch
 from stratax._src.runtime import tpu_system
 
 TOLERANCE = 2e-5
@@ -172,12 +173,29 @@ def test_pad_batch_weights():
     x, y, w = _data(rows=4)
     px, py, pw = pad_batch((x, y, w), 16)
     assert px.shape == (16, 12) and py.shape == (16,) and pw.real_rows == 4
-    np.testing.assert_allclose(pw[:4], w * 4.0)
+    np.testing.assert_allclose(pw[:4], w)   # the step scales them by 16 / 4
     assert not pw[4:].any() and not px[4:].any()
     _, _, full = pad_batch((x, y), 4)
     assert full.real_rows == 4 and (np.asarray(full) == 1).all()
     with pytest.raises(ValueError, match="batch of 4 rows is larger than the static batch size 2"):
         pad_batch((x, y), 2)
+
+
+def test_a_pod_assignment_that_interleaves_the_hosts_is_refused():
+    """On several hosts each host's share of a batch is a block of replicas, host by host."""
+    def strategy(owners):
+        devices = np.empty((len(owners), 2), dtype=object)
+        for replica, cores in enumerate(owners):
+            devices[replica] = [SimpleNamespace(process_index=p) for p in cores]
+        return SimpleNamespace(mesh=SimpleNamespace(devices=devices),
+                               num_replicas_in_sync=len(owners))
+
+    _check_hosts_in_order(strategy([(0, 0), (0, 0), (1, 1), (1, 1)]), "fit")
+    with pytest.raises(ValueError, match=r"replica 2 is on host\(s\) \[0\], after a replica "
+                                         r"on host 1. Use the default device assignment"):
+        _check_hosts_in_order(strategy([(0, 0), (1, 1), (0, 0), (1, 1)]), "fit")
+    with pytest.raises(ValueError, match=r"model.predict .* replica 1 is on host\(s\) \[0, 1\]"):
+        _check_hosts_in_order(strategy([(0, 0), (0, 1), (1, 1)]), "predict")
 
 
 def test_batch_size_must_split_over_the_replicas():

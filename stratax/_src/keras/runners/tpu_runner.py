@@ -5,13 +5,14 @@ The runner implements the per-strategy runner shape of the Keras seam (``placeme
 
 - **Static shapes.** Every batch has the global batch size ``B``. A last, partial batch of
   ``n < B`` rows is padded with zero rows, so the step never recompiles for it.
-- **Exact loss and metrics on a padded batch.** Padding rows get sample weight 0 and real rows
-  their weight times ``B / n``: with Keras' default ``"sum_over_batch_size"`` reduction the
-  loss is then ``sum(l * w) / n``, so the loss and its gradient (hence the update) are exactly
-  those of the ``n`` real rows. Metrics need more, because Keras weights its loss tracker by the
-  padded row count ``B`` and gives no sample weight to ``compile(metrics=[...])``: the padded
-  step also runs Keras' step twice more from the same state, once with the real rows' own
-  weights (C) and once on padding rows only (Z), and keeps the metric variables
+- **Exact loss and metrics on a padded batch.** Padding rows get sample weight 0 and, in the
+  step (which counts ``n`` over every host), real rows their weight times ``B / n``: with
+  Keras' default ``"sum_over_batch_size"`` reduction the loss is then ``sum(l * w) / n``, so
+  the loss and its gradient (hence the update) are exactly those of the ``n`` real rows.
+  Metrics need more, because Keras weights its loss tracker by the padded row count ``B`` and
+  gives no sample weight to ``compile(metrics=[...])``: the padded step also runs Keras' step
+  twice more from the same state, once with the real rows' own weights (C) and once on
+  padding rows only (Z), and keeps the metric variables
   ``M_C - (B - n) / B * (M_Z - M_0)``. Metric updates are sums of per-row terms and every
   padding row is the same zero row, so this removes exactly the padding rows' terms, for every
   metric (see ``_exact_padded_metrics``); it costs two extra steps once per epoch. Limits: rows
@@ -27,6 +28,12 @@ The runner implements the per-strategy runner shape of the Keras seam (``placeme
 - **Placement**: a Keras ``ModelParallel`` distribution on the strategy's ``("replica",
   "core")`` mesh: batches split over ``"replica"``; variables laid out by the strategy's
   ``LayoutMap`` (replicated otherwise).
+- **Pod slices (several hosts)**: each host feeds its share of every global batch, as the
+  feed shares it among processes under every strategy (``FeedLayout.share``), padded exactly
+  (:meth:`TPURunner._host_share`); the group is assembled from the hosts' shares with
+  ``jax.make_array_from_process_local_data`` (as ``MeshRunner`` places a batch), with each
+  host's count of real rows, which the step sums (so per-host inputs may differ in rows at a
+  step); logs and predictions come back replicated, so every host reads them.
 
 Example (what the Keras seam does for ``model.fit`` under a ``TPUStrategy``)::
 
@@ -50,10 +57,12 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from stratax._src.data import global_batch
 from stratax._src.keras import model_parallel
 from stratax._src.keras.runners.runner import KerasRunner, steps_per_execution
 from stratax._src.keras.steps import forward_losses
 from stratax._src.keras.steps import plan as plan_lib
+from stratax._src.runtime import distributed
 from stratax._src.strategies.replica_context import REPLICA_AXIS
 from stratax._src.strategies.tpu import TPUStrategy
 
@@ -64,19 +73,23 @@ _METRICS_INDEX = {"train": 3, "test": 2, "predict": None}
 
 
 class RowWeights(np.ndarray):
-    """A batch's sample weights that also carry how many of its rows are real (``real_rows``)."""
+    """A batch's sample weights that also carry how many of its rows are real (``real_rows``)
+    and whether the global batch it is part of was padded (``padded``: every host knows)."""
 
     real_rows: int
+    padded: bool
 
     def __array_finalize__(self, obj: Any) -> None:
         self.real_rows = getattr(obj, "real_rows", 0)
+        self.padded = getattr(obj, "padded", False)
 
 
 def pad_batch(batch: Any, size: int) -> tuple[Any, Any, RowWeights]:
-    """``(x, y, sample_weight)`` padded with zero rows to ``size``, with the exact weights.
+    """``(x, y, sample_weight)`` padded with zero rows to ``size``; ``real_rows`` counts the rest.
 
-    Real rows keep their weight times ``size / n`` (1 when there were none), padding rows get 0;
-    a full batch keeps its weights unchanged (ones when there were none).
+    Real rows keep their weight (1 when there were none), padding rows get 0. The step scales
+    the real rows' weights by ``B / n`` once it knows ``n``, the real rows of the global batch
+    (every host's), ``B`` the global batch size.
 
     Raises:
         ValueError: the batch has more than ``size`` rows.
@@ -89,8 +102,6 @@ def pad_batch(batch: Any, size: int) -> tuple[Any, Any, RowWeights]:
             "are compiled for; give every batch at most that many rows (the global batch_size)."
         )
     base = np.ones(rows, np.float32) if weights is None else np.asarray(weights, np.float32)
-    if rows < size:
-        base = base * np.float32(size / rows)
 
     def pad(leaf: Any) -> Any:
         array = np.asarray(leaf)
@@ -101,6 +112,7 @@ def pad_batch(batch: Any, size: int) -> tuple[Any, Any, RowWeights]:
 
     padded_weights = pad(base).view(RowWeights)
     padded_weights.real_rows = rows
+    padded_weights.padded = rows < size
     return jax.tree.map(pad, x), (None if y is None else jax.tree.map(pad, y)), padded_weights
 
 
@@ -127,15 +139,11 @@ class TPURunner(KerasRunner):
         """Fixes the static global batch size and checks it splits over the replicas.
 
         Raises:
-            ValueError: the batch size does not split, or the strategy spans several hosts
-                (each host would need its own share of every batch).
+            ValueError: the batch size does not split over the replicas of every host, or
+                (several hosts) the device assignment interleaves the hosts' replicas.
         """
         if self.strategy.is_multi_process:
-            raise ValueError(
-                f"model.{method} under a TPUStrategy that spans {self.strategy.num_processes} "
-                "hosts needs each host to feed its share of every batch, which this runner does "
-                "not do yet; use a custom loop with strategy.distribute_datasets_from_function."
-            )
+            _check_hosts_in_order(self.strategy, method)
         batch_size = arguments.get("batch_size")
         if batch_size is None and isinstance(arguments.get("x"), (np.ndarray, jax.Array)):
             batch_size = _KERAS_DEFAULT_BATCH
@@ -147,21 +155,49 @@ class TPURunner(KerasRunner):
     def _set_batch_size(self, batch_size: int, fix: str) -> None:
         replicas = self.strategy.num_replicas_in_sync
         if batch_size % replicas:
+            hosts = self.strategy.num_processes
+            over = (f"{replicas} TPU replicas ({hosts} hosts x {replicas // hosts})"
+                    if hosts > 1 else f"{replicas} TPU replicas")
             raise ValueError(
-                f"Global batch size {batch_size} does not split over {replicas} TPU replicas; "
+                f"Global batch size {batch_size} does not split over {over}; "
                 f"use a multiple of {replicas}, e.g. `{fix}"
-                f"{max(replicas, batch_size // replicas * replicas)})`."
+                f"{global_batch.suggested_batch(batch_size, replicas)})`."
             )
         self._batch_size = batch_size
 
     def batches(self, local_batches: Iterator[tuple[Any, bool]]) -> Iterator[Any]:
-        """One epoch of host batches, each padded to the static batch size (``pad_batch``);
-        the step places a whole group of them at once."""
-        for batch, _ in local_batches:
+        """One epoch of this host's batches, each padded to its static share of the global
+        batch (:meth:`_host_share`); the step assembles a whole group of them from every
+        host's shares at once."""
+        for batch, replicated in local_batches:
             if self._batch_size is None:
-                first = jax.tree.leaves(keras.utils.unpack_x_y_sample_weight(batch)[0])[0]
-                self._set_batch_size(int(np.shape(first)[0]), "batches of size (")
-            yield pad_batch(batch, self._batch_size)
+                rows = _rows(batch)
+                self._set_batch_size(rows if replicated else rows * self.strategy.num_processes,
+                                     "batches of size (")
+            yield self._host_share(batch, replicated)
+
+    def _host_share(self, batch: Any, replicated: bool) -> tuple[Any, Any, RowWeights]:
+        """This host's rows of a global batch of the static size, padded (``pad_batch``);
+        ``real_rows`` counts the real rows among them.
+
+        A whole global batch (one host, a batch that does not split over the replicas, or
+        ``predict``) is padded to the static size, real rows first, and cut into the hosts'
+        equal shares. A host's own rows (its share of a batch that splits, the feed's
+        ``FeedLayout.share``, or a per-host input's batch) are padded to its share of the
+        static size: every host pads its own rows, which changes no loss, gradient or metric
+        (padding rows weigh nothing and the metrics drop them wherever they are).
+        """
+        size, hosts = self._batch_size, self.strategy.num_processes
+        if hosts == 1:
+            return pad_batch(batch, size)
+        share = size // hosts
+        if not replicated:
+            return pad_batch(batch, share)
+        x, y, weights = pad_batch(batch, size)
+        start = self.strategy.process_rank * share
+        x, y, weights = jax.tree.map(lambda a: a[start:start + share], (x, y, weights))
+        weights.real_rows = min(max(weights.real_rows - start, 0), share)
+        return x, y, weights
 
     def place_unconverted(self, batches: Iterator[Any]) -> Iterator[Any]:
         return self.batches((batch, False) for batch in batches)
@@ -183,39 +219,63 @@ class TPURunner(KerasRunner):
 
         def function(state: Any, iterator: Iterator[Any]) -> tuple[Any, Any]:
             steps = _take(iterator, group)
-            rows = [int(batch[2].real_rows) for batch in steps]
-            if min(rows) < (self._batch_size or 0):
-                self._check_exact_padding(model, kind, steps[0])
+            padded = [batch for batch in steps if batch[2].padded]
+            if padded:
+                self._check_exact_padding(model, kind, padded[0])
             # The state keeps its layout from call to call (committed to it, as the outputs
             # are), so one program serves every call.
             shardings = jax.tree.map(lambda a: a.sharding, state)
             state = jax.device_put(state, shardings)
             if not compiled:
-                compiled.append(jax.jit(program, donate_argnums=0, out_shardings=(None, shardings)))
+                # Several hosts: logs and predictions replicated, so that every host reads them.
+                outputs_sharding = self._replicated if self.strategy.is_multi_process else None
+                compiled.append(jax.jit(program, donate_argnums=0,
+                                        out_shardings=(outputs_sharding, shardings)))
             outputs, state = compiled[0](state, *self._stack(steps, group))
             self.strategy.dispatch_window.admit(outputs)  # the state is donated next call
             if kind == "predict":
-                outputs = _crop(outputs, rows)
+                outputs = _crop(*outputs, len(steps), self.strategy.num_processes)
             return outputs, state
 
+        over = f"{self.strategy.num_replicas_in_sync} TPU replica(s)"
+        if self.strategy.is_multi_process:
+            over += f" on {self.strategy.num_processes} hosts, each feeding its share"
         return plan_lib.PlannedStep.fixed(
-            plan_lib.StepPlan(kind, step="tpu-loop",
-                              over=f"{self.strategy.num_replicas_in_sync} TPU replica(s)",
+            plan_lib.StepPlan(kind, step="tpu-loop", over=over,
                               group=group, group_program=True,
                               window=max(self.strategy.dispatch_window.size, 0)),
             plan_lib.StepPrograms(whole=function))
 
+    def call(self, run: Callable[[], Any]) -> Any:
+        """Runs Keras' method; on several hosts a peer's failure in a collective is named."""
+        if self.strategy.is_multi_process:
+            return distributed.translate_collective_errors(run)
+        return run()
+
     # ------------------------------------------------------------------ internals
     def _stack(self, steps: list[Any], group: int) -> tuple[Any, Any, Any]:
+        """The group's batches as global arrays ``(group, batch, ...)`` and their real-row
+        counts ``(group, replicas)``, split over the replicas: each host gives its share of
+        every batch and its count in its first replica's column
+        (``jax.make_array_from_process_local_data``, as ``MeshRunner`` places a batch); the
+        valid-step mask, replicated."""
         filler = jax.tree.map(np.zeros_like, steps[-1])
         padded = steps + [filler] * (group - len(steps))
         stacked = jax.tree.map(lambda *leaves: np.stack([np.asarray(v) for v in leaves]), *padded)
-        real = np.array([int(b[2].real_rows) for b in steps] + [0] * (group - len(steps)),
-                        np.int32)
+        replicas = self.strategy.num_replicas_in_sync
+        real = np.zeros((group, replicas // self.strategy.num_processes), np.int32)
+        real[:len(steps), 0] = [int(b[2].real_rows) for b in steps]
         valid = np.arange(group) < len(steps)
-        placed = jax.device_put(stacked, self._stacked_sharding)
-        return placed, jax.device_put(real, self._replicated), jax.device_put(
-            valid, self._replicated)
+        size = self._batch_size
+        placed = jax.tree.map(lambda a: self._assembled(a, size), stacked)
+        return (placed, self._assembled(real, replicas),
+                jax.make_array_from_process_local_data(self._replicated, valid, valid.shape))
+
+    def _assembled(self, local: np.ndarray, rows: int) -> jax.Array:
+        """The global ``(group, rows, ...)`` array whose second axis, split over the replicas,
+        is every host's ``local`` part."""
+        return jax.make_array_from_process_local_data(
+            self._stacked_sharding, local, (local.shape[0], rows, *local.shape[2:]))
 
     def _group_program(self, model: Any, kind: str,
                        step_fn: Callable[[Any, Any], tuple[Any, Any]]) -> Callable[..., Any]:
@@ -225,14 +285,17 @@ class TPURunner(KerasRunner):
             size = jax.tree.leaves(stacked)[0].shape[1]
 
             def one_step(state: Any, inputs: Any) -> tuple[Any, Any]:
-                batch, rows, ok = inputs
+                batch, host_rows, ok = inputs
+                rows = jnp.sum(host_rows)   # the real rows of the global batch, every host's
                 out_shape = jax.eval_shape(step_fn, state, batch)[0]
 
                 def full(state: Any) -> tuple[Any, Any]:
                     return step_fn(state, batch)
 
                 def padded(state: Any) -> tuple[Any, Any]:
-                    out, new_state = step_fn(state, batch)
+                    x, y, own = batch
+                    scaled = own * (size / rows.astype(own.dtype))   # Keras divides by size
+                    out, new_state = step_fn(state, (x, y, scaled))
                     if metrics_index is None:
                         return out, new_state
                     metrics = _exact_padded_metrics(step_fn, state, batch, rows, size,
@@ -252,7 +315,7 @@ class TPURunner(KerasRunner):
 
             state, outs = jax.lax.scan(one_step, state, (stacked, real, valid))
             if metrics_index is None:
-                return outs, state
+                return (outs, real), state
             return _metrics_logs(model, state[metrics_index]), state
 
         return tpu_steps
@@ -284,6 +347,31 @@ class TPURunner(KerasRunner):
                 )
 
 
+def _check_hosts_in_order(strategy: TPUStrategy, method: str) -> None:
+    """Each host's share of a batch is a block of the replica axis: host 0's replicas first,
+    then host 1's, ..., every replica's cores on one host.
+
+    Raises:
+        ValueError: naming the replica out of place.
+    """
+    grid = strategy.mesh.devices.reshape(strategy.num_replicas_in_sync, -1)
+    hosts = [sorted({device.process_index for device in replica}) for replica in grid]
+    for replica, owners in enumerate(hosts):
+        before = hosts[replica - 1][0] if replica else 0
+        if len(owners) > 1 or owners[0] < before:
+            raise ValueError(
+                f"model.{method} on a TPU pod slice feeds each host's share of a batch to that "
+                f"host's replicas, which must come host by host; replica {replica} is on "
+                f"host(s) {owners}, after a replica on host {before}. Use the default device "
+                "assignment, or a DeviceAssignment whose computation_shape keeps each "
+                "replica's cores on one host."
+            )
+
+
+def _rows(batch: Any) -> int:
+    return int(np.shape(jax.tree.leaves(keras.utils.unpack_x_y_sample_weight(batch)[0])[0])[0])
+
+
 def _take(iterator: Iterator[Any], count: int) -> list[Any]:
     steps = []
     for _ in range(count):
@@ -298,18 +386,17 @@ def _take(iterator: Iterator[Any], count: int) -> list[Any]:
 
 def _exact_padded_metrics(step_fn: Callable[[Any, Any], tuple[Any, Any]], state: Any,
                           batch: Any, rows: Any, size: int, index: int) -> list[Any]:
-    """The metric variables after the ``rows`` real rows of a padded batch, exactly.
+    """The metric variables after the ``rows`` real rows of a padded ``batch`` (the real rows
+    with their own weights, padding rows weight 0), exactly.
 
     Two more runs of the step from the same ``state`` (their trained variables are dropped):
-    C with the real rows' own weights (padding weight 0) and Z with only padding rows. Every
+    C with the real rows' own weights and Z with only padding rows. Every
     metric update is a sum of per-row terms, and every padding row is the same zero row, so
     ``M = M_C - (size - rows) / size * (M_Z - M_0)`` removes the padding rows' terms: from
     metrics that ignore weights (``compile(metrics=...)``), from the loss tracker's count
     (Keras weights it by the padded row count) and from its regularisation part.
     """
-    x, y, scaled = batch
-    own = scaled * (rows.astype(scaled.dtype) / size)   # undo pad_batch's size / rows
-    _, with_own = step_fn(state, (x, y, own))
+    _, with_own = step_fn(state, batch)
     padding = jax.tree.map(jnp.zeros_like, batch)
     _, padding_only = step_fn(state, padding)
     share = (size - rows).astype(jnp.float32) / size
@@ -334,10 +421,16 @@ def _metrics_logs(model: Any, metric_values: Any) -> dict[str, Any]:
         return model.get_metrics_result()
 
 
-def _crop(outputs: Any, rows: list[int]) -> Any:
-    """Predictions of the real rows only: step ``i`` of the group keeps its first ``rows[i]``."""
+def _crop(outputs: Any, real: Any, steps: int, hosts: int) -> Any:
+    """Predictions of the real rows only, in order: of step ``i`` (of the first ``steps``),
+    each host's block keeps its first ``real`` rows (``real``: the step's real-row counts per
+    replica, each host's in its first replica's column)."""
+    counts = np.asarray(real)[:steps].reshape(steps, hosts, -1).sum(axis=2)
+
     def crop(stacked: Any) -> np.ndarray:
         array = np.asarray(stacked)
-        return np.concatenate([array[i, :n] for i, n in enumerate(rows)])
+        blocks = array.reshape(array.shape[0], hosts, -1, *array.shape[2:])
+        return np.concatenate([blocks[i, h, :counts[i, h]] for i in range(steps)
+                               for h in range(hosts)])
 
     return jax.tree.map(crop, outputs)
