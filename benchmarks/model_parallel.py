@@ -1,11 +1,11 @@
 """Model parallelism across processes: a dense model whose state one capped process cannot hold.
 
-    python -m benchmarks.model_parallel                        # 3 repetitions, cap 640 MiB
-    python -m benchmarks.model_parallel --reps 5 --hidden 4096 --cap-mib 640 \
+    python -m benchmarks.model_parallel                        # 3 repetitions, cap 1360 MiB
+    python -m benchmarks.model_parallel --reps 5 --steps 8 --cap-mib 1360 \
         --out benchmarks/results/model_parallel.json
 
-The model is an MLP 512 -> H -> H -> 10 (``--hidden`` H, 4096: 18.9M parameters, 72 MiB;
-with Adam's two slots 216 MiB of state) trained with ``model.fit`` (global batch 64, Adam).
+The model is an MLP 512 -> H -> H -> 10 (``--hidden`` H, 8192: 71.4M parameters, 272 MiB;
+with Adam's two slots 817 MiB of state) trained with ``model.fit`` (global batch 16, Adam).
 Every configuration runs in fresh processes (this file is every process's program), the
 repetitions interleaved (repetition 1 of every configuration, then repetition 2, ...):
 
@@ -20,8 +20,10 @@ repetitions interleaved (repetition 1 of every configuration, then repetition 2,
   split by rows over ``"replica"`` (FSDP-style); each process holds half.
 - ``one-capped`` (once): ``one`` under the cap: it must fail, proof that the cap is real.
 
-``tensor`` and ``fsdp`` processes run under a hard memory cap, ``RLIMIT_DATA`` (as
-``benchmarks.ps_big_table``); ``one`` and ``replicated`` run uncapped for the comparison.
+``tensor`` processes run under a hard memory cap, ``RLIMIT_DATA`` (as
+``benchmarks.ps_big_table``); the others run uncapped for the comparison. ``fsdp`` cannot
+run under the same cap: each step gathers a split kernel whole for its layer (FSDP's way),
+so one 8192 x 8192 layer's gathered kernel and gradient exceed it.
 Reports each process's peak RSS (``ru_maxrss`` from ``wait4``), the state it holds, samples/s
 over the timed steps (after a warm-up ``fit`` that compiles), the final loss, and the
 1-minute load average before each run. Prints ``RESULT {json}`` per run and writes the JSON
@@ -40,19 +42,20 @@ import sys
 import time
 from pathlib import Path
 
-BATCH, FEATURES, CLASSES = 64, 512, 10
+FEATURES, CLASSES = 512, 10
 CONFIGS = ("one", "replicated", "tensor", "fsdp")
-CAPPED = ("tensor", "fsdp")
+CAPPED = ("tensor",)
 
 
 def _args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.model_parallel",
                                      description=__doc__.split("\n\n")[0])
-    parser.add_argument("--hidden", type=int, default=4096)
-    parser.add_argument("--steps", type=int, default=20, help="timed steps")
+    parser.add_argument("--hidden", type=int, default=8192)
+    parser.add_argument("--batch", type=int, default=16, help="global batch")
+    parser.add_argument("--steps", type=int, default=8, help="timed steps")
     parser.add_argument("--warmup", type=int, default=3, help="steps of the compiling fit")
     parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--cap-mib", type=int, default=640,
+    parser.add_argument("--cap-mib", type=int, default=1360,
                         help="RLIMIT_DATA of each process of the sharded configurations")
     parser.add_argument("--timeout", type=float, default=300)
     parser.add_argument("--out", default="benchmarks/results/model_parallel.json")
@@ -94,7 +97,7 @@ def task(args: argparse.Namespace) -> None:
     import numpy as np
 
     rng = np.random.default_rng(0)
-    rows = BATCH * (args.warmup + args.steps)
+    rows = args.batch * (args.warmup + args.steps)
     x = rng.normal(size=(rows, FEATURES)).astype(np.float32)
     y = rng.integers(0, CLASSES, rows)
     keras.utils.set_random_seed(1)
@@ -106,19 +109,27 @@ def task(args: argparse.Namespace) -> None:
             keras.layers.Dense(CLASSES, name="head")])
         model.compile(optimizer=keras.optimizers.Adam(1e-4),
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    warm = BATCH * args.warmup
-    model.fit(x[:warm], y[:warm], batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    warm = args.batch * args.warmup
+    model.fit(x[:warm], y[:warm], batch_size=args.batch, epochs=1, shuffle=False, verbose=0)
     begin = time.perf_counter()
-    history = model.fit(x[warm:], y[warm:], batch_size=BATCH, epochs=1, shuffle=False,
+    history = model.fit(x[warm:], y[warm:], batch_size=args.batch, epochs=1, shuffle=False,
                         verbose=0)
     wall = time.perf_counter() - begin
     state = [v.value for v in [*model.variables, *model.optimizer.variables]]
     held = sum(s.data.nbytes for a in state for s in a.addressable_shards)
     if getattr(strategy, "worker_index", 0) == 0:
         print("RESULT " + json.dumps({
-            "config": args.task, "samples_per_s": BATCH * args.steps / wall,
+            "config": args.task, "samples_per_s": args.batch * args.steps / wall,
             "loss": float(history.history["loss"][-1]), "state_held_mib": held / 2**20,
+            "vm_data_mib_after_fit": _vm_data_mib(),
             "mesh": {k: int(v) for k, v in strategy.mesh.shape.items()}}), flush=True)
+
+
+def _vm_data_mib() -> float:
+    """This process's private writable memory now (what ``RLIMIT_DATA`` bounds), MiB."""
+    with open("/proc/self/status") as status:
+        fields = dict(line.split(":", 1) for line in status if ":" in line)
+    return int(fields["VmData"].split()[0]) / 1024
 
 
 # ----- the launcher ----------------------------------------------------------------------
@@ -133,10 +144,12 @@ def _run(args: argparse.Namespace, config: str, capped: bool) -> dict:
         spec = {"chief": [f"127.0.0.1:{first}"], "worker": [f"127.0.0.1:{second}"]}
     argv = [sys.executable, "-m", "benchmarks.model_parallel", "--task", config,
             "--hidden", str(args.hidden), "--steps", str(args.steps),
-            "--warmup", str(args.warmup)]
+            "--warmup", str(args.warmup), "--batch", str(args.batch)]
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("STRATAX_") and k != "XLA_FLAGS"}
-    env["STRATAX_CPU_DEVICES"] = "1"
+    # One CPU device per process; few malloc arenas, whose reservations would otherwise count
+    # against RLIMIT_DATA per thread (the same setting for every configuration).
+    env.update(STRATAX_CPU_DEVICES="1", MALLOC_ARENA_MAX="2")
     load = os.getloadavg()[0]
     limit = _capped(args.cap_mib << 20) if capped else None
     cluster = run_cluster(argv, spec, args.timeout, env=env,
@@ -177,11 +190,16 @@ def _markdown(report: dict) -> str:
              f"Command: `{report['command']}`", "",
              f"Box: {report['machine']}; 1-minute load average before the runs "
              f"{min(report['loads']):.1f}-{max(report['loads']):.1f} (other jobs ran on this "
-             "box: figures from a loaded machine).", "",
+             "box: figures from a loaded machine; there a 2-process run also gets a larger "
+             "share of the CPUs than a 1-process one, so compare `tensor`, `fsdp` and "
+             "`replicated`, all 2 processes, with each other).", "",
              f"MLP {FEATURES}->{args['hidden']}->{args['hidden']}->{CLASSES}, Adam, global "
-             f"batch {BATCH}, {args['steps']} timed steps after a {args['warmup']}-step "
-             f"compiling fit; median of {args['reps']} runs (min-max). `tensor` and `fsdp` "
-             f"processes ran under RLIMIT_DATA = {args['cap_mib']} MiB.", "",
+             f"batch {args['batch']}, {args['steps']} timed steps after a {args['warmup']}-step "
+             f"compiling fit; median of {args['reps']} runs (min-max). `tensor` processes ran "
+             f"under RLIMIT_DATA = {args['cap_mib']} MiB, the others uncapped (`fsdp` "
+             "gathers each split kernel whole for its layer's step, which exceeds that cap "
+             "with one 8192 x 8192 layer). Each configuration starts fresh processes; the "
+             "repetitions interleave. One CPU device per process, MALLOC_ARENA_MAX=2.", "",
              "| configuration | processes | state held per process (MiB) | peak RSS per "
              "process, max over processes (MiB) | samples/s | vs replicated | final loss |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
@@ -193,13 +211,16 @@ def _markdown(report: dict) -> str:
         ratio = f"{row['samples_per_s_median'] / base:.2f}x" if base else ""
         lines.append(
             f"| {config} | {1 if config == 'one' else 2} | {row['state_held_mib']:.0f} | "
-            f"{row['peak_rss_mib_median']:.0f} | {row['samples_per_s_median']:.0f} "
-            f"({row['samples_per_s_min']:.0f}-{row['samples_per_s_max']:.0f}) | {ratio} | "
+            f"{row['peak_rss_mib_median']:.0f} | {row['samples_per_s_median']:.1f} "
+            f"({row['samples_per_s_min']:.1f}-{row['samples_per_s_max']:.1f}) | {ratio} | "
             f"{row['loss_median']:.4f} |")
     capped = report["one_capped"]
+    failure = next((line for line in reversed(capped.get("error", "").splitlines())
+                    if "rror" in line and not line.startswith("stratax:")), "")
     lines += ["", f"`one` under the same {args['cap_mib']} MiB cap: exit codes "
               f"{capped['exit_codes']}, {'no result' if 'error' in capped else 'TRAINED'}"
-              f" (peak RSS {max(capped['peak_rss_mib'].values()):.0f} MiB).", ""]
+              f" (peak RSS {max(capped['peak_rss_mib'].values()):.0f} MiB)"
+              f"{f': `{failure.strip()}`' if failure else ''}.", ""]
     return "\n".join(lines)
 
 

@@ -6,8 +6,10 @@ whose 4 cores span both workers) and C = 2 (2 replicas of 2 cores, one per worke
 :func:`make`'s model with ``fit``, then ``evaluate``s and ``predict``s, and writes
 OUT_DIR/cores<C>_<worker>.npz (:func:`run`'s results) and the model's ``model.save`` to
 OUT_DIR/cores<C>_<worker>.keras. Then calls ``get_weights`` with worker 1 short of memory:
-both must refuse. Prints "cores <C> mesh <shape> local <bytes>" (the bytes of model and
-optimizer state this process holds), "refused <message>" and "done <worker>".
+both must refuse; doubles the weights with ``set_weights``; distributes a dataset for a
+custom loop. Prints "cores <C> mesh <shape> local <bytes>" (the bytes of model and optimizer
+state this process holds), "refused <message>", "set_weights <True if read back doubled>",
+"custom loop <error>" (4 cores only) and "done <worker>".
 """
 
 import os
@@ -85,6 +87,13 @@ if __name__ == "__main__":
         except MemoryError as err:
             print("refused", err, flush=True)
         model_parallel._memory_left = memory_left
+        model.set_weights([w * 2 for w in model.get_weights()])  # placed back into parts
+        print("set_weights", all(np.array_equal(a, b * 2) for a, b in zip(
+            model.get_weights(), (results[f"w{i}"] for i in range(6)), strict=True)), flush=True)
+        try:
+            iter(strategy.experimental_distribute_dataset(np.zeros((16, 10), np.float32)))
+        except ValueError as err:
+            print("custom loop", err, flush=True)
         np.savez(os.path.join(sys.argv[1], f"cores{cores}_{strategy.worker_index}.npz"),
                  **results)
     print("done", strategy.worker_index, flush=True)

@@ -51,3 +51,7 @@ def test_model_parallel_across_workers_equals_one_process(workers, tmp_path):
     for output in outputs:
         assert output.count("refused model.get_weights() would gather") == 2, output[-2000:]
         assert "Save the state in parts instead" in output
+        assert output.count("set_weights True") == 2, output[-2000:]
+        # A custom loop's dataset cannot feed replicas spanning workers (4 cores) yet.
+        assert output.count("custom loop Each replica's 4 cores span 2 workers") == 1
+        assert "Give model.fit the dataset itself" in output

@@ -106,8 +106,8 @@ class _Placement:
             raise ValueError(
                 f"Each replica's {rows.shape[1]} cores span {spanning} workers "
                 f"(cores_per_replica larger than a worker's devices): a distributed dataset "
-                "for a custom loop cannot feed such replicas yet. Train with model.fit, which "
-                "does, or use a cores_per_replica that divides each worker's device count."
+                "cannot feed such replicas yet. Give model.fit the dataset itself (fit feeds "
+                "them), or use a cores_per_replica that divides each worker's device count."
             )
         devices = list(rows[:, 0])
         self.num_replicas = len(devices)
