@@ -57,7 +57,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from stratax._src.data import global_batch
+from stratax._src.distributed_input import global_batch
 from stratax._src.keras import model_parallel
 from stratax._src.keras.runners.runner import KerasRunner, steps_per_execution
 from stratax._src.keras.steps import forward_losses
