@@ -9,6 +9,9 @@ written), what for, and which stratax module relies on it:
 - ``keras.Model.{save, save_weights}`` (replaced): atomic, chief-only saves. -> ``keras.saving``
 - ``keras.Model.load_weights`` (replaced): the optimizer is built first, so its saved state
   loads (as TensorFlow restores slots). -> ``keras.saving``
+- ``keras.Model.get_weights`` (replaced), and ``Variable._value`` (read and written, by saves
+  too): state held in parts by several processes gathered whole for the call, when it fits.
+  -> ``keras.saving``, ``keras.model_parallel``
 - ``keras.Model.reset_metrics`` (replaced): resets of mirrored metrics placed without a
   cross-process check. -> ``keras.steps.metric_reset``
 - ``Trainer._get_metrics_result_or_logs`` (replaced): an epoch's logs taken from the last
@@ -166,6 +169,7 @@ def install_keras_hooks(
     model_method: Callable[[str, Callable[..., Any]], Callable[..., Any]],
     save_method: Callable[[Callable[..., Any]], Callable[..., Any]],
     load_weights_method: Callable[[Callable[..., Any]], Callable[..., Any]],
+    get_weights_method: Callable[[Callable[..., Any]], Callable[..., Any]],
     reset_metrics_method: Callable[[Callable[..., Any]], Callable[..., Any]],
     metrics_result_or_logs_method: Callable[[Callable[..., Any]], Callable[..., Any]],
     make_step: Callable[[Any, Callable[..., Any], Callable[..., Any]], Callable[..., Any]],
@@ -177,6 +181,7 @@ def install_keras_hooks(
         model_method: ``(name, original) -> replacement`` for the public ``Model`` methods.
         save_method: ``original -> replacement`` for ``save`` and ``save_weights``.
         load_weights_method: ``original -> replacement`` for ``load_weights``.
+        get_weights_method: ``original -> replacement`` for ``get_weights``.
         reset_metrics_method: ``original -> replacement`` for ``reset_metrics``.
         metrics_result_or_logs_method: ``original -> replacement`` for
             ``_get_metrics_result_or_logs`` (an epoch's or an evaluation's final logs).
@@ -200,6 +205,7 @@ def install_keras_hooks(
         setattr(owner, name, model_method(name, getattr(owner, name)))
     for name in ("save", "save_weights"):
         setattr(keras.Model, name, save_method(getattr(keras.Model, name)))
+    keras.Model.get_weights = get_weights_method(keras.Model.get_weights)
     keras.Model.load_weights = load_weights_method(keras.Model.load_weights)
     keras.Model.reset_metrics = reset_metrics_method(keras.Model.reset_metrics)
     base_trainer.Trainer._get_metrics_result_or_logs = metrics_result_or_logs_method(

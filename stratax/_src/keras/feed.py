@@ -66,21 +66,35 @@ class FeedLayout:
     process_rank: int = 0
     num_processes: int = 1
     replicate_all: bool = False
+    # Processes whose devices hold one replica (model parallelism across processes): they
+    # feed the same rows, so the batch splits into ``num_processes // processes_per_replica``.
+    processes_per_replica: int = 1
+
+    @property
+    def num_shares(self) -> int:
+        """How many distinct shares a global batch splits into (one per group of processes
+        that feed the same replicas)."""
+        return self.num_processes // self.processes_per_replica
+
+    @property
+    def share_index(self) -> int:
+        """Which of the :attr:`num_shares` shares this process feeds."""
+        return self.process_rank // self.processes_per_replica
 
     def share(self, rows: int) -> slice | None:
         """The rows of a global batch of ``rows`` this process feeds; ``None``: all of them,
         replicated on every replica (the batch does not split, or ``replicate_all``)."""
         if self.replicate_all or rows % self.num_replicas:
             return None
-        size = rows // self.num_processes
-        return slice(self.process_rank * size, (self.process_rank + 1) * size)
+        size = rows // self.num_shares
+        return slice(self.share_index * size, (self.share_index + 1) * size)
 
     def local(self, batch: Any) -> tuple[Any, bool]:
         """This process's share of a global ``batch``, and whether it is replicated."""
         rows = self.share(_rows(batch))
         if rows is None:
             return batch, True
-        if self.num_processes == 1:
+        if self.num_shares == 1:
             return batch, False
         return jax.tree.map(lambda a: np.asarray(a)[rows], batch), False
 
@@ -147,7 +161,7 @@ class _ArraySource:
         for rows in self._row_indices(seed, epoch, skip):
             count = len(rows) if isinstance(rows, np.ndarray) else rows.stop - rows.start
             share = layout.share(count)
-            if share is not None and layout.num_processes > 1:
+            if share is not None and layout.num_shares > 1:
                 rows = (slice(rows.start + share.start, rows.start + share.stop)
                         if isinstance(rows, slice) else rows[share])
             yield jax.tree.map(lambda a, r=rows: a[r], self.arrays), share is None
@@ -331,6 +345,14 @@ class GlobalFeed(keras.utils.PyDataset):
     def __init__(self, source: Any, layout: FeedLayout, *, seed: int = 0,
                  per_worker: bool = False) -> None:
         super().__init__()
+        if per_worker and layout.processes_per_replica > 1:
+            raise ValueError(
+                f"This input gives each worker its own batches (a per-worker pipeline: "
+                f"distribute_datasets_from_function, AutoShardPolicy.OFF, a sharded loader), "
+                f"but each replica spans {layout.processes_per_replica} workers, which must "
+                "feed it the same rows. Give every worker the same global batches (numpy "
+                "arrays, or a dataset of global batches with AutoShardPolicy AUTO or DATA)."
+            )
         self._source = source
         self.layout = layout
         self.seed = seed
@@ -492,7 +514,7 @@ def as_feed(x: Any, layout: FeedLayout, *, shuffle: bool | str = False,
         source = (_PassSource(x.local_global_batches, None, class_weight) if x.reiterable
                   else _IterableSource(x.local_global_batches(), class_weight))
         return GlobalFeed(source, layout, per_worker=True)
-    per_worker = policy is AutoShardPolicy.OFF and layout.num_processes > 1
+    per_worker = policy is AutoShardPolicy.OFF and layout.num_shares > 1
     if seam.is_keras_dataset(x):
         return _dataset_feed(x, layout, class_weight, policy)
     if _is_batch_list(x):  # batches come in the order given, as from a dataset
@@ -525,8 +547,8 @@ def _dataset_feed(x: Any, layout: FeedLayout, class_weight: dict[int, float] | N
     """The feed of a ``tf.data``, grain or torch input, read through Keras' own data adapter
     a fresh pass per epoch, and shared by the processes as ``tf.distribute`` shares it
     (``data.sharding``)."""
-    x, per_worker = sharding.shard_for_process(x, policy, layout.num_processes,
-                                               layout.process_rank)
+    x, per_worker = sharding.shard_for_process(x, policy, layout.num_shares,
+                                               layout.share_index)
     adapter = seam.keras_data_adapter(x, class_weight)
     return GlobalFeed(_PassSource(adapter.get_numpy_iterator, adapter.num_batches), layout,
                       per_worker=per_worker)

@@ -62,6 +62,7 @@ def install() -> None:
         model_method=methods.model_method,
         save_method=saving.save_method,
         load_weights_method=saving.load_weights_method,
+        get_weights_method=saving.get_weights_method,
         reset_metrics_method=metric_reset.reset_metrics_method,
         metrics_result_or_logs_method=epoch_logs.metrics_result_or_logs_method,
         make_step=methods.make_step,

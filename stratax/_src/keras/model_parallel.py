@@ -10,6 +10,11 @@ serves any strategy whose mesh has the axes it names: one program, any mesh.
 The strategies' Keras runners enter that distribution (``distribution_for``) in ``scope()`` and
 in every ``fit``/``evaluate``/``predict`` call.
 
+Across processes (``MultiWorkerMirroredStrategy(cores_per_replica=..., layout_map=...)``) a
+variable split over a mesh axis whose devices lie in several processes is held in parts: no
+process can read it whole. ``model.get_weights()`` and ``model.save`` gather such state into
+every process first when it fits (:func:`whole_values`), or refuse naming the fix.
+
 Example:
     >>> layout_map = keras.distribution.LayoutMap(None)     # re-homed onto the strategy's mesh
     >>> layout_map["dense.*kernel"] = (None, "core")        # split the output units over cores
@@ -19,13 +24,19 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
+import resource
 import weakref
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
+import jax
 import numpy as np
+from jax.experimental import multihost_utils
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 from keras import distribution as keras_distribution
 
 from stratax._src import seam
@@ -135,3 +146,81 @@ def _matching_rule(layout_map: Mapping[str, Any], path: str) -> str:
     # Keras matches whole paths (re.fullmatch); releases before 3.11 searched (re.search).
     return next((rule for match in (re.fullmatch, re.search) for rule in rules
                  if match(rule, path)), path)
+
+
+def held_in_parts(model: Any) -> list[Any]:
+    """The variables of ``model`` and its optimizer that no process holds whole (split over
+    devices of several processes)."""
+    optimizer = getattr(model, "optimizer", None)
+    variables = [*model.variables, *(optimizer.variables if optimizer is not None else ())]
+    unique = {id(v): v for v in variables}
+    return [v for v in unique.values()
+            if isinstance(v._value, jax.Array) and not v._value.is_fully_addressable
+            and not v._value.is_fully_replicated]
+
+
+@contextlib.contextmanager
+def whole_values(model: Any, what: str) -> Iterator[None]:
+    """Inside, every variable of :func:`held_in_parts` reads whole on every process: its value
+    is gathered (an all-gather over the processes) and put back afterwards.
+
+    A collective: every process enters it together, as every worker of a multi-worker program
+    calls ``model.save``/``get_weights`` (the chief writes). The processes agree first whether
+    the gathered copies fit in each one's memory.
+
+    Raises:
+        MemoryError: the gathered state would not fit in some process (``what`` names the
+            call); the message gives the sizes and the fix.
+    """
+    parts = held_in_parts(model)
+    if not parts:
+        yield
+        return
+    whole = sum(v._value.nbytes for v in parts)
+    # A replicated array holds a copy on each of this process's devices, and the host reads one.
+    needed = whole * (len(parts[0]._value.sharding.addressable_devices) + 1)
+    room = _memory_left()
+    fits = multihost_utils.process_allgather(np.asarray(room is None or needed <= room))
+    if not np.all(fits):
+        raise MemoryError(
+            f"{what} would gather {whole / 2**20:.1f} MiB of state that the workers hold in "
+            f"parts (variables split over several workers' devices by the strategy's "
+            f"layout_map, e.g. {parts[0].path!r}) into every worker, needing "
+            f"{needed / 2**20:.1f} MiB in each, more than some worker has left (this one: "
+            f"{'unknown' if room is None else f'{room / 2**20:.1f} MiB'}). Save the state in "
+            "parts instead, each worker writing its own (a sharded checkpoint), or read this "
+            "worker's parts with `variable.value.addressable_shards`."
+        )
+    originals = [v._value for v in parts]
+    gathered = _gather(originals)
+    for variable, value in zip(parts, gathered, strict=True):
+        variable._value = value
+    try:
+        yield
+    finally:
+        for variable, value in zip(parts, originals, strict=True):
+            variable._value = value
+
+
+def _gather(values: list[jax.Array]) -> list[jax.Array]:
+    """``values`` replicated on their meshes' devices (readable by every process)."""
+    shardings = [NamedSharding(v.sharding.mesh, P()) for v in values]
+    return jax.jit(lambda xs: xs, out_shardings=shardings)(values)
+
+
+def _memory_left() -> int | None:
+    """Bytes this process can still allocate: the smaller of the system's available memory
+    and what its ``RLIMIT_DATA`` leaves; ``None`` where neither can be read."""
+    limits = []
+    try:
+        with open("/proc/meminfo") as meminfo:
+            fields = dict(line.split(":", 1) for line in meminfo)
+        limits.append(int(fields["MemAvailable"].split()[0]) * 1024)
+        soft, _ = resource.getrlimit(resource.RLIMIT_DATA)
+        if soft != resource.RLIM_INFINITY:
+            with open("/proc/self/status") as status:
+                fields = dict(line.split(":", 1) for line in status if ":" in line)
+            limits.append(soft - int(fields["VmData"].split()[0]) * 1024)
+    except (OSError, KeyError, ValueError):
+        pass
+    return min(limits) if limits else None

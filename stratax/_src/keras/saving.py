@@ -20,7 +20,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from stratax._src.keras import binding, call_stack, checkpoint_io
+from stratax._src.keras import binding, call_stack, checkpoint_io, model_parallel
 from stratax._src.keras.runners.runner import runner_for
 
 
@@ -35,10 +35,23 @@ def save_method(original: Callable[..., Any]) -> Callable[..., Any]:
         if strategy is not None:
             runner_for(strategy).before_save(self)
         write = strategy is None or strategy.is_chief or call_stack.active() is None
-        with checkpoint_io.atomic_target(filepath, write=write) as target:
+        with checkpoint_io.atomic_target(filepath, write=write) as target, \
+                model_parallel.whole_values(self, f"model.{original.__name__}"):
             return original(self, target, *args, **kwargs)
 
     return save
+
+
+def get_weights_method(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``original`` (``Model.get_weights``) that reads state held in parts by several
+    processes (model parallelism across processes) whole, when it fits."""
+
+    @functools.wraps(original)
+    def get_weights(self: Any) -> Any:
+        with model_parallel.whole_values(self, "model.get_weights()"):
+            return original(self)
+
+    return get_weights
 
 
 def load_weights_method(original: Callable[..., Any]) -> Callable[..., Any]:

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
+import numpy as np
 
 from stratax._src import seam
 
@@ -92,9 +93,14 @@ def _name(device: jax.Device) -> str:
     return f"{device.platform}:{same.index(device)}"
 
 
-def local_replica_ids(devices: Sequence[jax.Device]) -> list[int]:
-    """Indices in ``devices`` of this process's devices (its replicas, in replica order)."""
-    return [i for i, d in enumerate(devices) if d.process_index == jax.process_index()]
+def local_replica_ids(replicas: Any) -> list[int]:
+    """Indices of the replicas with a device in this process, in replica order.
+
+    ``replicas``: one device per replica, or one row of devices (its cores) per replica.
+    """
+    here = jax.process_index()
+    return [i for i, cores in enumerate(replicas)
+            if any(d.process_index == here for d in np.atleast_1d(np.asarray(cores, object)))]
 
 
 def process_rank(devices: Sequence[jax.Device]) -> tuple[int, int]:

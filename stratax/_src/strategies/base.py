@@ -68,13 +68,17 @@ class Strategy:
         self._devices = list(devices)
         self._layout_map = layout_map
         cores = cores_per_replica or 1
-        self._local_ids = local_replica_ids(self._devices[::cores])
         self._process_rank, self._num_processes = process_rank(self._devices)
         grid = np.array(self._devices, dtype=object)
         if cores_per_replica is None:
             self._mesh = Mesh(grid, (REPLICA_AXIS,))
         else:
             self._mesh = Mesh(grid.reshape(-1, cores), (REPLICA_AXIS, CORE_AXIS))
+        replicas = grid.reshape(-1, cores)
+        # A replica whose cores span processes is local to each of them (model parallelism
+        # across processes): they feed it the same rows.
+        self._local_ids = local_replica_ids(replicas)
+        self._processes_per_replica = len({d.process_index for d in replicas[0]})
         self._cross_device_ops = transport.choose(self._mesh, cross_device_ops)
         self._replicated = NamedSharding(self._mesh, P())
         self._stacked = NamedSharding(self._mesh, P(REPLICA_AXIS))
@@ -111,6 +115,12 @@ class Strategy:
     def layout_map(self) -> Any:
         """The Keras ``LayoutMap`` that splits variables over the mesh, or ``None`` (mirrored)."""
         return self._layout_map
+
+    @property
+    def processes_per_replica(self) -> int:
+        """How many processes one replica's devices span: 1, unless model parallelism puts a
+        replica's cores on several processes (they then feed it the same rows)."""
+        return self._processes_per_replica
 
     @property
     def devices(self) -> tuple[jax.Device, ...]:

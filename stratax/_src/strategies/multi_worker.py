@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from typing import Any
 
 import jax
 
@@ -122,6 +123,42 @@ def _task_names(resolver: ClusterResolver, layout: ProcessLayout) -> dict[int, s
     return names
 
 
+def check_cores_per_replica(cores_per_replica: int | None, devices: list[jax.Device]) -> None:
+    """Refuses a ``cores_per_replica`` that does not group ``devices`` (process-major) into
+    replicas each inside one process or spanning whole processes.
+
+    Raises:
+        ValueError: naming the value, the device counts and what would fit.
+    """
+    if cores_per_replica is None:
+        return
+    per_process: dict[int, int] = {}
+    for device in devices:
+        per_process[device.process_index] = per_process.get(device.process_index, 0) + 1
+    local = per_process[jax.process_index()]
+    total = len(devices)
+    if (isinstance(cores_per_replica, bool) or not isinstance(cores_per_replica, int)
+            or cores_per_replica < 1 or total % cores_per_replica):
+        raise ValueError(
+            f"cores_per_replica={cores_per_replica!r} must be a positive integer dividing the "
+            f"{total} devices of the {len(per_process)} worker(s)."
+        )
+    if len(set(per_process.values())) > 1:
+        raise ValueError(
+            f"cores_per_replica={cores_per_replica} needs the same number of devices in every "
+            f"worker; they have {sorted(per_process.values())}. Give each worker as many "
+            "(e.g. STRATAX_CPU_DEVICES on CPU)."
+        )
+    if local % cores_per_replica and cores_per_replica % local:
+        fits = sorted({c for c in range(1, total + 1)
+                       if total % c == 0 and (local % c == 0 or c % local == 0)})
+        raise ValueError(
+            f"cores_per_replica={cores_per_replica} splits a replica unevenly between workers "
+            f"of {local} devices each: a replica must lie inside one worker or span whole "
+            f"workers. Use one of {fits}."
+        )
+
+
 class MultiWorkerMirroredStrategy(Strategy):
     """One replica per device of every worker process; gradients all-reduced across workers.
 
@@ -135,6 +172,14 @@ class MultiWorkerMirroredStrategy(Strategy):
         cluster_resolver: where the cluster comes from; auto-detected when ``None``.
         communication_options: timeouts, pack size and the transport
             (``CommunicationOptions(implementation=...)``).
+        cores_per_replica: Model parallelism across the workers' devices: replicas of this
+            many devices each (a ``("replica", "core")`` mesh over every device of every
+            worker, as ``MirroredStrategy``'s in one process). It divides each worker's device
+            count (replicas inside a worker) or is a multiple of it (a replica spanning whole
+            workers, which then feed it the same rows).
+        layout_map: A ``keras.distribution.LayoutMap`` splitting variables (and their optimizer
+            slots) over the mesh axes: a variable split over ``"core"`` (or ``"replica"``) is
+            held in parts by the workers whose devices hold them.
 
     Example:
         >>> strategy = sx.MultiWorkerMirroredStrategy()
@@ -148,6 +193,9 @@ class MultiWorkerMirroredStrategy(Strategy):
         self,
         cluster_resolver: ClusterResolver | None = None,
         communication_options: CommunicationOptions | None = None,
+        *,
+        cores_per_replica: int | None = None,
+        layout_map: Any = None,
     ) -> None:
         if seam.importing_main_for_a_child():
             raise RuntimeError(
@@ -177,7 +225,8 @@ class MultiWorkerMirroredStrategy(Strategy):
                 distributed.gathered_hosts(self._options.effective_timeout))
             distributed.runtime.task_names = _task_names(self._resolver, self._layout)
         devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
-        super().__init__(devices)
+        check_cores_per_replica(cores_per_replica, devices)
+        super().__init__(devices, cores_per_replica=cores_per_replica, layout_map=layout_map)
 
     @property
     def cluster_resolver(self) -> ClusterResolver:

@@ -58,6 +58,7 @@ class KerasRunner:
             process_rank=self.strategy.process_rank,
             num_processes=self.strategy.num_processes,
             replicate_all=method == "predict" and self.strategy.is_multi_process,
+            processes_per_replica=getattr(self.strategy, "processes_per_replica", 1),
         )
 
     def batches(self, local_batches: Iterator[tuple[Any, bool]]) -> Iterator[Any]:
