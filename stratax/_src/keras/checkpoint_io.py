@@ -19,12 +19,13 @@ that restore into any process count and layout.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
 import shutil
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from stratax._src import seam
 from stratax._src.core.files import (
     fsync_directory,
     hold_directory,
@@ -86,6 +88,39 @@ def save_sharded(directory: str | os.PathLike[str], arrays: Mapping[str, np.ndar
     finally:
         if held is not None:
             os.close(held)
+
+
+def held_in_parts(variables: Mapping[str, Any]) -> set[str]:
+    """The names in ``variables`` whose values no process holds whole (split over several
+    processes' devices): each process writes its own shards of them."""
+    return {name for name, v in variables.items()
+            if sharded_state.is_sharded(seam.held_value(v))}
+
+
+def writes_whole(is_chief: bool, sharded: Collection[str]) -> bool:
+    """Whether this process writes the whole arrays and the metadata of a save: the chief, or
+    process 0 (which commits) when some state is held in parts."""
+    return jax.process_index() == 0 if sharded else is_chief
+
+
+def prepare_save(directory: str | os.PathLike[str], variables: Mapping[str, Any],
+                 meta: Callable[[], dict[str, Any]], sharded: Collection[str],
+                 is_chief: bool) -> Callable[[], Path | None] | None:
+    """Copies to host memory what this process writes of ``variables`` (by entry name) and
+    returns the write, to run now or in a background thread (the copy is taken now: the next
+    step may donate the variables' buffers); ``None`` when this process writes nothing.
+    ``sharded`` names the entries held in parts (``held_in_parts``); ``meta`` is called on the
+    process that writes the metadata."""
+    whole = writes_whole(is_chief, sharded)
+    if not whole and not sharded:
+        return None
+    arrays = {name: np.array(v.value, copy=True) for name, v in variables.items()
+              if name not in sharded} if whole else {}
+    info = meta() if whole else {}
+    if not sharded:
+        return functools.partial(save, directory, arrays, info)
+    parts = {name: sharded_state.local_parts(variables[name].value) for name in sharded}
+    return functools.partial(save_sharded, directory, arrays, parts, info, list(variables))
 
 
 def _commit(root: Path, arrays: Mapping[str, np.ndarray], meta: dict[str, Any],
