@@ -59,15 +59,17 @@ def save(directory: str | os.PathLike[str], arrays: Mapping[str, np.ndarray],
 
 def save_sharded(directory: str | os.PathLike[str], arrays: Mapping[str, np.ndarray],
                  parts: Mapping[str, sharded_state.Parts], meta: dict[str, Any],
-                 order: list[str]) -> Path | None:
+                 order: list[str], tag: str | None = None) -> Path | None:
     """Writes a new checkpoint version whose ``parts`` are arrays sharded over processes:
     called by every process (at the same point of the run), each with its own pieces; process
     0 gives ``arrays`` (the whole ones, by name) and ``meta``, waits for every process's
     pieces, commits the version and returns its directory (the others return ``None`` once it
-    is committed). ``order`` lists every entry name in the order ``load`` returns them."""
+    is committed). ``order`` lists every entry name in the order ``load`` returns them;
+    ``tag`` names the save (``sharded_state.next_tag()``, taken now by default)."""
     root = Path(directory)
     root.mkdir(parents=True, exist_ok=True)
-    tag, staging, held = sharded_state.stage(root, parts)
+    tag = sharded_state.next_tag() if tag is None else tag
+    staging, held = sharded_state.stage(root, parts, tag)
     try:
         if jax.process_index() != 0:
             sharded_state.wait_for_commit(tag, root)
@@ -120,7 +122,8 @@ def prepare_save(directory: str | os.PathLike[str], variables: Mapping[str, Any]
     if not sharded:
         return functools.partial(save, directory, arrays, info)
     parts = {name: sharded_state.local_parts(variables[name].value) for name in sharded}
-    return functools.partial(save_sharded, directory, arrays, parts, info, list(variables))
+    return functools.partial(save_sharded, directory, arrays, parts, info, list(variables),
+                             sharded_state.next_tag())
 
 
 def _commit(root: Path, arrays: Mapping[str, np.ndarray], meta: dict[str, Any],

@@ -92,17 +92,24 @@ _run_ids: dict[int, str] = {}
 _saves_started = [0]  # per process; every process saves in the same order
 
 
-def stage(root: Path, parts: Mapping[str, Parts]) -> tuple[str, Path, int | None]:
-    """Writes this process's pieces of ``parts`` into the staging directory of the next save
-    (shared by all processes), each file flushed to disk, then its index; returns the save's
-    tag, the directory, and a descriptor holding the directory's shared lock (close it once the
-    version is committed: until then no clean-up removes the directory)."""
+def next_tag() -> str:
+    """The name of the next save, the same in every process: call it where every process
+    saves in the same order (the training thread), not in a background writer."""
     client = seam.distributed_client()
     if client is None:
         raise RuntimeError("Arrays sharded over processes need jax.distributed; this process "
                            "has no coordination-service client.")
     tag = f"{_run_id(client)}-{_saves_started[0]}"
     _saves_started[0] += 1
+    return tag
+
+
+def stage(root: Path, parts: Mapping[str, Parts], tag: str) -> tuple[Path, int | None]:
+    """Writes this process's pieces of ``parts`` into the staging directory of save ``tag``
+    (shared by all processes), each file flushed to disk, then its index; returns the
+    directory and a descriptor holding its shared lock (close it once the version is
+    committed: until then no clean-up removes the directory)."""
+    client = seam.distributed_client()
     staging = root / f".staging-sharded-{tag}"
     process = jax.process_index()
     key = f"{_KEY}/{tag}/written/{process}"
@@ -117,7 +124,7 @@ def stage(root: Path, parts: Mapping[str, Parts]) -> tuple[str, Path, int | None
         client.key_value_set(key, f"{type(err).__name__}: {err}")
         raise
     client.key_value_set(key, "ok")
-    return tag, staging, held
+    return staging, held
 
 
 def _write_pieces(staging: Path, process: int, parts: Mapping[str, Parts]) -> None:
