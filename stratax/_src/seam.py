@@ -9,6 +9,8 @@ written), what for, and which stratax module relies on it:
 - ``keras.Model.{save, save_weights}`` (replaced): atomic, chief-only saves. -> ``keras.saving``
 - ``keras.Model.load_weights`` (replaced): the optimizer is built first, so its saved state
   loads (as TensorFlow restores slots). -> ``keras.saving``
+- ``keras.src.backend.jax.core.should_shard_at_init`` (wrapped): a variable split over several
+  processes built shard by shard, never whole in one process. -> ``keras.model_parallel``
 - ``keras.Model.get_weights`` (replaced), and ``Variable._value`` (read and written, by saves
   too): state held in parts by several processes gathered whole for the call, when it fits.
   -> ``keras.saving``, ``keras.model_parallel``
@@ -231,7 +233,29 @@ def install_keras_hooks(
         return epoch_batches(self.data_adapter, lambda: original_get_iterator(self))
 
     iterator_class._get_iterator = _get_iterator
+    _shard_split_variables_at_init()
     setattr(trainer, _HOOKED, True)
+
+
+def _shard_split_variables_at_init() -> None:
+    """Makes Keras build a variable that its layout splits over several processes shard by
+    shard, each process only its own (Keras does that only for variables of 250 MB or more;
+    otherwise each process builds the whole value, and JAX's placement gathers it all again
+    to check that the processes agree). Keras releases without ``should_shard_at_init``
+    (3.10) keep building whole values: correct, with more memory at creation."""
+    from keras.src.backend.jax import core as jax_core
+
+    original = getattr(jax_core, "should_shard_at_init", None)
+    if original is None:
+        return
+
+    @functools.wraps(original)
+    def should_shard_at_init(init_layout: Any, shape: Any) -> bool:
+        split_over_processes = (not getattr(init_layout, "is_fully_addressable", True)
+                                and not getattr(init_layout, "is_fully_replicated", True))
+        return split_over_processes or original(init_layout, shape)
+
+    jax_core.should_shard_at_init = should_shard_at_init
 
 
 # --------------------------------------------------------------------------- Keras: helpers

@@ -100,7 +100,16 @@ class _Placement:
     def __init__(self, mesh: Mesh, static_shapes: bool = False) -> None:
         self.static_shapes = static_shapes
         # One device per replica: a ("replica", "core") mesh's replica spans a row of cores.
-        devices = list(mesh.devices.reshape(mesh.devices.shape[0], -1)[:, 0])
+        rows = mesh.devices.reshape(mesh.devices.shape[0], -1)
+        spanning = len({d.process_index for d in rows[0]})
+        if spanning > 1:
+            raise ValueError(
+                f"Each replica's {rows.shape[1]} cores span {spanning} workers "
+                f"(cores_per_replica larger than a worker's devices): a distributed dataset "
+                "for a custom loop cannot feed such replicas yet. Train with model.fit, which "
+                "does, or use a cores_per_replica that divides each worker's device count."
+            )
+        devices = list(rows[:, 0])
         self.num_replicas = len(devices)
         self.local_replicas = local_replica_ids(devices)
         self.sharding = NamedSharding(mesh, P(_REPLICA_AXIS))
