@@ -1,10 +1,13 @@
 """Worker program for the fault-tolerance tests: multi-worker fit with step-level backups.
 
-Usage: python mwms_backup_program.py OUT_DIR BACKUP_DIR MODE STEP
+Usage: python mwms_backup_program.py OUT_DIR BACKUP_DIR MODE STEP [split]
 MODE: "none" (uninterrupted), "kill9" (worker 1 is SIGKILLed at its STEP-th step of the first
 start), "sigterm" (worker 1 receives SIGTERM at that step: a preemption), or faults joined by
 "+" ("kill9+sigterm"): the first on the first start, the second on the first restart, ...
-Each worker writes OUT_DIR/weights_<worker>.npz when training completes.
+"split" (2 devices per worker): ``cores_per_replica=2`` and a ``layout_map`` that splits the
+first kernel over the workers, so each holds half of it and the backups are written in parts.
+Each worker writes OUT_DIR/weights_<worker>.npz when training completes, and prints
+"start iterations <n>" once the backup (if any) is restored.
 """
 
 import os
@@ -12,47 +15,70 @@ import signal
 import sys
 import time
 
+import keras
+import numpy as np
+from data import GLOBAL_BATCH, make_data
+
 import stratax as sx
 
-strategy = sx.MultiWorkerMirroredStrategy(
-    communication_options=sx.CommunicationOptions(timeout_seconds=30))
 
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
-from data import GLOBAL_BATCH, make_data  # noqa: E402
+def split_layout():
+    """The first kernel's rows split over the workers' replicas (FSDP) and its columns over
+    each worker's 2 cores; the second kernel's rows over the cores."""
+    layout_map = keras.distribution.LayoutMap(None)
+    layout_map[".*dense/kernel"] = ("replica", "core")
+    layout_map[".*dense_1/kernel"] = ("core", None)
+    return layout_map
 
-out_dir, backup_dir, mode, step = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
-restart = int(os.environ.get("STRATAX_RESTART_COUNT", "0"))
-faults = mode.split("+")
-fault = faults[restart] if restart < len(faults) else "none"
+
+def train(strategy, callbacks=()):
+    """The run every test of this program trains: 3 epochs of 19 steps with dropout."""
+    x, y = make_data(n=300)
+    keras.utils.set_random_seed(21)
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((10,)), keras.layers.Dense(32, activation="relu"),
+                                  keras.layers.Dropout(0.2), keras.layers.Dense(4)])
+        model.compile(optimizer="adam", metrics=["accuracy"],
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(x, y, epochs=3, batch_size=GLOBAL_BATCH, verbose=0, callbacks=list(callbacks))
+    return model
 
 
 class Fault(keras.callbacks.Callback):
-    def __init__(self):
+    def __init__(self, strategy, fault, step, split):
         super().__init__()
+        self.strategy, self.fault, self.step, self.split = strategy, fault, step, split
         self.seen = 0
+
+    def on_train_begin(self, logs=None):  # after the backup's: the restored count
+        print("start iterations", int(self.model.optimizer.iterations.numpy()), flush=True)
+        kernel = self.model.layers[0].kernel.value  # held in parts by the workers, if split
+        assert (not kernel.is_fully_addressable and not kernel.is_fully_replicated) \
+            == self.split
 
     def on_train_batch_end(self, batch, logs=None):
         self.seen += 1
-        if strategy.worker_index != 1 or self.seen != step:
+        if self.strategy.worker_index != 1 or self.seen != self.step:
             return
-        if fault == "kill9":
+        if self.fault == "kill9":
             os.kill(os.getpid(), signal.SIGKILL)
-        if fault == "sigterm":
+        if self.fault == "sigterm":
             os.kill(os.getpid(), signal.SIGTERM)
             # JAX's notifier looks at its SIGTERM flag once a second: without this pause the
             # rest of this short run can end before the workers agree on a step to save at.
             time.sleep(3)
 
 
-x, y = make_data(n=300)
-keras.utils.set_random_seed(21)
-with strategy.scope():
-    model = keras.Sequential([keras.Input((10,)), keras.layers.Dense(32, activation="relu"),
-                              keras.layers.Dropout(0.2), keras.layers.Dense(4)])
-    model.compile(optimizer="adam", metrics=["accuracy"],
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-backup = sx.BackupAndRestore(backup_dir, save_freq=3)
-model.fit(x, y, epochs=3, batch_size=GLOBAL_BATCH, verbose=0, callbacks=[backup, Fault()])
-np.savez(os.path.join(out_dir, f"weights_{strategy.worker_index}.npz"), *model.get_weights())
-print("completed", strategy.worker_index, flush=True)
+if __name__ == "__main__":
+    out_dir, backup_dir, mode, step = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+    split = sys.argv[5:] == ["split"]
+    restart = int(os.environ.get("STRATAX_RESTART_COUNT", "0"))
+    faults = mode.split("+")
+    strategy = sx.MultiWorkerMirroredStrategy(
+        cores_per_replica=2 if split else None, layout_map=split_layout() if split else None,
+        communication_options=sx.CommunicationOptions(timeout_seconds=30))
+    fault = Fault(strategy, faults[restart] if restart < len(faults) else "none", step, split)
+    model = train(strategy, [sx.BackupAndRestore(backup_dir, save_freq=3), fault])
+    np.savez(os.path.join(out_dir, f"weights_{strategy.worker_index}.npz"),
+             *model.get_weights())
+    print("completed", strategy.worker_index, flush=True)

@@ -20,6 +20,7 @@ from conftest import (
     worker_env,
 )
 from data import GLOBAL_BATCH, make_data, make_model
+from mwms_backup_program import split_layout, train
 
 import stratax as sx
 from stratax._src.launch import launch
@@ -161,24 +162,37 @@ def test_workers_that_never_join_are_named_within_the_timeout(workers):
             f"every task joined; expected: worker 1 ({cluster['worker'][1]})") in output
 
 
-def _interrupted_run_resumes_to_the_uninterrupted_weights(tmp_path, mode, step):
-    """Runs the backup program uninterrupted and with ``mode`` (faults joined by ``+``, one
-    per start) at ``step`` (launcher restarts and step-level backups): the interrupted run's
-    final weights equal the uninterrupted one's. Returns the failures the launcher recorded
-    for the interrupted run."""
+def _interrupted_run_resumes_to_the_uninterrupted_weights(tmp_path, mode, step, split=False):
+    """Runs the backup program with ``mode`` (faults joined by ``+``, one per start) at
+    ``step`` (launcher restarts and step-level backups): the last start resumes from a backup
+    and the run's final weights equal the uninterrupted run's (the same program launched
+    again; with ``split``, 2 devices per worker and a kernel held in parts by the workers,
+    ``MirroredStrategy`` with the same layout on 4 devices here, to float rounding). Returns
+    the failures the launcher recorded for the interrupted run."""
     faults = len(mode.split("+"))
+    extra, env = (["split"], {"STRATAX_CPU_DEVICES": "2"}) if split else ([], None)
     results = {}
-    for name, at in (("none", 0), (mode, step)):
+    for name, at in ((mode, step),) if split else (("none", 0), (mode, step)):
         out = tmp_path / name
         out.mkdir()
-        results[name] = _launch(["mwms_backup_program.py", out, out / "backup", name, at],
-                                tmp_path, nproc_per_node=2, max_restarts=faults, timeout=300)
+        results[name] = _launch(["mwms_backup_program.py", out, out / "backup", name, at,
+                                 *extra], tmp_path, env=env, nproc_per_node=2,
+                                max_restarts=faults, timeout=300)
         assert results[name].ok, results[name].summary
-    assert results["none"].restarts == 0
     assert results[mode].restarts == faults
-    reference = load_weights(tmp_path / "none" / "weights_0.npz")
+    for worker in (0, 1):  # the outputs of the last start
+        (start,) = [line for line in results[mode].outputs[worker] if "start iterations" in line]
+        assert int(start.split()[-1]) > 0, start
+    if split:
+        reference = train(sx.MirroredStrategy([f"cpu:{i}" for i in range(4)],
+                                              cores_per_replica=2,
+                                              layout_map=split_layout())).get_weights()
+    else:
+        assert results["none"].restarts == 0
+        reference = load_weights(tmp_path / "none" / "weights_0.npz")
     for worker in (0, 1):
-        assert_same_weights(load_weights(tmp_path / mode / f"weights_{worker}.npz"), reference)
+        assert_same_weights(load_weights(tmp_path / mode / f"weights_{worker}.npz"), reference,
+                            tol=1e-5 if split else 0.0)
     return results[mode].failures
 
 
@@ -200,6 +214,16 @@ def test_kill_9_at_a_random_step_resumes_to_the_uninterrupted_weights(tmp_path):
     """SIGKILL of a worker mid-epoch, at a random step (the default test kills at step 8)."""
     step = int(np.random.default_rng().integers(4, 14))
     (killed,) = _interrupted_run_resumes_to_the_uninterrupted_weights(tmp_path, "kill9", step)
+    assert killed.signal_name == "SIGKILL"
+
+
+@pytest.mark.timeout(420)
+def test_kill_9_of_a_worker_holding_half_a_kernel_resumes_to_the_uninterrupted_weights(tmp_path):
+    """2 workers x 2 devices, a layout_map splitting a kernel (and its Adam slots) over the
+    workers: each backup is written in parts, every worker its own shards; worker 1 SIGKILLed
+    mid-epoch, the group relaunched, the resumed run ends at the uninterrupted weights."""
+    (killed,) = _interrupted_run_resumes_to_the_uninterrupted_weights(tmp_path, "kill9", 8,
+                                                                      split=True)
     assert killed.signal_name == "SIGKILL"
 
 

@@ -10,22 +10,30 @@ POSIX), and only then removes older versions. Arrays go into ``state.npz`` (nump
 each under its name (``np.load(".../state.npz")["model/sequential/dense/kernel"]``); metadata
 into ``meta.json``. Versions written before names existed hold ``arr_0``, ``arr_1``, ... in
 order.
+
+State sharded over processes (``save_sharded``): every process writes its own shards into one
+staging directory, and process 0 commits the version as above once all of them are on disk
+(``sharded_state``); its ``meta.json`` lists those entries, which ``load`` returns as readers
+that restore into any process count and layout.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
 import shutil
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import jax
 import numpy as np
 
+from stratax._src import seam
 from stratax._src.core.files import (
     fsync_directory,
     hold_directory,
@@ -33,6 +41,7 @@ from stratax._src.core.files import (
     remove_stale_temporaries,
     write_atomically,
 )
+from stratax._src.keras import sharded_state
 
 _LATEST = "latest"
 _VERSION = re.compile(r"ckpt-\d+")  # the only names ``latest`` may hold
@@ -44,17 +53,96 @@ def save(directory: str | os.PathLike[str], arrays: Mapping[str, np.ndarray],
     directory."""
     root = Path(directory)
     root.mkdir(parents=True, exist_ok=True)
+    remove_stale(root, ".staging-")   # of a writer killed mid-save
+    return _commit(root, arrays, meta)
+
+
+def save_sharded(directory: str | os.PathLike[str], arrays: Mapping[str, np.ndarray],
+                 parts: Mapping[str, sharded_state.Parts], meta: dict[str, Any],
+                 order: list[str], tag: str | None = None) -> Path | None:
+    """Writes a new checkpoint version whose ``parts`` are arrays sharded over processes:
+    called by every process (at the same point of the run), each with its own pieces; process
+    0 gives ``arrays`` (the whole ones, by name) and ``meta``, waits for every process's
+    pieces, commits the version and returns its directory (the others return ``None`` once it
+    is committed). ``order`` lists every entry name in the order ``load`` returns them;
+    ``tag`` names the save (``sharded_state.next_tag()``, taken now by default)."""
+    root = Path(directory)
+    root.mkdir(parents=True, exist_ok=True)
+    tag = sharded_state.next_tag() if tag is None else tag
+    staging, held = sharded_state.stage(root, parts, tag)
+    try:
+        if jax.process_index() != 0:
+            sharded_state.wait_for_commit(tag, root)
+            return None
+        try:
+            sharded_state.wait_for_peers(tag, root)
+            meta = {**meta, "processes": jax.process_count(), "order": order,
+                    "sharded": {name: {"shape": list(part.shape), "dtype": part.dtype}
+                                for name, part in parts.items()}}
+            final = _commit(root, arrays, meta, staging)
+            remove_stale(root, ".staging-")   # of a job killed mid-save
+        except BaseException as err:
+            shutil.rmtree(staging, ignore_errors=True)
+            sharded_state.announce(tag, f"{type(err).__name__}: {err}")
+            raise
+        sharded_state.announce(tag, "ok")
+        return final
+    finally:
+        if held is not None:
+            os.close(held)
+
+
+def held_in_parts(variables: Mapping[str, Any]) -> set[str]:
+    """The names in ``variables`` whose values no process holds whole (split over several
+    processes' devices): each process writes its own shards of them."""
+    return {name for name, v in variables.items()
+            if sharded_state.is_sharded(seam.held_value(v))}
+
+
+def writes_whole(is_chief: bool, sharded: Collection[str]) -> bool:
+    """Whether this process writes the whole arrays and the metadata of a save: the chief, or
+    process 0 (which commits) when some state is held in parts."""
+    return jax.process_index() == 0 if sharded else is_chief
+
+
+def prepare_save(directory: str | os.PathLike[str], variables: Mapping[str, Any],
+                 meta: Callable[[], dict[str, Any]], sharded: Collection[str],
+                 is_chief: bool) -> Callable[[], Path | None] | None:
+    """Copies to host memory what this process writes of ``variables`` (by entry name) and
+    returns the write, to run now or in a background thread (the copy is taken now: the next
+    step may donate the variables' buffers); ``None`` when this process writes nothing.
+    ``sharded`` names the entries held in parts (``held_in_parts``); ``meta`` is called on the
+    process that writes the metadata."""
+    whole = writes_whole(is_chief, sharded)
+    if not whole and not sharded:
+        return None
+    arrays = {name: np.array(v.value, copy=True) for name, v in variables.items()
+              if name not in sharded} if whole else {}
+    info = meta() if whole else {}
+    if not sharded:
+        return functools.partial(save, directory, arrays, info)
+    parts = {name: sharded_state.local_parts(variables[name].value) for name in sharded}
+    return functools.partial(save_sharded, directory, arrays, parts, info, list(variables),
+                             sharded_state.next_tag())
+
+
+def _commit(root: Path, arrays: Mapping[str, np.ndarray], meta: dict[str, Any],
+            staging: Path | None = None) -> Path:
+    """Writes ``arrays`` and ``meta`` into ``staging`` (which may already hold shards; by
+    default a new locked ``.staging-*`` directory), flushes it, moves it into place as the next
+    version and records that as ``latest``; then removes the older versions. On failure the
+    previous version stays the latest."""
     current = latest_version(root)
     number = 0 if current is None else int(current.name.split("-")[1]) + 1
     final = root / f"ckpt-{number}"
-    remove_stale(root, ".staging-")   # of a writer killed mid-save
     if final.exists():  # moved into place by a writer killed before it recorded it as latest
         shutil.rmtree(final)
     remove_stale_temporaries(root / _LATEST)
-    staging, held = None, None
+    held = None
     try:
-        staging = Path(tempfile.mkdtemp(dir=root, prefix=".staging-"))
-        held = hold_directory(staging)
+        if staging is None:
+            staging = Path(tempfile.mkdtemp(dir=root, prefix=".staging-"))
+            held = hold_directory(staging)
         with open(staging / "state.npz", "wb") as f:
             np.savez(f, **arrays)
             _flush(f)
@@ -112,16 +200,26 @@ def latest_version(directory: str | os.PathLike[str]) -> Path | None:
 
 
 def load(directory: str | os.PathLike[str]
-         ) -> tuple[dict[str, np.ndarray], dict[str, Any]] | None:
+         ) -> tuple[dict[str, Any], dict[str, Any]] | None:
     """The arrays (by name, in the order written) and metadata of the latest checkpoint, or
-    ``None`` if there is none."""
+    ``None`` if there is none. An array that was sharded over processes comes as a
+    ``sharded_state.Entry``, read when assigned (``assign``)."""
     version = latest_version(directory)
     if version is None:
         return None
     meta = json.loads((version / "meta.json").read_text())
     with np.load(version / "state.npz", allow_pickle=False) as data:
-        arrays = {name: data[name] for name in data.files}
+        arrays: dict[str, Any] = {name: data[name] for name in data.files}
+    if "sharded" in meta:
+        arrays.update(sharded_state.read_entries(version, meta["sharded"], meta["processes"]))
+        arrays = {name: arrays[name] for name in meta["order"]}
     return arrays, meta
+
+
+def assign(variable: Any, value: Any) -> None:
+    """Assigns a loaded array (NumPy or ``sharded_state.Entry``) to ``variable``: a variable
+    sharded over processes reads only its own shards, whatever layout wrote them."""
+    variable.assign(sharded_state.value_for(variable, value))
 
 
 def _flush(f: Any) -> None:

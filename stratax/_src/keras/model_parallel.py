@@ -188,8 +188,10 @@ def whole_values(model: Any, what: str) -> Iterator[None]:
             f"layout_map, e.g. {parts[0].path!r}) into every worker, needing "
             f"{needed / 2**20:.1f} MiB in each, more than some worker has left (this one: "
             f"{'unknown' if room is None else f'{room / 2**20:.1f} MiB'}). Save the state in "
-            "parts instead, each worker writing its own (a sharded checkpoint), or read this "
-            "worker's parts with `variable.value.addressable_shards`."
+            "parts instead, each worker writing its own: `sx.BackupAndRestore(dir)` in `fit` "
+            "does (a backup in parts restores into any number of workers, so a run on hosts "
+            "with room for the whole model can restore it and `model.save` there); or read "
+            "this worker's parts with `variable.value.addressable_shards`."
         )
     originals = [v._value for v in parts]
     gathered = _gather(originals)

@@ -5,7 +5,8 @@ go through ``fit`` (where ``sx.BackupAndRestore`` does the same job). A SIGTERM 
 preemption notice, or ``kill``) makes every worker agree on a step, the step JAX's preemption
 service picks (``multihost_utils.reached_preemption_sync_point``, as ``sx.BackupAndRestore``
 uses it); there, at the end of a ``run`` call, the chief writes a checkpoint of the given Keras
-objects and of ``total_run_calls`` (``keras.checkpoint_io``: atomic, versioned), every worker
+objects and of ``total_run_calls`` (``keras.checkpoint_io``: atomic, versioned; state split over
+several workers' devices is written by every worker, each its own shards), every worker
 waits for it, and the program exits with ``PREEMPTION_EXIT_CODE`` (or calls
 ``TerminationConfig.exit_fn``). Made again after the restart, the handler restores the latest
 checkpoint, so the loop resumes at ``total_run_calls``.
@@ -21,7 +22,6 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import keras
-import numpy as np
 from jax.experimental import multihost_utils
 
 from stratax._src.cluster.process_layout import process_layout
@@ -203,11 +203,15 @@ class PreemptionCheckpointHandler:
     def _save(self) -> None:
         if self._config.save_fn is not None:
             self._config.save_fn()
-        elif self._is_chief:
-            # A copy: a later step may donate (reuse) the buffers of the variables' values.
-            arrays = {name: np.array(v.value, copy=True) for name, v in self._variables.items()}
-            checkpoint_io.save(self._dir, arrays,
-                               {"format": _FORMAT, "total_run_calls": self._run_calls})
+        else:
+            sharded = (checkpoint_io.held_in_parts(self._variables) if self._multi_process
+                       else set())
+            write = checkpoint_io.prepare_save(
+                self._dir, self._variables,
+                lambda: {"format": _FORMAT, "total_run_calls": self._run_calls}, sharded,
+                self._is_chief)
+            if write is not None:
+                write()
         if self._multi_process:  # no worker leaves before the chief's checkpoint is complete
             multihost_utils.sync_global_devices("stratax preemption checkpoint saved")
 
@@ -223,6 +227,6 @@ class PreemptionCheckpointHandler:
         where = f"The checkpoint in {self._dir!r} (build the optimizer before the handler)"
         for variable, value in checkpoint_io.match(arrays, self._variables, where,
                                                    "checkpoint_dir"):
-            variable.assign(value)
+            checkpoint_io.assign(variable, value)
         self._run_calls = int(meta["total_run_calls"])
         logger.info("Restored %s at run call %d.", self._dir, self._run_calls)

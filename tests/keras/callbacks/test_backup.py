@@ -14,7 +14,7 @@ import pytest
 from kill_mid_write import kill_while_writing
 
 import stratax as sx
-from stratax._src.keras import checkpoint_io
+from stratax._src.keras import checkpoint_io, sharded_state
 from stratax._src.keras.callbacks.backup import wait_for_writes
 from stratax._src.keras.checkpoint_io import match
 
@@ -102,9 +102,10 @@ def test_sigterm_saves_and_exits_with_preemption_code(tmp_path):
         np.testing.assert_array_equal(got, want)
 
 
-def _crash_and_rewrite(tmp_path, strategy, rewrite, named=False):
+def _crash_and_rewrite(tmp_path, strategy, rewrite, named=False, write=checkpoint_io.save):
     """Trains 2 epochs with a crash at step 10 (backups every 4), lets ``rewrite(arrays, meta)``
-    change the backup, resumes, and checks the result equals an uninterrupted run."""
+    change the backup (written again by ``write(directory, arrays, meta)``), resumes, and
+    checks the result equals an uninterrupted run."""
     x, y = _data()
     reference = _model(strategy, named)
     reference.fit(x, y, batch_size=16, epochs=2, verbose=0,
@@ -115,7 +116,7 @@ def _crash_and_rewrite(tmp_path, strategy, rewrite, named=False):
             sx.BackupAndRestore(str(backup), save_freq=4), _FailAt(10, _raise)])
     wait_for_writes(str(backup))
     arrays, meta = checkpoint_io.load(backup)
-    checkpoint_io.save(backup, *rewrite(arrays, meta))
+    write(backup, *rewrite(arrays, meta))
     resumed = _model(strategy, named)
     resumed.fit(x, y, batch_size=16, epochs=2, verbose=0,
                 callbacks=[sx.BackupAndRestore(str(backup), save_freq=4)])
@@ -156,6 +157,39 @@ def test_a_backup_of_the_positional_format_still_resumes_exactly(tmp_path):
                 {**meta, "format": 1, "shapes": [list(a.shape) for a in arrays.values()]})
 
     _crash_and_rewrite(tmp_path, sx.OneDeviceStrategy("cpu:0"), positional)
+
+
+def _write_as_two_processes(backup, arrays, meta):
+    """Writes ``arrays`` as 2 processes write state held in parts: each matrix split by rows,
+    each half in its own process's files (``p<i>-<n>.npy``, ``p<i>.json``), the rest whole."""
+    staging = backup / ".staging-sharded-test"
+    staging.mkdir()
+    matrices = [name for name, a in arrays.items() if a.ndim == 2]
+    for process in (0, 1):
+        parts = {}
+        for name in matrices:
+            whole, half = arrays[name], arrays[name].shape[0] // 2
+            start = 0 if process == 0 else half
+            rows = whole[:half] if process == 0 else whole[half:]
+            parts[name] = sharded_state.Parts(whole.shape, whole.dtype.name, [((start, 0), rows)])
+        sharded_state._write_pieces(staging, process, parts)
+    meta = {**meta, "processes": 2, "order": list(arrays),
+            "sharded": {name: {"shape": list(arrays[name].shape), "dtype": "float32"}
+                        for name in matrices}}
+    version = checkpoint_io._commit(backup, {n: a for n, a in arrays.items()
+                                             if n not in matrices}, meta, staging)
+    with np.load(version / "state.npz") as whole_arrays:
+        assert not set(whole_arrays.files) & set(matrices)
+
+
+def test_a_backup_written_in_parts_by_two_processes_resumes_in_one(tmp_path):
+    """A backup of state held in parts (model parallelism over 2 workers) restores into one
+    process whole, and the run ends as the uninterrupted one; the multi-process writes are
+    tests/multiprocess/test_sharded_checkpoint.py's."""
+    arrays = _crash_and_rewrite(tmp_path, sx.OneDeviceStrategy("cpu:0"),
+                                lambda arrays, meta: (arrays, meta),
+                                write=_write_as_two_processes)
+    assert sum(a.ndim == 2 for a in arrays.values()) == 6  # 2 kernels, with Adam's m and v
 
 
 def test_failed_save_leaves_previous_checkpoint_intact(tmp_path, monkeypatch):
@@ -274,7 +308,7 @@ def test_a_full_disk_during_a_backup_names_the_path_and_keeps_the_previous_one(t
 _SAVER = """
 import sys
 import numpy as np
-from stratax._src.keras import checkpoint_io
+from stratax._src.keras import checkpoint_io, sharded_state
 from stratax._src.keras.callbacks.backup import wait_for_writes
 
 checkpoint_io.save(sys.argv[1], {"w": np.zeros(4 << 20, np.float32)}, {"step": 0})

@@ -11,7 +11,10 @@ Preemption: a SIGTERM to any worker makes all workers agree on a step (JAX's pre
 point in multi-process runs, a signal flag in one process), save there, and exit with
 ``PREEMPTION_EXIT_CODE``; ``stratax launch --max-restarts K`` then restarts the group, which
 resumes from that backup. Only the chief writes, atomically (see ``checkpoint_io``); every
-worker reads the same directory, so it must be shared between hosts (as in TensorFlow).
+worker reads the same directory, so it must be shared between hosts (as in TensorFlow). State
+that no process holds whole (a ``layout_map`` splitting variables over several workers'
+devices) is written by every worker, each its own shards, and committed once all are on disk
+(``sharded_state``); it restores into any number of workers and any layout.
 
 Saves do not stall training: the step copies the state to host memory (a memcpy) and a
 background thread writes it, one save at a time; the next save, the end of ``fit``, a
@@ -26,6 +29,7 @@ import logging
 import os
 import shutil
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import keras
@@ -50,19 +54,18 @@ _pending_lock = threading.Lock()
 
 
 class _Write:
-    """One backup written by its own (non-daemon: it finishes before Python exits) thread."""
+    """One backup written by its own (non-daemon: it finishes before Python exits) thread,
+    which calls ``write()``."""
 
-    def __init__(self, backup_dir: str, arrays: dict[str, np.ndarray],
-                 meta: dict[str, Any]) -> None:
+    def __init__(self, write: Callable[[], Any]) -> None:
         self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, args=(backup_dir, arrays, meta),
+        self.thread = threading.Thread(target=self._run, args=(write,),
                                        name="stratax-backup-write")
         self.thread.start()
 
-    def _run(self, backup_dir: str, arrays: dict[str, np.ndarray],
-             meta: dict[str, Any]) -> None:
+    def _run(self, write: Callable[[], Any]) -> None:
         try:
-            checkpoint_io.save(backup_dir, arrays, meta)
+            write()
         except BaseException as err:  # raised by wait_for_writes, in the training thread
             self.error = err
 
@@ -110,6 +113,7 @@ class BackupAndRestore(keras.callbacks.Callback):
         self._completed = False
         self._sigterm = threading.Event()
         self._sigterm_notice: worker_exit.SigtermNotice | None = None
+        self._sharded: set[str] | None = None
 
     # --------------------------------------------------------------- lifecycle
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
@@ -120,6 +124,7 @@ class BackupAndRestore(keras.callbacks.Callback):
                 "`with sx.OneDeviceStrategy('cpu:0').scope(): model = ...`."
             )
         self._completed = False
+        self._sharded = None
         wait_for_writes(self.backup_dir)
         restored = checkpoint_io.load(self.backup_dir)
         if restored is not None:
@@ -190,27 +195,42 @@ class BackupAndRestore(keras.callbacks.Callback):
                     checkpoint_io.add_named(named, f"{group}/{variable.path}", variable)
         return named
 
+    def _held_in_parts(self) -> set[str]:
+        """The entries no process holds whole (model parallelism across processes): each
+        process writes its own shards of them. Found once per ``fit``."""
+        if self._sharded is None:
+            self._sharded = set()
+            if self._strategy.is_multi_process:
+                self.model.jax_state_sync()
+                self._sharded = checkpoint_io.held_in_parts(self._state_variables())
+        return self._sharded
+
     def _save(self, epoch: int, steps_in_epoch: int) -> None:
-        if not self._strategy.is_chief:
+        sharded = self._held_in_parts()
+        if not sharded and not self._strategy.is_chief:
             return
         epoch, steps_in_epoch = self._normalize(epoch, steps_in_epoch)
         self.model.jax_state_sync()
         runner_for(self._strategy).before_save(self.model)
-        # A copy: the next step may donate (reuse) the buffers of the variables' values.
-        arrays = {name: np.array(v.value, copy=True)
-                  for name, v in self._state_variables().items()}
-        feed = _running_feed()
-        meta = {"format": _FORMAT, "epoch": epoch, "steps_in_epoch": steps_in_epoch,
-                "global_step": self._global_step,
-                "data_seed": None if feed is None else feed.seed,
-                **runner_for(self._strategy).save_held_elsewhere(
-                    self.model, os.path.join(self.backup_dir, _SERVERS))}
+
+        def meta() -> dict[str, Any]:
+            feed = _running_feed()
+            return {"format": _FORMAT, "epoch": epoch, "steps_in_epoch": steps_in_epoch,
+                    "global_step": self._global_step,
+                    "data_seed": None if feed is None else feed.seed,
+                    **runner_for(self._strategy).save_held_elsewhere(
+                        self.model, os.path.join(self.backup_dir, _SERVERS))}
+
+        write = checkpoint_io.prepare_save(self.backup_dir, self._state_variables(), meta,
+                                           sharded, self._strategy.is_chief)
         wait_for_writes(self.backup_dir)
+        if write is None:
+            return
         if not self.save_in_background:
-            checkpoint_io.save(self.backup_dir, arrays, meta)
+            write()
             return
         with _pending_lock:
-            _pending[os.path.abspath(self.backup_dir)] = _Write(self.backup_dir, arrays, meta)
+            _pending[os.path.abspath(self.backup_dir)] = _Write(write)
 
     def _restore(self, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> None:
         if meta.get("format") not in (1, _FORMAT):
@@ -221,7 +241,7 @@ class BackupAndRestore(keras.callbacks.Callback):
         for variable, value in checkpoint_io.match(arrays, self._state_variables(),
                                                    f"The backup in {self.backup_dir!r}",
                                                    "backup_dir"):
-            variable.assign(value)
+            checkpoint_io.assign(variable, value)
         runner_for(self._strategy).after_restore(self.model)
         runner_for(self._strategy).restore_held_elsewhere(
             self.model, os.path.join(self.backup_dir, _SERVERS), meta)
