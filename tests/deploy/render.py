@@ -25,7 +25,7 @@ and its environment: the container's own ``env`` block (``value``, ``fieldRef``,
 
 - Slurm: sbatch gives the batch script the job's variables (``SLURM_JOB_NODELIST``,
   ``SLURM_TASKS_PER_NODE``, ...), from its ``#SBATCH`` lines; srun adds each task's
-  (``tests/multiprocess/fake_slurm.py``).
+  (``tests/multiprocess/programs/fake_slurm.py``).
 
 Nothing here is specific to stratax: the tests feed these environments to stratax.
 """

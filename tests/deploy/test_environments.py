@@ -21,7 +21,7 @@ from stratax._src.cluster.detect import detect_cluster_resolver
 from stratax._src.cluster.process_layout import process_layout
 
 _spec = importlib.util.spec_from_file_location(
-    "_stratax_fake_slurm", ROOT / "tests" / "multiprocess" / "fake_slurm.py")
+    "_stratax_fake_slurm", ROOT / "tests" / "multiprocess" / "programs" / "fake_slurm.py")
 fake_slurm = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(fake_slurm)
 

@@ -14,7 +14,10 @@ import pytest
 
 from stratax._src.launch.network import reserve_free_ports
 
-HERE = Path(__file__).parent
+ROOT = Path(__file__).parents[2]  # the checkout
+PROGRAMS = Path(__file__).parent / "programs"  # what the workers run
+# The tests import some programs' functions (``from data import ...``).
+sys.path.insert(0, str(PROGRAMS))
 
 
 def free_ports(count: int) -> list[int]:
@@ -42,7 +45,7 @@ def worker_env(**extra: str) -> dict[str, str]:
            if not k.startswith("STRATAX_")
            and k not in ("TF_CONFIG", "PYTEST_CURRENT_TEST", "XLA_FLAGS", *_LAUNCHER_VARS)}
     # Children import the stratax under test (this checkout), not whatever is installed.
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE.parent.parent),
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT),
                                                       env.get("PYTHONPATH")]))
     env.update(extra)
     return env
@@ -65,7 +68,7 @@ class Workers:
     def __init__(self) -> None:
         self.procs: list[subprocess.Popen] = []
 
-    def start(self, args, tf_configs, extra_env=None, *, prefix=(), cwd=HERE,
+    def start(self, args, tf_configs, extra_env=None, *, prefix=(), cwd=PROGRAMS,
               executable=sys.executable):
         """Starts ``[*prefix, executable, *args]`` once per TF_CONFIG, each in its own session.
 

@@ -32,11 +32,10 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import HERE, Workers, assert_same_weights, load_weights, worker_env
+from conftest import PROGRAMS, ROOT, Workers, assert_same_weights, load_weights, worker_env
 
 pytestmark = pytest.mark.timeout(300)
 
-ROOT = HERE.parent.parent
 TRAIN = ROOT / "examples" / "deploy" / "train.py"
 SBATCH = ROOT / "examples" / "deploy" / "slurm" / "train.sbatch"
 SECRETS = {("stratax-ps-token", "token"): "deploy-test-token-5d1c"}  # kubectl create secret
@@ -292,7 +291,7 @@ class Slurm:
         self.bin.mkdir()
         for tool in ("srun", "scontrol"):
             shim = self.bin / tool
-            shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{HERE / "fake_slurm.py"}" '
+            shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{PROGRAMS / "fake_slurm.py"}" '
                             f'{tool} "$@"\n')
             shim.chmod(0o755)
         self.shared = tmp_path / "shared"

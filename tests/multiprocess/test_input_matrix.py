@@ -10,7 +10,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import HERE
+from conftest import PROGRAMS, ROOT
 from input_matrix import (
     GLOBAL_BATCH,
     OPTION_VARIANTS,
@@ -27,7 +27,7 @@ from stratax._src.launch import launch
 pytestmark = pytest.mark.timeout(300)
 
 # The workers import the stratax under test (this checkout), not whatever is installed.
-_PATH = os.pathsep.join([str(HERE), str(HERE.parent.parent)])
+_PATH = os.pathsep.join([str(PROGRAMS), str(ROOT)])
 _references: dict[str, dict[str, np.ndarray]] = {}
 _ARRAYS = ("class_weight", "shuffled_arrays")  # the VARIANTS that give fit arrays
 
@@ -105,7 +105,7 @@ def _on_two_workers(variants, tmp_path, monkeypatch):
     for name in ("STRATAX_CPU_DEVICES", "TF_CONFIG", "XLA_FLAGS"):
         monkeypatch.delenv(name, raising=False)
     result = launch([sys.executable, "mwms_inputs_program.py", str(tmp_path), *variants],
-                    cwd=str(HERE), capture_output=True, stream_output=False,
+                    cwd=str(PROGRAMS), capture_output=True, stream_output=False,
                     env={"PYTHONPATH": _PATH}, nproc_per_node=2, timeout=240)
     assert result.ok, result.summary + "\n" + "\n".join(result.outputs[0][-30:])
     for variant in variants:
@@ -145,7 +145,7 @@ def test_pipelines_sharded_at_the_source_on_two_workers(tmp_path, monkeypatch):
     for name in ("STRATAX_CPU_DEVICES", "TF_CONFIG", "XLA_FLAGS"):
         monkeypatch.delenv(name, raising=False)
     result = launch([sys.executable, "mwms_file_shard_program.py", str(data_dir), str(tmp_path)],
-                    cwd=str(HERE), capture_output=True, stream_output=False,
+                    cwd=str(PROGRAMS), capture_output=True, stream_output=False,
                     env={"PYTHONPATH": _PATH}, nproc_per_node=2, timeout=240)
     assert result.ok, result.summary + "\n" + "\n".join(result.outputs[0][-30:])
     for name, shard_of in (("files", lambda ids: set((ids // 24).ravel().tolist())),

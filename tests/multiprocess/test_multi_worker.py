@@ -12,7 +12,8 @@ import keras
 import numpy as np
 import pytest
 from conftest import (
-    HERE,
+    PROGRAMS,
+    ROOT,
     assert_same_weights,
     free_ports,
     load_weights,
@@ -43,8 +44,8 @@ def _reference(epochs=2, whole_batches_only=False, batch=GLOBAL_BATCH):
 
 def _launch(args, tmp_path, env=None, **kwargs):
     # The workers import the stratax under test (this checkout), not whatever is installed.
-    path = os.pathsep.join([str(HERE), str(HERE.parent.parent)])
-    result = launch([sys.executable, *map(str, args)], cwd=str(HERE), capture_output=True,
+    path = os.pathsep.join([str(PROGRAMS), str(ROOT)])
+    result = launch([sys.executable, *map(str, args)], cwd=str(PROGRAMS), capture_output=True,
                     stream_output=False, env={**(env or {}), "PYTHONPATH": path}, **kwargs)
     return result
 
@@ -231,7 +232,7 @@ def test_multi_worker_guide_example_via_stratax_launch(tmp_path):
     """The ported multi-worker guide, started by the `stratax launch` command line."""
     import subprocess
 
-    example = HERE.parent.parent / "examples" / "multi_worker_keras.py"
+    example = ROOT / "examples" / "multi_worker_keras.py"
     done = subprocess.run(
         [sys.executable, "-m", "stratax._src.cli", "launch", "--nproc-per-node", "2",
          "--timeout", "240", str(example), "--epochs", "2", "--seed", "0",

@@ -10,7 +10,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import HERE, worker_env
+from conftest import PROGRAMS, worker_env
 from preemption_program import batch, make_model
 
 import stratax as sx
@@ -27,7 +27,7 @@ def test_sigterm_saves_and_the_restarted_loop_resumes(tmp_path, monkeypatch):
     ckpt, out = tmp_path / "ckpt", tmp_path / "out"
     out.mkdir()
     result = launch([sys.executable, "preemption_program.py", str(ckpt), str(out), str(STEPS),
-                     str(PREEMPT_AT)], cwd=str(HERE), capture_output=True,
+                     str(PREEMPT_AT)], cwd=str(PROGRAMS), capture_output=True,
                     stream_output=False, env=worker_env(), nproc_per_node=2, max_restarts=1,
                     timeout=200)
     assert result.ok, result.summary + "\n" + "\n".join(result.outputs[0][-30:])

@@ -11,7 +11,7 @@ import sys
 import keras
 import numpy as np
 import pytest
-from conftest import HERE, worker_env
+from conftest import PROGRAMS, worker_env
 from tf_user_program import shuffle_data, shuffle_model
 
 import stratax as sx
@@ -31,7 +31,7 @@ def records(tmp_path_factory):
         for name in ("STRATAX_CPU_DEVICES", "TF_CONFIG", "XLA_FLAGS"):
             patch.delenv(name, raising=False)
         result = launch([sys.executable, "tf_user_program.py", str(out), *CASES],
-                        cwd=str(HERE), capture_output=True, stream_output=False,
+                        cwd=str(PROGRAMS), capture_output=True, stream_output=False,
                         env=worker_env(), nproc_per_node=2, timeout=200)
     assert result.ok, result.summary + "\n" + "\n".join(result.outputs[0][-30:])
     found = {case: [json.loads((out / f"{case}_{w}.json").read_text()) for w in (0, 1)]

@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 import tpu_pod_program as program
-from conftest import HERE, free_ports, worker_env
+from conftest import PROGRAMS, free_ports, worker_env
 
 import stratax as sx
 from stratax._src.runtime import tpu_system
@@ -37,7 +37,7 @@ def _start_pod(workers, tmp_path):
                          STRATAX_CPU_DEVICES=str(CORES), PYTHONUNBUFFERED="1")
         workers.procs.append(subprocess.Popen(
             [sys.executable, "tpu_pod_program.py", str(tmp_path), str(tmp_path / "backup"),
-             f"127.0.0.1:{port}"], cwd=HERE, env=env, stdout=subprocess.PIPE,
+             f"127.0.0.1:{port}"], cwd=PROGRAMS, env=env, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, text=True, start_new_session=True))
 
 

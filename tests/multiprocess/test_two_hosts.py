@@ -13,14 +13,13 @@ import subprocess
 import sys
 
 import pytest
-from conftest import HERE, assert_same_weights, free_ports, load_weights, worker_env
+from conftest import PROGRAMS, ROOT, assert_same_weights, free_ports, load_weights, worker_env
 from test_multi_worker import _reference
 
 pytestmark = pytest.mark.timeout(300)
 
-_ROOT = HERE.parent.parent
 _spec = importlib.util.spec_from_file_location("_stratax_netns",
-                                               _ROOT / "benchmarks" / "netns.py")
+                                              ROOT / "benchmarks" / "netns.py")
 netns = sys.modules.setdefault("_stratax_netns", importlib.util.module_from_spec(_spec))
 _spec.loader.exec_module(netns)
 
@@ -44,7 +43,7 @@ def two_hosts():
 def _launch(bed, tmp_path, program, nproc_per_node, **env_vars):
     """``stratax launch --nnodes 2`` with one launcher per namespace; each node's output."""
     coordinator = f"{bed.addresses[0]}:{free_ports(1)[0]}"
-    env = worker_env(PYTHONPATH=os.pathsep.join([str(HERE), str(_ROOT)]), **env_vars)
+    env = worker_env(PYTHONPATH=os.pathsep.join([str(PROGRAMS), str(ROOT)]), **env_vars)
     procs = []
     try:
         for rank in range(2):
@@ -52,7 +51,7 @@ def _launch(bed, tmp_path, program, nproc_per_node, **env_vars):
                        "--nnodes", "2", "--node-rank", str(rank), "--coordinator", coordinator,
                        "--nproc-per-node", str(nproc_per_node), "--timeout", "200",
                        "--coordinator-wait", "60", *program, str(tmp_path)]
-            procs.append(subprocess.Popen(command, cwd=HERE, env=env, stdout=subprocess.PIPE,
+            procs.append(subprocess.Popen(command, cwd=PROGRAMS, env=env, stdout=subprocess.PIPE,
                                           stderr=subprocess.STDOUT, text=True,
                                           start_new_session=True))
         outputs = [p.communicate(timeout=240)[0] for p in procs]

@@ -14,12 +14,11 @@ import sys
 import time
 
 import pytest
-from conftest import HERE, worker_env
+from conftest import PROGRAMS, ROOT, worker_env
 
 from stratax._src.launch import launch
 
 pytestmark = pytest.mark.timeout(180)
-REPO = HERE.parent.parent
 FAULT_PROGRAM = "mwms_fault_program.py"
 # Seconds from the fault to the end of the group: 0.4 s measured on an idle box
 # (docs/failures-and-signals.md); 10 s leaves a loaded 2-core box headroom and is still far
@@ -35,8 +34,8 @@ def _no_inherited_cluster(monkeypatch):
 
 def _launch_fault(tmp_path, mode, **env):
     result = launch([sys.executable, FAULT_PROGRAM, str(tmp_path), mode], nproc_per_node=2,
-                    cwd=str(HERE), capture_output=True, stream_output=False, timeout=150,
-                    env={"PYTHONPATH": os.pathsep.join([str(HERE), str(REPO)]), **env})
+                    cwd=str(PROGRAMS), capture_output=True, stream_output=False, timeout=150,
+                    env={"PYTHONPATH": os.pathsep.join([str(PROGRAMS), str(ROOT)]), **env})
     ended = time.time()
     event = tmp_path / "event.time"
     assert event.exists(), result.summary
@@ -98,7 +97,7 @@ def test_sigterm_to_stratax_launch_ends_the_workers_without_sigkill(tmp_path):
     proc = subprocess.Popen(
         [sys.executable, "-m", "stratax", "launch", "--nproc-per-node", "2", "--grace-period",
          "60", "--timeout", "150", FAULT_PROGRAM, str(tmp_path), "none"],
-        cwd=HERE, env=worker_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=PROGRAMS, env=worker_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         start_new_session=True)
     try:
         deadline = time.monotonic() + 120

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-PROGRAM = Path(__file__).with_name("observed_program.py")
+PROGRAM = Path(__file__).parent / "programs" / "observed_program.py"
 SCREENSHOT = REPO_ROOT / "benchmarks" / "results" / "dashboard.png"
 INSTALL_TIMEOUT_S = 600
 BROWSER_TIMEOUT_S = 60
