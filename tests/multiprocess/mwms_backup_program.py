@@ -2,8 +2,9 @@
 
 Usage: python mwms_backup_program.py OUT_DIR BACKUP_DIR MODE STEP
 MODE: "none" (uninterrupted), "kill9" (worker 1 is SIGKILLed at its STEP-th step of the first
-start), "sigterm" (worker 1 receives SIGTERM at that step: a preemption), or faults joined by
-"+" ("kill9+sigterm"): the first on the first start, the second on the first restart, ...
+start), "sigterm" (worker 1 receives SIGTERM at that step: a preemption), a fault with "@N" to
+strike worker N instead ("kill9@0"), or faults joined by "+" ("kill9+sigterm"): the first on the
+first start, the second on the first restart, ...
 Each worker writes OUT_DIR/weights_<worker>.npz when training completes.
 """
 
@@ -24,7 +25,8 @@ from data import GLOBAL_BATCH, make_data  # noqa: E402
 out_dir, backup_dir, mode, step = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 restart = int(os.environ.get("STRATAX_RESTART_COUNT", "0"))
 faults = mode.split("+")
-fault = faults[restart] if restart < len(faults) else "none"
+fault, _, victim = (faults[restart] if restart < len(faults) else "none").partition("@")
+victim = int(victim or 1)
 
 
 class Fault(keras.callbacks.Callback):
@@ -34,7 +36,7 @@ class Fault(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         self.seen += 1
-        if strategy.worker_index != 1 or self.seen != step:
+        if strategy.worker_index != victim or self.seen != step:
             return
         if fault == "kill9":
             os.kill(os.getpid(), signal.SIGKILL)
