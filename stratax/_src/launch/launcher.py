@@ -282,8 +282,8 @@ class _Launcher:
     def _restarting(self, failure: TaskFailure, members: Membership, step: str,
                     restart: int, split: tuple[int, int] | None) -> None:
         """Tells the user, and the run's journal, why the group starts again and with whom."""
-        if split is not None:
-            batch, per_worker = members.batch or split
+        if split is not None and members.batch is not None:
+            batch, per_worker = members.batch
             text = (f"restart {restart}: the global batch {batch} does not split over "
                     f"{split[1]} replicas; the group restarts with {members.size} worker(s) "
                     f"({members.size * per_worker} replicas), from its last backup")
