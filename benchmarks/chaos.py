@@ -6,12 +6,15 @@
 
 Each trial is one ``stratax launch`` of ``chaos_program.py`` (``fit`` with
 ``sx.BackupAndRestore`` every 4 steps, Adam, 48 steps) with ``--max-restarts 3`` (``elastic``:
-0):
+1):
 
 * ``mwms``: 2 MultiWorkerMirrored workers; the launcher restarts the group after a failure and
   the backup resumes it.
-* ``elastic``: ``mwms`` launched with ``--nproc-per-node 1:2 --max-restarts 0``: the struck
-  worker is dropped for good and the one left resumes the backup alone.
+* ``elastic``: ``mwms`` launched with ``--nproc-per-node 1:2 --max-restarts 1``: a worker
+  removed for good, then one added back. After the fault, the struck worker is killed again at
+  every start of two workers until the launcher drops its slot; the one left resumes the
+  backup alone, and is killed after a step; at that restart the dropped slot rejoins, and
+  two workers resume the backup and finish.
 * ``ps-sync`` / ``ps-async`` / ``hybrid`` (``dense_variables="workers"``, synchronous tables,
   a model with an ``Embedding``): chief + 2 workers + 1 ps; a failed worker or ps is restarted
   alone (the ps reloads its snapshot, written every ``SNAPSHOT_EVERY`` updates), a failed chief
@@ -92,7 +95,8 @@ class Trial:
     leftover_processes: list[str] = field(default_factory=list)
     ports_in_use: list[int] = field(default_factory=list)
     restarts: int | None = None
-    dropped: bool | None = None          # elastic: the launcher dropped the struck worker
+    regrown: bool | None = None          # elastic: a slot was dropped, rejoined, 2 finished
+    follow_ups: int = 0                  # elastic: strikes after the first (see _follow_up)
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
     run_dir: str = ""                    # the trial's program output (weights, result, logs)
@@ -101,7 +105,8 @@ class Trial:
     def struck(self) -> bool:
         """The fault hit (always true of the uninterrupted reference run): a trial whose
         fault never struck tested nothing, and fails."""
-        return self.role is None or self.struck_at_step is not None
+        return self.role is None or (self.struck_at_step is not None and (
+            self.mode != "elastic" or self.follow_ups >= 2))
 
     @property
     def nothing_lost(self) -> bool:
@@ -114,21 +119,22 @@ class Trial:
                                             and self.weights_diff <= WEIGHTS_EQUAL))
                 and (self.mode != "hybrid" or (self.dense_weights_diff is not None
                                                and self.dense_weights_diff <= WEIGHTS_EQUAL))
-                and (self.mode != "elastic" or self.role is None or bool(self.dropped))
+                and (self.mode != "elastic" or self.role is None or bool(self.regrown))
                 and not self.leftover_processes and not self.ports_in_use)
 
 
 def plan(modes: list[str], trials: int, seed: int) -> list[Trial]:
-    """``trials`` random (role, action, step) faults per mode, reproducible from ``seed``."""
+    """``trials`` random (role, action, step) faults per mode, reproducible from ``seed``; an
+    elastic fault strikes by step 30, so that the worker left alone has steps to be struck at."""
     rng = random.Random(seed)
     return [Trial(mode, rng.choice(ROLES[mode]), rng.choice(ACTIONS),
-                  rng.randint(2, EXPECTED_STEPS - 6))
+                  rng.randint(2, EXPECTED_STEPS - (18 if mode == "elastic" else 6)))
             for mode in modes for _ in range(trials)]
 
 
 def _launch_command(mode: str, out_dir: Path) -> list[str]:
     shape = {"mwms": ["--nproc-per-node", "2", "--max-restarts", "3"],
-             "elastic": ["--nproc-per-node", "1:2", "--max-restarts", "0"]}.get(
+             "elastic": ["--nproc-per-node", "1:2", "--max-restarts", "1"]}.get(
         mode, ["--workers", "2", "--ps", "1", "--max-restarts", "3"])
     return [sys.executable, "-m", "stratax", "launch", *shape,
             "--timeout", str(int(TRIAL_LIMIT_S - 20)), str(PROGRAM), mode, str(out_dir)]
@@ -198,6 +204,36 @@ def _progress(out_dir: Path) -> int:
         return 0
 
 
+def _follow_up(trial: Trial, tasks: dict[str, tuple[int, dict[str, str]]], struck: set[int],
+               out_dir: Path, alone: dict[str, float]) -> None:
+    """An elastic trial after its first fault: the struck role is killed at every new start of
+    two workers until its slot is dropped (the launcher gives each slot one restart), then the
+    worker left alone is killed once it has trained a step of its own (a lone worker's steps
+    are fast: waiting for more can miss the end of the run); at that restart the dropped slot
+    rejoins. ``trial.follow_ups`` is 1 once a lone worker ran, 2 once it was struck; ``alone``
+    holds when the lone worker was seen."""
+    def of_group(size: int) -> dict[str, int]:  # the live, unstruck tasks of a start of size
+        return {role: pid for role, (pid, env) in tasks.items()
+                if pid not in struck and env.get("STRATAX_NUM_PROCESSES") == str(size)}
+
+    lone, victim = list(of_group(1).values()), of_group(2).get(trial.role or "")
+    if trial.follow_ups == 0 and victim is not None:
+        struck.add(victim)
+        os.kill(victim, signal.SIGKILL)
+    elif trial.follow_ups == 0 and lone:
+        trial.follow_ups = 1
+        alone["since"] = time.time()
+    elif trial.follow_ups == 1 and lone:
+        try:
+            written = (out_dir / "progress").stat().st_mtime > alone["since"]
+        except OSError:
+            written = False
+        if written:
+            struck.add(lone[0])
+            os.kill(lone[0], signal.SIGKILL)
+            trial.follow_ups = 2
+
+
 def _strike(trial: Trial, pid: int) -> None:
     if trial.action == "kill":
         os.kill(pid, signal.SIGKILL)
@@ -221,6 +257,8 @@ def run_trial(trial: Trial, work_dir: Path, reference: dict[str, np.ndarray] | N
                 "STRATAX_PS_SNAPSHOT_EVERY": str(SNAPSHOT_EVERY)})
     started = time.monotonic()
     ports: set[int] = set()      # every port of every group the launch started, restarts too
+    struck: set[int] = set()     # pids struck
+    alone: dict[str, float] = {}  # elastic: see _follow_up
     with open(out_dir / "launch.log", "w") as log:
         launcher = subprocess.Popen(_launch_command(trial.mode, out_dir), env=env, stdout=log,
                                     stderr=subprocess.STDOUT, start_new_session=True)
@@ -232,7 +270,10 @@ def run_trial(trial: Trial, work_dir: Path, reference: dict[str, np.ndarray] | N
                 if (trial.role is not None and trial.struck_at_step is None
                         and _progress(out_dir) >= trial.at_step and trial.role in tasks):
                     trial.struck_at_step = _progress(out_dir)
+                    struck.add(tasks[trial.role][0])
                     _strike(trial, tasks[trial.role][0])
+                elif trial.mode == "elastic" and trial.struck_at_step is not None:
+                    _follow_up(trial, tasks, struck, out_dir, alone)
                 time.sleep(0.02)
             trial.exit_code = launcher.wait(timeout=max(1.0, TRIAL_LIMIT_S
                                                         - (time.monotonic() - started)))
@@ -265,7 +306,11 @@ def _check(trial: Trial, out_dir: Path, reference: dict[str, np.ndarray] | None)
         return
     judge(trial, json.loads(result_file.read_text()))
     if trial.mode == "elastic":
-        trial.dropped = "is dropped" in (out_dir / "launch.log").read_text(errors="replace")
+        restarts = [line for line in (out_dir / "launch.log").read_text(errors="replace")
+                    .splitlines() if "restarting the group" in line]
+        # The last restart took the dropped slot back: the run ended on two workers.
+        trial.regrown = (any("is dropped" in line for line in restarts)
+                         and "rejoin: the group restarts with 2 worker(s)" in restarts[-1])
     if reference is not None:
         with np.load(out_dir / "weights.npz") as weights:
             diffs = {k: float(np.abs(weights[k] - reference[k]).max()) for k in reference}

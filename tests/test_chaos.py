@@ -44,9 +44,10 @@ def test_a_trial_counts_as_lossless_only_when_every_check_holds():
     assert _trial(mode="hybrid", dense_weights_diff=0.0).nothing_lost
     assert not _trial(mode="hybrid", dense_weights_diff=None).nothing_lost
     assert not _trial(mode="hybrid", role="ps0", dense_weights_diff=0.02).nothing_lost
-    # Elastic: the struck worker must have been dropped, the one left resuming alone.
-    assert _trial(mode="elastic", dropped=True).nothing_lost
-    assert not _trial(mode="elastic", dropped=False).nothing_lost
+    # Elastic: a slot dropped then back, two workers at the end, after all three strikes.
+    assert _trial(mode="elastic", regrown=True, follow_ups=2).nothing_lost
+    assert not _trial(mode="elastic", regrown=False, follow_ups=2).nothing_lost
+    assert not _trial(mode="elastic", regrown=True, follow_ups=1).nothing_lost
 
 
 def _result(ledgers, *, resumed_at=0, iterations=None, duplicates=0):

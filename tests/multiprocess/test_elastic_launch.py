@@ -1,6 +1,6 @@
 """An elastic launch (``--nproc-per-node MIN:MAX``): a worker slot that keeps failing is dropped
-and the group trains on with the rest, from its last backup, to the weights of the run without
-the failure."""
+and the group trains on with the rest, from its last backup, takes the slot back at a later
+restart, and ends at the weights of the run without the failures."""
 
 import json
 
@@ -8,35 +8,95 @@ import pytest
 from conftest import assert_same_weights, load_weights
 from test_multi_worker import _launch
 
+from stratax._src.data.global_batch import check_divisible
 from stratax._src.launch.config import LaunchConfig, parse_nproc
+from stratax._src.launch.membership import Membership, batch_split_error
 
 pytestmark = pytest.mark.timeout(300)
 
 
-def test_a_slot_lost_for_good_is_dropped_and_training_ends_as_uninterrupted(tmp_path):
+def test_a_slot_lost_then_back_shrinks_and_regrows_the_group_to_the_uninterrupted_weights(
+        tmp_path):
     results = {}
-    for mode, kwargs in (("none", {}), ("kill9+kill9", {"min_nproc_per_node": 1})):
+    for mode, kwargs in (("none", {}), ("kill9+kill9+kill9@0", {"min_nproc_per_node": 1})):
         out = tmp_path / mode
         out.mkdir()
         results[mode] = _launch(["mwms_backup_program.py", out, out / "backup", mode, 5],
                                 tmp_path, nproc_per_node=2, max_restarts=1, timeout=240,
                                 run_dir=str(out / "run"), **kwargs)
         assert results[mode].ok, results[mode].summary
-    lost = results["kill9+kill9"]
-    # Slot 1 failed on the first start and its restart (its one allowed restart), then was
-    # dropped: the third start ran worker 0 alone.
-    assert lost.restarts == 2 and lost.workers == 1, lost.summary
-    assert [f.local_rank for f in lost.failures] == [1, 1], lost.failures
-    assert "worker slot(s) [1] were dropped" in lost.summary, lost.summary
-    assert not (tmp_path / "kill9+kill9" / "weights_1.npz").exists()
-    # One replica instead of two sums the same global batch in another order: float rounding.
-    assert_same_weights(load_weights(tmp_path / "kill9+kill9" / "weights_0.npz"),
-                        load_weights(tmp_path / "none" / "weights_0.npz"), tol=1e-6)
-    events = [json.loads(line) for line in (tmp_path / "kill9+kill9" / "run" / "events.jsonl")
-              .read_text().splitlines()]
+    lost = results["kill9+kill9+kill9@0"]
+    # Slot 1 failed on the first start and its restart (its one allowed restart) and was
+    # dropped: the third start ran worker 0 alone. Worker 0 then failed, and at that restart
+    # slot 1 came back: the fourth start, of two workers again, finished.
+    assert lost.restarts == 3 and lost.workers == 2, lost.summary
+    assert [f.local_rank for f in lost.failures] == [1, 1, 0], lost.failures
+    assert "worker slot(s) [1] were dropped and rejoined" in lost.summary, lost.summary
+    # Backups written by 2, then 1, then 2 workers: a sum over another number of replicas
+    # has another order, float rounding.
+    out = tmp_path / "kill9+kill9+kill9@0"
+    for worker in (0, 1):
+        assert_same_weights(load_weights(out / f"weights_{worker}.npz"),
+                            load_weights(tmp_path / "none" / "weights_0.npz"), tol=1e-6)
+    events = [json.loads(line)
+              for line in (out / "run" / "events.jsonl").read_text().splitlines()]
     restarts = [e for e in events if e["kind"] == "restart"]
-    assert [e["workers"] for e in restarts] == [2, 1], restarts
+    assert [e["workers"] for e in restarts] == [2, 1, 2], restarts
     assert "worker slot 1 failed 2 time(s) and is dropped" in restarts[1]["message"], restarts
+    assert "worker slot(s) [1] rejoin" in restarts[2]["message"], restarts
+    assert [len(e["pids"]) for e in events if e["kind"] == "start"] == [2, 2, 1, 2], events
+
+
+def test_a_slot_that_never_recovers_sits_out_ever_more_restarts():
+    """Slot 1 fails at every start it is in, slot 0 at the others. Once dropped, slot 1 sits
+    out 1, 2, 4, then 8 starts between its tries: it costs the group one restart per doubling
+    of the restarts the other slot causes, not one in two."""
+    members = Membership(maximum=2, minimum=1, max_restarts=20)
+    with_slot_1 = []
+    for restart in range(40):
+        if 1 in members.slots:
+            with_slot_1.append(restart)
+            step = members.after_failure(members.slots.index(1), restart)
+            assert step == ("restart" if restart < 20 else "drop"), (restart, step)
+        else:
+            assert members.after_failure(0, restart) == "restart"
+            assert members.slots == ([0, 1] if members.rejoined else [0]), members
+    assert with_slot_1 == [*range(21), 22, 25, 30, 39], with_slot_1
+
+
+def test_a_batch_split_error_is_the_groups_and_picks_a_count_that_splits_it(tmp_path):
+    """Every worker fails because the global batch of 16 does not split over 3 replicas: a
+    launch with N workers stops at once, restarts left or not, quoting the error; an elastic
+    one restarts at once with 2 workers, which split it, and charges no slot."""
+    program = tmp_path / "batch.py"
+    program.write_text(
+        "import os, sys\n"
+        "n = int(os.environ['STRATAX_NUM_PROCESSES'])\n"
+        "if 16 % n:\n"
+        "    raise ValueError(f'Global batch size 16 does not split over {n} replicas; use a '\n"
+        "                     f'multiple of {n}, e.g. `model.fit(..., batch_size=15)`.')\n"
+        "open(os.path.join(sys.argv[1], os.environ['STRATAX_PROCESS_ID']), 'w').close()\n")
+    fixed = _launch([program, tmp_path], tmp_path, nproc_per_node=3, max_restarts=2,
+                    timeout=60)
+    assert fixed.exit_code == 1 and fixed.restarts == 0, fixed.summary
+    assert ('the workers fail with "Global batch size 16 does not split over 3 replicas" and '
+            "a restart would fail the same way") in fixed.summary, fixed.summary
+    elastic = _launch([program, tmp_path], tmp_path, nproc_per_node=3, min_nproc_per_node=1,
+                      max_restarts=0, timeout=60)
+    assert elastic.ok and elastic.restarts == 1 and elastic.workers == 2, elastic.summary
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.isdigit()) == ["0", "1"]
+    narrow = _launch([program, tmp_path], tmp_path, nproc_per_node=3, min_nproc_per_node=3,
+                     max_restarts=2, timeout=60)
+    assert narrow.exit_code == 1 and narrow.restarts == 0, narrow.summary
+    assert "no number of workers between the minimum" in narrow.summary, narrow.summary
+
+
+def test_the_launcher_reads_strataxs_own_batch_split_error():
+    with pytest.raises(ValueError) as error:
+        check_divisible(16, 3, hint="batch_size={batch}")
+    assert batch_split_error(["Traceback (most recent call last):",
+                              f"ValueError: {error.value}"]) == (16, 3)
+    assert batch_split_error(["ValueError: something else"]) is None
 
 
 def test_the_group_stops_when_fewer_than_the_minimum_would_remain(tmp_path):

@@ -6,9 +6,10 @@ then SIGKILL, by process group) and the group is restarted as a whole up to ``ma
 times (fresh ports, ``STRATAX_RESTART_COUNT`` + 1). A wall-clock ``timeout`` and SIGINT/SIGTERM
 to the launcher stop the group the same way: SIGTERM is forwarded and escalated to SIGKILL after
 ``grace_period`` seconds, so a worker that ignores SIGTERM never keeps the launcher waiting. An
-elastic launch (``min_nproc_per_node``) drops a worker that keeps failing and goes on with the
-rest (see ``membership``). The
-summary names the worker where the failure began and quotes its traceback
+elastic launch (``min_nproc_per_node``) drops a worker that keeps failing, goes on with the
+rest and tries it again at a later restart (see ``membership``); a global batch that does not
+split over the replicas ends a launch at once, or an elastic one picks a worker count that
+splits it. The summary names the worker where the failure began and quotes its traceback
 (docs/failures-and-signals.md). Worker failures are *returned* in a
 :class:`LaunchResult`; only problems that stop the launcher from starting workers raise.
 """
@@ -30,7 +31,7 @@ from typing import TextIO
 from stratax._src.core import env as env_names
 from stratax._src.launch.child_env import build_worker_specs
 from stratax._src.launch.config import Address, LaunchConfig
-from stratax._src.launch.membership import Membership
+from stratax._src.launch.membership import Membership, batch_split_error
 from stratax._src.launch.network import (
     LOOPBACK,
     ensure_port_free,
@@ -148,7 +149,8 @@ def launch(
         nproc_per_node: workers started on this node.
         min_nproc_per_node: makes the launch elastic (torchrun's ``--nproc-per-node MIN:MAX``):
             a worker slot that fails more than ``max_restarts`` times is dropped and the group
-            restarts with the slots left, down to this many; ``None``: not elastic.
+            restarts with the slots left, down to this many, and takes it back at a later
+            restart (see ``membership``); ``None``: not elastic.
         nnodes: nodes in the job; with more than one, run one launcher per node.
         node_rank: this node's index in ``0..nnodes-1``; node 0 hosts the coordinator.
         coordinator: ``host:port`` of the coordinator. Default on one node: ``127.0.0.1`` and a
@@ -259,34 +261,49 @@ class _Launcher:
                 self._notice(f"timeout of {config.timeout:g} s reached; stopping "
                              f"{len(group.workers)} worker(s).")
             group.teardown(config.grace_period, self._force)
+            split: tuple[int, int] | None = None  # the group's own failure: see membership
             if outcome == "failed" and failed is not None:
                 cause = group.root_cause() or failed
                 lost = group.named_as_lost(cause)
                 failures.append(_failure_of(lost[0], restart, reporter=(cause, lost[1])) if lost
                                 else _failure_of(cause, restart))
                 self._record_failure(failures[-1])
-                step = members.after_failure(failures[-1].local_rank, restart)
+                split = batch_split_error(failures[-1].traceback or failures[-1].tail)
+                step = (members.after_batch_split(*split) if split
+                        else members.after_failure(failures[-1].local_rank, restart))
                 if step != "stop" and not self._stop.is_set():
                     restart += 1
-                    self._restarting(failures[-1], members, step, restart)
+                    self._restarting(failures[-1], members, step, restart, split)
                     continue
             return self._result(started, restart, failures, timed_out=outcome == "timeout",
-                                interrupted=self._stop.is_set(), members=members)
+                                interrupted=self._stop.is_set(), members=members,
+                                split=split)
 
     def _restarting(self, failure: TaskFailure, members: Membership, step: str,
-                    restart: int) -> None:
+                    restart: int, split: tuple[int, int] | None) -> None:
         """Tells the user, and the run's journal, why the group starts again and with whom."""
-        if step == "drop":
+        if split is not None and members.batch is not None:
+            batch, per_worker = members.batch
+            text = (f"restart {restart}: the global batch {batch} does not split over "
+                    f"{split[1]} replicas; the group restarts with {members.size} worker(s) "
+                    f"({members.size * per_worker} replicas), from its last backup")
+        elif step == "drop":
             text = (f"worker slot {members.dropped[-1]} failed "
                     f"{members.failures(members.dropped[-1])} time(s) and is dropped; the group "
                     f"restarts with {members.size} worker(s) (at least "
                     f"{members.minimum}), from its last backup")
         elif members.minimum is not None:
-            slot = members.slots[failure.local_rank]
+            slot = members.last_failed
             text = (f"restart {restart} (worker slot {slot}: failure {members.failures(slot)} "
                     f"of {self._config.max_restarts} allowed)")
         else:
             text = f"restart {restart} of {self._config.max_restarts}"
+        if members.rejoined:
+            text += (f"; worker slot(s) {members.rejoined} rejoin: the group restarts with "
+                     f"{members.size} worker(s) (at most {members.maximum})")
+        if members.waiting:
+            text += (f"; worker slot(s) {members.waiting} wait, as the batch would not split "
+                     "over them")
         self._notice(f"{failure.describe()}; restarting the group ({text}).")
         if self._events is not None:
             self._events.append("restart", restart=restart, workers=members.size, message=text)
@@ -371,7 +388,8 @@ class _Launcher:
 
     def _result(self, started: float, restart: int, failures: list[TaskFailure], *,
                 timed_out: bool = False, interrupted: bool = False,
-                members: Membership | None = None) -> LaunchResult:
+                members: Membership | None = None,
+                split: tuple[int, int] | None = None) -> LaunchResult:
         group, self._group = self._group, None
         workers = group.workers if group is not None else []
         signame = signal.Signals(self._signum).name if interrupted and self._signum else None
@@ -388,12 +406,17 @@ class _Launcher:
         elif failure is not None:
             exit_code = failure.returncode if failure.returncode > 0 else 128 - failure.returncode
             text = _failure_text(failure, self._config, restart)
+            if split is not None and members is not None:
+                text = f"{_batch_split_stop(split, members)}\n{text}"
         else:
             exit_code = 0
             text = f"all {len(workers)} worker(s) exited with code 0 ({restart} restart(s))."
             if members is not None and members.dropped:
                 text = text[:-1] + (f"; worker slot(s) {members.dropped} were dropped after "
                                     "failing past their restarts.")
+            if members is not None and members.came_back:
+                text = text[:-1] + (f"; worker slot(s) {members.came_back} were dropped and "
+                                    "rejoined.")
         outputs = None
         if self._capture:
             outputs = {w.spec.global_rank: w.output.captured() or [] for w in workers}
@@ -464,6 +487,16 @@ def _failure_of(worker: Worker, restart: int,
         traceback=tuple(reporter[1] if reporter else worker.output.traceback()),
         reported_by=reporter[0].spec.name if reporter else None,
     )
+
+
+def _batch_split_stop(split: tuple[int, int], members: Membership) -> str:
+    """Why a failure on the batch split ends the launch: no restart can fix it."""
+    batch, replicas = split
+    where = ("no number of workers between the minimum and the slots left splits it"
+             if members.minimum is not None else "a restart would fail the same way")
+    return (f"stopped: the workers fail with \"Global batch size {batch} does not split over "
+            f"{replicas} replicas\" and {where}; pass a global batch that is a multiple of "
+            "the replicas of every worker count the launch may use.")
 
 
 def _failure_text(failure: TaskFailure, config: LaunchConfig, restarts: int) -> str:

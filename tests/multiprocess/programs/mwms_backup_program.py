@@ -2,8 +2,9 @@
 
 Usage: python mwms_backup_program.py OUT_DIR BACKUP_DIR MODE STEP [split]
 MODE: "none" (uninterrupted), "kill9" (worker 1 is SIGKILLed at its STEP-th step of the first
-start), "sigterm" (worker 1 receives SIGTERM at that step: a preemption), or faults joined by
-"+" ("kill9+sigterm"): the first on the first start, the second on the first restart, ...
+start), "sigterm" (worker 1 receives SIGTERM at that step: a preemption), a fault with "@N" to
+strike worker N instead ("kill9@0"), or faults joined by "+" ("kill9+sigterm"): the first on the
+first start, the second on the first restart, ...
 "split" (2 devices per worker): ``cores_per_replica=2`` and a ``layout_map`` that splits the
 first kernel over the workers, so each holds half of it and the backups are written in parts.
 Each worker writes OUT_DIR/weights_<worker>.npz when training completes, and prints
@@ -47,7 +48,9 @@ def train(strategy, callbacks=()):
 class Fault(keras.callbacks.Callback):
     def __init__(self, strategy, fault, step, split):
         super().__init__()
-        self.strategy, self.fault, self.step, self.split = strategy, fault, step, split
+        self.strategy, self.step, self.split = strategy, step, split
+        self.fault, _, victim = fault.partition("@")
+        self.victim = int(victim or 1)
         self.seen = 0
 
     def on_train_begin(self, logs=None):  # after the backup's: the restored count
@@ -58,7 +61,7 @@ class Fault(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         self.seen += 1
-        if self.strategy.worker_index != 1 or self.seen != self.step:
+        if self.strategy.worker_index != self.victim or self.seen != self.step:
             return
         if self.fault == "kill9":
             os.kill(os.getpid(), signal.SIGKILL)
