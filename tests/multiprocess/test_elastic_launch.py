@@ -8,7 +8,7 @@ import pytest
 from conftest import assert_same_weights, load_weights
 from test_multi_worker import _launch
 
-from stratax._src.data.global_batch import check_divisible
+from stratax._src.distributed_input.global_batch import check_divisible
 from stratax._src.launch.config import LaunchConfig, parse_nproc
 from stratax._src.launch.membership import Membership, batch_split_error
 
