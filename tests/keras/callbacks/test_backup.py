@@ -185,7 +185,7 @@ def _write_as_two_processes(backup, arrays, meta):
 def test_a_backup_written_in_parts_by_two_processes_resumes_in_one(tmp_path):
     """A backup of state held in parts (model parallelism over 2 workers) restores into one
     process whole, and the run ends as the uninterrupted one; the multi-process writes are
-    tests/multiprocess/test_sharded_checkpoint.py's."""
+    tests/multiprocess/test_sharded_state.py's."""
     arrays = _crash_and_rewrite(tmp_path, sx.OneDeviceStrategy("cpu:0"),
                                 lambda arrays, meta: (arrays, meta),
                                 write=_write_as_two_processes)

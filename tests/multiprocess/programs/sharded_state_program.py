@@ -1,7 +1,7 @@
-"""Worker program for tests/multiprocess/test_sharded_checkpoint.py: checkpoints of arrays
+"""Worker program for tests/multiprocess/test_sharded_state.py: checkpoints of arrays
 sharded over processes, written by each process, read into other layouts.
 
-Usage: python sharded_checkpoint_program.py DIR MODE
+Usage: python sharded_state_program.py DIR MODE
 MODE "save" (2 processes x 2 devices, TF_CONFIG names the cluster): writes two versions of
 the state below, each process its own shards, checks that a version is not visible before
 every process wrote, then reads the second version back into another layout.

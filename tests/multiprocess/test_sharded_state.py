@@ -16,7 +16,7 @@ def test_sharded_state_saved_on_two_processes_restores_on_two_and_one(workers, t
     cluster = worker_cluster(2)
     configs = [json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}})
                for i in range(2)]
-    workers.start(["sharded_checkpoint_program.py", str(tmp_path), "save"], configs,
+    workers.start(["sharded_state_program.py", str(tmp_path), "save"], configs,
                   extra_env=_DEVICES)
     outputs = workers.wait(timeout=180)
     assert [p.returncode for p in workers.procs] == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
@@ -26,7 +26,7 @@ def test_sharded_state_saved_on_two_processes_restores_on_two_and_one(workers, t
     files = sorted(p.name for p in (tmp_path / "ckpt-1").iterdir())
     assert "p0.json" in files and "p1.json" in files and "state.npz" in files, files
     workers.procs.clear()
-    workers.start(["sharded_checkpoint_program.py", str(tmp_path), "restore"], ["{}"],
+    workers.start(["sharded_state_program.py", str(tmp_path), "restore"], ["{}"],
                   extra_env=_DEVICES)
     (output,) = workers.wait(timeout=120)
     assert workers.procs[0].returncode == 0, output[-3000:]
