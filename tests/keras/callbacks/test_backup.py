@@ -259,15 +259,17 @@ def test_backup_with_validation_data_trains_like_plain_fit(tmp_path):
 
 
 class _FillDisk(keras.callbacks.Callback):
-    """After ``step`` batches, fills the disk at ``path`` with a file until it is full."""
+    """After ``step`` batches, fills the disk at ``path`` with a file until it is full, once
+    the background write to ``backup_dir`` in flight (the previous backup) is on disk."""
 
-    def __init__(self, path, step):
+    def __init__(self, path, step, backup_dir):
         super().__init__()
-        self.path, self.step, self.seen = path, step, 0
+        self.path, self.step, self.backup_dir, self.seen = path, step, backup_dir, 0
 
     def on_train_batch_end(self, batch, logs=None):
         self.seen += 1
         if self.seen == self.step:
+            wait_for_writes(str(self.backup_dir))
             with open(self.path, "wb", buffering=0) as f:
                 try:
                     while True:
@@ -292,7 +294,7 @@ def test_a_full_disk_during_a_backup_names_the_path_and_keeps_the_previous_one(t
         backup = sx.BackupAndRestore(str(backup_dir), save_freq=2)
         with pytest.raises(OSError) as err:   # backups after steps 2 and 4; the disk fills at 3
             model.fit(x, y, batch_size=8, epochs=1, verbose=0, shuffle=False,
-                      callbacks=[backup, _FillDisk(disk / "filler", 3)])
+                      callbacks=[backup, _FillDisk(disk / "filler", 3, backup_dir)])
         assert err.value.errno == errno.ENOSPC
         assert str(err.value) == (
             f"[Errno 28] Could not write checkpoint {backup_dir}/ckpt-1 in {backup_dir}: No "
