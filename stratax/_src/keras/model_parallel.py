@@ -40,6 +40,7 @@ from jax.sharding import PartitionSpec as P
 from keras import distribution as keras_distribution
 
 from stratax._src import seam
+from stratax._src.keras import sharded_state
 from stratax._src.strategies.base import Strategy
 from stratax._src.strategies.replica_context import CORE_AXIS, REPLICA_AXIS
 
@@ -154,9 +155,7 @@ def held_in_parts(model: Any) -> list[Any]:
     optimizer = getattr(model, "optimizer", None)
     variables = [*model.variables, *(optimizer.variables if optimizer is not None else ())]
     unique = {id(v): v for v in variables}
-    return [v for v in unique.values()
-            if isinstance(v._value, jax.Array) and not v._value.is_fully_addressable
-            and not v._value.is_fully_replicated]
+    return [v for v in unique.values() if sharded_state.is_sharded(v._value)]
 
 
 @contextlib.contextmanager
