@@ -22,3 +22,5 @@ REPO_ROOT = BENCH_DIR.parent
 RESULTS_DIR = BENCH_DIR / "results"
 CACHE_DIR = BENCH_DIR / ".cache"
 VENV_DIR = BENCH_DIR / ".venvs"
+CLUSTER_DIR = BENCH_DIR / "cluster"  # programs started as processes: one per task
+PEERS_DIR = BENCH_DIR / "peers"  # the peers' programs (TensorFlow, PyTorch)

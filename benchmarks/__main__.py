@@ -10,13 +10,13 @@ import sys
 import time
 
 from benchmarks import RESULTS_DIR
-from benchmarks.configs import BENCHMARKS, SYSTEMS, WORKLOADS, Mode
-from benchmarks.envs import missing_harness_modules, tf_interpreter, torch_interpreter
-from benchmarks.report import write_summary
-from benchmarks.suite import Suite, select, stratax_importable, validate
+from benchmarks.harness.configs import BENCHMARKS, SYSTEMS, WORKLOADS, Mode
+from benchmarks.harness.envs import missing_harness_modules, tf_interpreter, torch_interpreter
+from benchmarks.harness.report import write_summary
+from benchmarks.harness.suite import Suite, select, stratax_importable, validate
 
 MIN_REPS = 3
-INSTALL_HINT = 'python -m pip install -e ".[bench]"'
+INSTALL_HINT = "python -m pip install -e . -e ./benchmarks"
 
 
 def _reps(text: str) -> int:

@@ -35,14 +35,14 @@ case " $* " in
        command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,clocks.max.sm \
            --format=csv,noheader || true ;;
 esac
-"$PYTHON" -m benchmarks.gpu_bench "$@"
+"$PYTHON" -m benchmarks.workloads.gpu_bench "$@"
 # Model vs data parallelism (MirroredStrategy with cores_per_replica and a LayoutMap, the layouts
 # TPUStrategy uses) over every GPU; it needs 2 or more, and says so on a one-GPU machine.
 case " $* " in
-    *" --cpu-smoke "*) "$PYTHON" -m benchmarks.tpu --model-parallel --platform cpu --devices 2 \
+    *" --cpu-smoke "*) "$PYTHON" -m benchmarks.workloads.tpu --model-parallel --platform cpu --devices 2 \
                            --quick --reps 1 ;;
     *) if [ -n "$GPUS_GIVEN" ]; then export CUDA_VISIBLE_DEVICES="$GPUS_GIVEN"
        else unset CUDA_VISIBLE_DEVICES; fi
        GPUS=$("$PYTHON" -c "import jax; print(len(jax.devices('gpu')))" 2>/dev/null || echo 0)
-       "$PYTHON" -m benchmarks.tpu --model-parallel --platform gpu --devices "$GPUS" --reps 3 ;;
+       "$PYTHON" -m benchmarks.workloads.tpu --model-parallel --platform gpu --devices "$GPUS" --reps 3 ;;
 esac

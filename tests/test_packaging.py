@@ -313,7 +313,7 @@ def test_ci_runs_exactly_the_readme_test_command():
     readme = (ROOT / "README.md").read_text()
     ci_lines = (ROOT / ".ci" / "run").read_text().strip().splitlines()
     command = ci_lines[-1]
-    assert command.startswith('python -m pip install -q -e ".[test]" && ')
+    assert command.startswith('python -m pip install -q -e ".[test]" -e ./benchmarks && ')
     assert "python -m ruff check ." in command and "python -m pytest" in command
     assert command.endswith("bash .ci/other_end_of_range.sh")  # the other end of the range
     assert f"```bash\n{command}\n```" in readme
@@ -322,13 +322,16 @@ def test_ci_runs_exactly_the_readme_test_command():
 def test_readme_stays_a_short_user_page_whose_links_resolve():
     """The README is for users: at most 12 KB, no dated measurements (they live in
     docs/design/ and benchmarks/), and every relative link of it, of the docs and of the
-    benchmarks' pages (their method and their dated log) resolves."""
+    benchmarks' pages (their method, their current summaries, their raw results and their
+    dated log) resolves."""
     readme = (ROOT / "README.md").read_text()
     assert len(readme.encode()) <= 12 * 1024, len(readme.encode())
-    assert not re.search(r"\d\d:\d\d UTC", readme)
+    assert not re.search(r"\d\d:\d\d UTC|20\d\d-\d\d-\d\d", readme)
     broken = []
-    pages = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *(ROOT / "docs").rglob("*.md"),
-             ROOT / "benchmarks" / "README.md", ROOT / "benchmarks" / "HISTORY.md"]
+    benchmarks = ROOT / "benchmarks"
+    pages = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", ROOT / "ARCHITECTURE.md",
+             *(ROOT / "docs").rglob("*.md"), benchmarks / "README.md", benchmarks / "HISTORY.md",
+             *(benchmarks / "summaries").glob("*.md"), *(benchmarks / "results").glob("*.md")]
     for page in pages:
         for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
             path = target.split("#")[0]

@@ -50,7 +50,7 @@ def _load(name: str, path: Path):
 
 
 render = _load("_stratax_deploy_render", ROOT / "tests" / "deploy" / "render.py")
-netns = _load("_stratax_netns", ROOT / "benchmarks" / "netns.py")
+netns = _load("_stratax_netns", ROOT / "benchmarks" / "cluster" / "netns.py")
 
 
 def _ip(*args: str) -> None:

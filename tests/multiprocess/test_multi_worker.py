@@ -209,7 +209,7 @@ def test_a_killed_then_preempted_worker_resumes_to_the_uninterrupted_weights(tmp
     assert preempted.exit_code == sx.PREEMPTION_EXIT_CODE
 
 
-@pytest.mark.slow  # a trial; `python -m benchmarks.chaos --mode mwms` runs 50 of them
+@pytest.mark.slow  # a trial; `python -m benchmarks.workloads.chaos --mode mwms` runs 50 of them
 @pytest.mark.timeout(420)
 def test_kill_9_at_a_random_step_resumes_to_the_uninterrupted_weights(tmp_path):
     """SIGKILL of a worker mid-epoch, at a random step (the default test kills at step 8)."""

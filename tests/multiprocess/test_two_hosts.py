@@ -19,7 +19,7 @@ from test_multi_worker import _reference
 pytestmark = pytest.mark.timeout(300)
 
 _spec = importlib.util.spec_from_file_location("_stratax_netns",
-                                              ROOT / "benchmarks" / "netns.py")
+                                              ROOT / "benchmarks" / "cluster" / "netns.py")
 netns = sys.modules.setdefault("_stratax_netns", importlib.util.module_from_spec(_spec))
 _spec.loader.exec_module(netns)
 

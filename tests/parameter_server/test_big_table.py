@@ -1,5 +1,6 @@
-"""The big-table demo (``benchmarks/ps_big_table.py``) at a small size: workers under a hard
-memory cap train a partitioned table row-sparse; the full 4M x 64 run is the documented command."""
+"""The big-table demo (``benchmarks/workloads/ps_big_table.py``) at a small size: workers under a
+hard memory cap train a partitioned table row-sparse; the full 4M x 64 run is the documented
+command."""
 
 import json
 import subprocess
@@ -13,7 +14,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _demo(tmp_path, *args):
     out = tmp_path / "result.json"
-    done = subprocess.run([sys.executable, "-m", "benchmarks.ps_big_table", "--out", str(out),
+    done = subprocess.run([sys.executable, "-m", "benchmarks.workloads.ps_big_table",
+                           "--out", str(out),
                            "--timeout", "150", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=200)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

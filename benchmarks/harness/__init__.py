@@ -1,0 +1,1 @@
+"""The harness: plans, launches (one fresh child per repetition), times, summarizes, reports."""
