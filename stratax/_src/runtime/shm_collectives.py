@@ -180,7 +180,7 @@ def _host_identity() -> str:
     """Host name, boot id and network namespace: processes that share all three share memory.
 
     The namespace tells apart two "hosts" on one machine (containers, the two-host test bed of
-    ``benchmarks/netns.py``), whose processes reach each other only over the network.
+    ``benchmarks/cluster/netns.py``), whose processes reach each other only over the network.
     """
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:

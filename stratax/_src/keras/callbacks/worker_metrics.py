@@ -79,13 +79,13 @@ class _TimedIterator:
 class WorkerMetrics(keras.callbacks.Callback):
     """Reports this worker's training speed to the run directory, for the dashboard.
 
-    Add it on every worker (it is cheap: see ``benchmarks/observe_overhead.py``); each writes
-    ``<run_dir>/metrics/<task>.jsonl`` about once per ``every_seconds``: ``step``, ``epoch``,
-    ``step_s``, ``samples_per_s``, ``input_s``, ``loss`` (Keras' running epoch mean), and
-    ``collective_s`` (estimated, see the module docstring); at each epoch end, every value of
-    Keras' epoch logs (``loss``, ``accuracy``, ``val_loss``, ...); at the first step, the step
-    ``fit`` starts from (``fit_begin=1``). Steps count on across ``fit`` calls of one callback
-    and, after a resume through ``sx.BackupAndRestore``, from the global step it restored.
+    Add it on every worker (it is cheap: see ``benchmarks/workloads/observe_overhead.py``);
+    each writes ``<run_dir>/metrics/<task>.jsonl`` about once per ``every_seconds``: ``step``,
+    ``epoch``, ``step_s``, ``samples_per_s``, ``input_s``, ``loss`` (Keras' running epoch
+    mean), and ``collective_s`` (estimated, see the module docstring); at each epoch end, every
+    value of Keras' epoch logs (``loss``, ``accuracy``, ``val_loss``, ...); at the first step,
+    the step ``fit`` starts from (``fit_begin=1``). Steps count on across ``fit`` calls of one
+    callback and, after a resume through ``sx.BackupAndRestore``, from the global step it restored.
 
     Args:
         run_dir: the run directory; default ``$STRATAX_RUN_DIR`` (set by ``stratax launch

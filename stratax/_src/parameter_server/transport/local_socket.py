@@ -95,7 +95,8 @@ def transport_mode(value: str | None = None) -> str:
 def host_identity() -> str | None:
     """This machine's boot id, hostname and network namespace (None where the kernel gives no
     boot id). Processes in two network namespaces count as two hosts: that is how hosts are
-    emulated on one box (``benchmarks/netns.py``), and their traffic must stay on the network."""
+    emulated on one box (``benchmarks/cluster/netns.py``), and their traffic must stay on the
+    network."""
     try:
         with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
             boot = f.read().strip()
