@@ -126,7 +126,8 @@ def _resume(writer: str, directory: str) -> dict:
     before = model.layers[0].kernel.numpy().copy()
     start = time.perf_counter()
     if writer.startswith("stratax"):
-        from stratax._src.keras import binding, checkpoint_io
+        from stratax._src.checkpoint import versions as checkpoint_io
+        from stratax._src.keras import binding
 
         backup = _callback(writer, directory, 1)
         backup.set_model(model)

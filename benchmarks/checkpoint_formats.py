@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.cluster import drop_page_cache
-from stratax._src.parameter_server import sharded_checkpoint
+from stratax._src.checkpoint import sharded_variables as sharded_checkpoint
 
 HERE = Path(__file__).parent
 STATES = ("value", "m", "v")
