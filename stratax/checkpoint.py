@@ -5,6 +5,6 @@ change shape").
 parameter servers; these functions do the same for Keras variables under any strategy.
 """
 
-from stratax._src.parameter_server.checkpoint import load_variables, save_variables
+from stratax._src.keras.checkpoint_variables import load_variables, save_variables
 
 __all__ = ["load_variables", "save_variables"]

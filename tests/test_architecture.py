@@ -30,7 +30,7 @@ def _layers_from_architecture_md() -> dict[str, int]:
 
 
 LAYERS = _layers_from_architecture_md()
-PUBLIC_LAYER = 9
+PUBLIC_LAYER = max(LAYERS.values()) + 1  # the public re-export modules
 # Modules whose layer is not their package's: observe's pure writers import only the standard
 # library and core (see stratax/_src/observe/__init__.py), so any layer may report through them
 # (the parameter-server coordinator writes its workers' records with them).

@@ -41,7 +41,7 @@ import numpy as np
 
 from benchmarks import RESULTS_DIR
 from benchmarks.cluster.launch import drop_page_cache
-from stratax._src.parameter_server import sharded_checkpoint
+from stratax._src.checkpoint import sharded_variables as sharded_checkpoint
 
 STATES = ("value", "m", "v")
 

@@ -106,7 +106,8 @@ def _worker(writer: str, directory: str, mib: int, process: int, port: int) -> d
         result["import_s"] = time.perf_counter() - start
         checkpointer = ocp.StandardCheckpointer()
     else:
-        from stratax._src.keras import checkpoint_io, sharded_state
+        from stratax._src.checkpoint import sharded_state
+        from stratax._src.checkpoint import versions as checkpoint_io
     target = os.path.join(directory, "ckpt")
     barrier()
     before = _peak_from_here()

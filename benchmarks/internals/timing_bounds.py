@@ -65,7 +65,7 @@ def backup_step_seconds(background: bool) -> tuple[float, float]:
     import keras
 
     import stratax as sx
-    from stratax._src.keras import checkpoint_io
+    from stratax._src.checkpoint import versions as checkpoint_io
 
     real_save = checkpoint_io.save
 

@@ -760,8 +760,9 @@ def _set_in_thread(slot: threading.local, fn: Callable[..., Any]) -> Iterator[No
 
 def held_value(variable: Any) -> Any:
     """The array ``variable`` holds, or ``None`` where Keras' JAX trainer purged it for the
-    length of a call (``variable.value`` would then fail: it re-runs a dropped initializer)."""
-    return variable._value
+    length of a call (``variable.value`` would then fail: it re-runs a dropped initializer) or
+    where ``variable`` is no Keras variable (a stand-in holding NumPy values)."""
+    return getattr(variable, "_value", None)
 
 
 def drop_pending_state(model: Any) -> None:

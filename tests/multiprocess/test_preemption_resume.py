@@ -15,7 +15,7 @@ from conftest import PROGRAMS, worker_env
 from preemption_program import batch, make_model
 
 import stratax as sx
-from stratax._src.keras import checkpoint_io
+from stratax._src.checkpoint import versions
 from stratax._src.launch import launch
 
 pytestmark = pytest.mark.timeout(240)
@@ -52,7 +52,7 @@ def _preempted_run(tmp_path, monkeypatch, workers_at_the_end, **shape):
 
 
 def _assert_uninterrupted(ckpt, out, workers):
-    _, meta = checkpoint_io.load(ckpt)
+    _, meta = versions.load(ckpt)
     saved_at = meta["total_run_calls"]
     assert PREEMPT_AT <= saved_at < STEPS, meta  # saved at the agreed step, past the notice
     model = make_model(sx.OneDeviceStrategy("cpu:0"))

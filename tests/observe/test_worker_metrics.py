@@ -121,7 +121,7 @@ def test_steps_continue_from_the_step_a_backup_restored(tmp_path, metrics_first)
     through BackupAndRestore numbers its reports from the restored global step 20 on, up to
     the run's 48 steps, not from the 4 steps done in the resumed epoch; in either order of
     the callbacks."""
-    from stratax._src.keras import checkpoint_io
+    from stratax._src.checkpoint import versions
     from stratax._src.keras.callbacks.backup import wait_for_writes
 
     rng = np.random.default_rng(0)
@@ -138,7 +138,7 @@ def test_steps_continue_from_the_step_a_backup_restored(tmp_path, metrics_first)
         _model(strategy).fit(x, y, batch_size=32, epochs=3, shuffle=False, verbose=0,
                              callbacks=callbacks(_CrashAt(21)))
     wait_for_writes(backup)
-    assert checkpoint_io.load(backup)[1]["global_step"] == 20
+    assert versions.load(backup)[1]["global_step"] == 20
     record_mod.close_all()
     crashed = _records(run_dir / "metrics" / "worker_0.jsonl")
 

@@ -11,7 +11,7 @@ import pytest
 from cluster_helpers import local_cluster, local_servers  # noqa: F401 - a fixture
 
 import stratax as sx
-from stratax._src.parameter_server import sharded_checkpoint
+from stratax._src.checkpoint import sharded_variables
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -120,7 +120,7 @@ def test_versions_commit_atomically_and_latest_stays_inside(local_cluster, tmp_p
         with pytest.raises(ValueError, match=problem):
             strategy.save_checkpoint(str(path), [table])
     with pytest.raises(ValueError, match="holds no committed sharded checkpoint"):
-        sharded_checkpoint.read_manifest(tmp_path / "nothing")
+        sharded_variables.read_manifest(tmp_path / "nothing")
 
 
 def test_a_table_built_on_its_servers_saves_sharded_only(local_cluster, tmp_path):  # noqa: F811

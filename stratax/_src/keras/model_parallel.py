@@ -29,7 +29,7 @@ import math
 import re
 import resource
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import jax
@@ -40,7 +40,7 @@ from jax.sharding import PartitionSpec as P
 from keras import distribution as keras_distribution
 
 from stratax._src import seam
-from stratax._src.keras import sharded_state
+from stratax._src.checkpoint import sharded_state
 from stratax._src.strategies.base import Strategy
 from stratax._src.strategies.replica_context import CORE_AXIS, REPLICA_AXIS
 
@@ -149,19 +149,24 @@ def _matching_rule(layout_map: Mapping[str, Any], path: str) -> str:
                  if match(rule, path)), path)
 
 
-def held_in_parts(model: Any) -> list[Any]:
-    """The variables of ``model`` and its optimizer that no process holds whole (split over
-    devices of several processes)."""
-    optimizer = getattr(model, "optimizer", None)
-    variables = [*model.variables, *(optimizer.variables if optimizer is not None else ())]
+def held_in_parts(variables: Iterable[Any]) -> list[Any]:
+    """The ``variables`` (each once) that no process holds whole (split over devices of several
+    processes)."""
     unique = {id(v): v for v in variables}
-    return [v for v in unique.values() if sharded_state.is_sharded(v._value)]
+    return [v for v in unique.values() if sharded_state.is_sharded(seam.held_value(v))]
+
+
+def model_state(model: Any) -> list[Any]:
+    """The variables of ``model`` and of its optimizer."""
+    optimizer = getattr(model, "optimizer", None)
+    return [*model.variables, *(optimizer.variables if optimizer is not None else ())]
 
 
 @contextlib.contextmanager
-def whole_values(model: Any, what: str) -> Iterator[None]:
-    """Inside, every variable of :func:`held_in_parts` reads whole on every process: its value
-    is gathered (an all-gather over the processes) and put back afterwards.
+def whole_values(variables: Iterable[Any], what: str) -> Iterator[None]:
+    """Inside, every variable of ``variables`` held in parts (:func:`held_in_parts`; e.g.
+    :func:`model_state`) reads whole on every process: its value is gathered (an all-gather
+    over the processes) and put back afterwards.
 
     A collective: every process enters it together, as every worker of a multi-worker program
     calls ``model.save``/``get_weights`` (the chief writes). The processes agree first whether
@@ -171,7 +176,7 @@ def whole_values(model: Any, what: str) -> Iterator[None]:
         MemoryError: the gathered state would not fit in some process (``what`` names the
             call); the message gives the sizes and the fix.
     """
-    parts = held_in_parts(model)
+    parts = held_in_parts(variables)
     if not parts:
         yield
         return

@@ -5,7 +5,7 @@ go through ``fit`` (where ``sx.BackupAndRestore`` does the same job). A SIGTERM 
 preemption notice, or ``kill``) makes every worker agree on a step, the step JAX's preemption
 service picks (``multihost_utils.reached_preemption_sync_point``, as ``sx.BackupAndRestore``
 uses it); there, at the end of a ``run`` call, the chief writes a checkpoint of the given Keras
-objects and of ``total_run_calls`` (``keras.checkpoint_io``: atomic, versioned; state split over
+objects and of ``total_run_calls`` (``checkpoint.versions``: atomic, versioned; state split over
 several workers' devices is written by every worker, each its own shards), every worker
 waits for it, and the program exits with ``PREEMPTION_EXIT_CODE`` (or calls
 ``TerminationConfig.exit_fn``). Made again after the restart, the handler restores the latest
@@ -24,8 +24,8 @@ from typing import Any
 import keras
 from jax.experimental import multihost_utils
 
+from stratax._src.checkpoint import versions
 from stratax._src.cluster.process_layout import process_layout
-from stratax._src.keras import checkpoint_io
 from stratax._src.keras.callbacks.backup import PREEMPTION_EXIT_CODE
 from stratax._src.runtime import worker_exit
 
@@ -102,7 +102,7 @@ def _named_variables(checkpoint: Any) -> dict[str, Any]:
             if id(variable) in seen:
                 continue
             seen.add(id(variable))
-            checkpoint_io.add_named(named, f"{key}/{variable.path}", variable)
+            versions.add_named(named, f"{key}/{variable.path}", variable)
     return named
 
 
@@ -204,9 +204,9 @@ class PreemptionCheckpointHandler:
         if self._config.save_fn is not None:
             self._config.save_fn()
         else:
-            sharded = (checkpoint_io.held_in_parts(self._variables) if self._multi_process
+            sharded = (versions.held_in_parts(self._variables) if self._multi_process
                        else set())
-            write = checkpoint_io.prepare_save(
+            write = versions.prepare_save(
                 self._dir, self._variables,
                 lambda: {"format": _FORMAT, "total_run_calls": self._run_calls}, sharded,
                 self._is_chief)
@@ -216,7 +216,7 @@ class PreemptionCheckpointHandler:
             multihost_utils.sync_global_devices("stratax preemption checkpoint saved")
 
     def _restore(self) -> None:
-        restored = checkpoint_io.load(self._dir)
+        restored = versions.load(self._dir)
         if restored is None:
             return
         arrays, meta = restored
@@ -225,8 +225,8 @@ class PreemptionCheckpointHandler:
                 f"{self._dir!r} holds no PreemptionCheckpointHandler checkpoint (format "
                 f"{meta.get('format')!r}); use another checkpoint_dir.")
         where = f"The checkpoint in {self._dir!r} (build the optimizer before the handler)"
-        for variable, value in checkpoint_io.match(arrays, self._variables, where,
+        for variable, value in versions.match(arrays, self._variables, where,
                                                    "checkpoint_dir"):
-            checkpoint_io.assign(variable, value)
+            versions.assign(variable, value)
         self._run_calls = int(meta["total_run_calls"])
         logger.info("Restored %s at run call %d.", self._dir, self._run_calls)

@@ -20,7 +20,8 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from stratax._src.keras import binding, call_stack, checkpoint_io, model_parallel
+from stratax._src.checkpoint.files import atomic_target
+from stratax._src.keras import binding, call_stack, model_parallel
 from stratax._src.keras.runners.runner import runner_for
 
 
@@ -35,8 +36,9 @@ def save_method(original: Callable[..., Any]) -> Callable[..., Any]:
         if strategy is not None:
             runner_for(strategy).before_save(self)
         write = strategy is None or strategy.is_chief or call_stack.active() is None
-        with checkpoint_io.atomic_target(filepath, write=write) as target, \
-                model_parallel.whole_values(self, f"model.{original.__name__}"):
+        with atomic_target(filepath, write=write) as target, \
+                model_parallel.whole_values(model_parallel.model_state(self),
+                                            f"model.{original.__name__}"):
             return original(self, target, *args, **kwargs)
 
     return save
@@ -48,7 +50,8 @@ def get_weights_method(original: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(original)
     def get_weights(self: Any) -> Any:
-        with model_parallel.whole_values(self, "model.get_weights()"):
+        with model_parallel.whole_values(model_parallel.model_state(self),
+                                         "model.get_weights()"):
             return original(self)
 
     return get_weights

@@ -24,8 +24,8 @@ import jax
 import keras
 import numpy as np
 
-from stratax._src.parameter_server import checkpoint_entries, sharded_checkpoint
-from stratax._src.parameter_server.checkpoint import load_variables
+from stratax._src.checkpoint import entries, sharded_variables
+from stratax._src.keras.checkpoint_variables import load_variables
 from stratax._src.parameter_server.shard_init import remote_recipe
 
 
@@ -53,8 +53,8 @@ class RowLookup(keras.layers.Layer):
         super().__init__(**kwargs)
         self.checkpoint = os.fspath(checkpoint)
         self.variable = variable
-        version, entries = sharded_checkpoint.read_manifest(self.checkpoint)
-        _, entry = checkpoint_entries.find(entries, variable, None, self.checkpoint)
+        version, saved = sharded_variables.read_manifest(self.checkpoint)
+        _, entry = entries.find(saved, variable, None, self.checkpoint)
         if len(entry["shape"]) != 2:
             raise ValueError(f"RowLookup reads a table of rank 2; {variable!r} in "
                              f"{self.checkpoint!r} has shape {tuple(entry['shape'])}.")
@@ -101,7 +101,7 @@ def for_serving(model: Any, checkpoint: str) -> keras.Model:
     def clone(layer: Any) -> Any:
         table = getattr(layer, "embeddings", None)
         if isinstance(layer, keras.layers.Embedding) and remote_recipe(table) is not None:
-            return RowLookup(checkpoint, checkpoint_entries.entry_name(table.path),
+            return RowLookup(checkpoint, entries.entry_name(table.path),
                              name=layer.name)
         return layer.__class__.from_config(layer.get_config())
 

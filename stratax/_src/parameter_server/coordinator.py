@@ -21,7 +21,8 @@ a task restarted at its address is taken back.
 
 Here: the user API and one dispatch thread per worker that sends it closures. The closures'
 states live in ``closure_queue``; what happens when a worker dies, hangs or a step fails, and
-how a worker is taken back, in ``recovery``.
+how a worker is taken back, in ``recovery``; how a per-worker dataset is built on the workers,
+in ``inputs/per_worker_dataset``.
 """
 
 from __future__ import annotations
@@ -50,6 +51,8 @@ from stratax._src.parameter_server.inputs.iterator_registry import IteratorRegis
 from stratax._src.parameter_server.inputs.per_worker_dataset import (
     PerWorkerDataset,
     PerWorkerIterator,
+    batch_spec,
+    build_on_workers,
 )
 from stratax._src.parameter_server.step_errors import StepError
 from stratax._src.parameter_server.transport import rpc
@@ -265,64 +268,20 @@ class ClusterCoordinator:
 
     def _make_iterator(self, source: dataset_source.Source) -> PerWorkerIterator:
         """Builds iterator ``it<N>`` on the live workers and registers it (a worker down now
-        gets it when it is taken back, see ``_on_live_workers``)."""
+        gets it when it is taken back, see ``build_on_workers``)."""
         name = f"{getattr(self.strategy, '_namespace', '')}it{next(self._ids)}"
         with self._iterators.lock:
-            replies = self._on_live_workers("iterator", {"iterator": name}, source)
+            replies = build_on_workers(self._live_workers(), "iterator", {"iterator": name},
+                                       source)
             for index in replies:
                 self._workers[index].iterators.add(name)
             self._iterators.add(name, source)
-        return PerWorkerIterator(name, *self._batch_spec(replies), self._iterators.released)
+        return PerWorkerIterator(name, *batch_spec(replies), self._iterators.released)
 
     def _dataset_spec(self, source: dataset_source.Source) -> tuple[Any, list[Any]]:
         """Builds ``source`` on the live workers, keeping nothing there; returns the structure
         and leaf specs of its batches."""
-        return self._batch_spec(self._on_live_workers("dataset_spec", {}, source))
-
-    def _on_live_workers(self, method: str, meta: dict[str, Any],
-                         source: dataset_source.Source) -> dict[int, Any]:
-        """Sends ``source`` with ``meta`` to every live worker; returns the replies by worker.
-
-        As in TensorFlow, a worker that does not answer (down, not yet noticed) does not fail
-        the call: it is marked dead, and its serving thread takes it back when it answers
-        again, rebuilding every registered iterator there (``recovery.revive``).
-
-        Raises:
-          WorkerUnavailableError: no worker answered.
-        """
-        replies, lost = {}, []
-        for worker in self._live_workers():
-            try:
-                replies[worker.index] = worker.client.call(
-                    method, {**meta, "source": source.meta}, source.tensors,
-                    stream=bool(source.tensors))
-            except WorkerUnavailableError as err:
-                logger.warning("%s; it gets this dataset when it answers again", err)
-                worker.died_at = time.monotonic()
-                worker.alive = False
-                lost.append(str(err))
-        if not replies:
-            raise WorkerUnavailableError("No worker answered to build the dataset: "
-                                         + "; ".join(lost))
-        return replies
-
-    @staticmethod
-    def _batch_spec(replies: dict[int, Any]) -> tuple[Any, list[jax.ShapeDtypeStruct]]:
-        """``(structure, leaf specs)`` of the workers' batches, which must agree.
-
-        Raises:
-          ValueError: two workers' batches differ.
-        """
-        first_index, first = next(iter(replies.items()))
-        for index, reply in replies.items():
-            if (reply.meta["specs"] != first.meta["specs"]
-                    or reply.meta["structure"] != first.meta["structure"]):
-                raise ValueError(
-                    f"Worker {index}'s dataset yields {reply.meta['specs']}, worker "
-                    f"{first_index}'s {first.meta['specs']}; every worker's batches need one "
-                    "structure and shape.")
-        return first.meta["structure"], [jax.ShapeDtypeStruct(tuple(shape), np.dtype(dtype))
-                                         for dtype, shape in first.meta["specs"]]
+        return batch_spec(build_on_workers(self._live_workers(), "dataset_spec", {}, source))
 
     def _live_workers(self) -> list[_Worker]:
         live = [w for w in self._workers if w.alive]

@@ -20,8 +20,7 @@ from typing import Any
 import numpy as np
 
 from stratax._src.core.config import config
-from stratax._src.parameter_server import checkpoint
-from stratax._src.parameter_server import checkpoint_entries as entries_lib
+from stratax._src.parameter_server import server_checkpoints
 from stratax._src.parameter_server.program import Program
 from stratax._src.parameter_server.variables import PSVariable
 
@@ -71,7 +70,7 @@ class Residency:
                         "ledgers": reply.meta["ledgers"], "previous": reply.meta["previous"]}
                 tensors = reply.tensors
             else:
-                shards = checkpoint.export_variables(self._strategy, missing)
+                shards = server_checkpoints.export_variables(self._strategy, missing)
                 meta = {"names": keys, "shards": [shards[k][0] for k in keys]}
                 tensors = [t for k in keys for t in shards[k][1]]
             worker.client.call("resident_load", meta, tensors, stream=True)
@@ -106,7 +105,7 @@ class Residency:
                 tensors += reply.tensors[position:position + count]
                 position += count
             self._strategy._ps.each({
-                ps: entries_lib.call("import", {"names": names, "shards": states}, tensors)
+                ps: server_checkpoints.call("import", {"names": names, "shards": states}, tensors)
                 for ps, (names, states, tensors) in calls.items()})
 
     def drop(self, workers: Sequence[Any]) -> None:

@@ -7,9 +7,9 @@ task, constructing the strategy serves that task and exits the process when the 
 (``tasks.server.serve_and_exit``).
 
 The class is the TensorFlow API; its parts live beside it: the variables and their placement in
-``variable_store``, checkpoints in ``checkpoint`` and ``sharded_checkpoint``, the servers'
-counters in ``server_stats``, ``strategy.extended`` in ``extended``, scheduling in
-``coordinator``.
+``variable_store``, the checkpoint methods in ``server_checkpoints`` (``CheckpointMethods``),
+the servers' counters in ``server_stats`` (``ServerStats``), ``strategy.extended`` in
+``extended``, scheduling in ``coordinator``.
 """
 
 from __future__ import annotations
@@ -25,21 +25,15 @@ import numpy as np
 from stratax._src.cluster.resolver import ClusterResolver
 from stratax._src.core.context import replica_context_scope
 from stratax._src.distributed_input.input_context import InputContext
-from stratax._src.parameter_server import (
-    checkpoint,
-    closures,
-    functions,
-    program,
-    recovery,
-    server_stats,
-    sharded_checkpoint,
-)
+from stratax._src.parameter_server import closures, functions, program, recovery
 from stratax._src.parameter_server import coordinator as coord
 from stratax._src.parameter_server.connection import TaskConnection
 from stratax._src.parameter_server.extended import ParameterServerExtended
 from stratax._src.parameter_server.inputs import dataset_source
 from stratax._src.parameter_server.per_worker_variables import PerWorkerVariable
 from stratax._src.parameter_server.residency import Residency, hybrid_settings, require_tables
+from stratax._src.parameter_server.server_checkpoints import CheckpointMethods
+from stratax._src.parameter_server.server_stats import ServerStats
 from stratax._src.parameter_server.shard_init import remote_recipe
 from stratax._src.parameter_server.tasks import cluster_check
 from stratax._src.parameter_server.tasks.optimizers import DEFAULT_SPARSE_UPDATES
@@ -55,7 +49,7 @@ logger = logging.getLogger(__name__)
 MODES = ("async", "sync")
 
 
-class ParameterServerStrategy(Strategy):
+class ParameterServerStrategy(CheckpointMethods, ServerStats, Strategy):
     """TensorFlow's ``ParameterServerStrategy`` on JAX: a chief, workers and parameter servers.
 
     An ``sx.Strategy`` like the others: its mesh is the chief's first device, where ``run`` and
@@ -315,20 +309,6 @@ class ParameterServerStrategy(Strategy):
             if remote_recipe(keras_var) is None:
                 keras_var.assign(ps_var.numpy())
 
-    def pull_optimizer_state(self, optimizer: Any, variables: Sequence[Any]) -> None:
-        """Copies the servers' optimizer slots of the placed Keras ``variables`` into the Keras
-        ``optimizer``'s (see ``checkpoint.pull_keras_optimizer``): saves hold the trained state."""
-        pairs = self._store.placed_pairs(variables)
-        if pairs and optimizer is not None and optimizer.built:
-            checkpoint.pull_keras_optimizer(self, optimizer, pairs)
-
-    def push_optimizer_state(self, optimizer: Any, variables: Sequence[Any]) -> None:
-        """Gives the servers the Keras ``optimizer``'s state (slots, iterations) and the values
-        of the placed Keras ``variables``: a loaded model trains on from its saved state."""
-        pairs = self._store.placed_pairs(variables)
-        if pairs and optimizer is not None and optimizer.built:
-            checkpoint.push_keras_optimizer(self, optimizer, pairs)
-
     def is_placed(self, variable: Any) -> bool:
         """Whether the Keras ``variable`` has its parameter-server variable already."""
         return self._store.is_placed(variable)
@@ -401,59 +381,6 @@ class ParameterServerStrategy(Strategy):
         return self._store.create(initial_value, name, trainable, dtype, shape, aggregation,
                                   per_worker or per_worker_variable,
                                   self.extended.colocated_ps())
-
-    def describe_variables(self) -> str:
-        """A table: each variable's shards, the ps holding them (with address) and bytes."""
-        return server_stats.describe(self._store.variables, self._ps_addresses)
-
-    def optimizer_iterations(self, variable: PSVariable) -> list[int]:
-        """Updates applied to each shard of ``variable`` (exact; one per applied step id)."""
-        return server_stats.optimizer_iterations(self._ps, variable)
-
-    def shard_stats(self, variable: Any) -> list[dict[str, Any]]:
-        """Per shard of ``variable`` (a ``PSVariable`` or a placed Keras variable), its ps'
-        counters (see ``server_stats.shard_stats``)."""
-        return server_stats.shard_stats(self._ps, self._store.on_ps(variable))
-
-    def applied_steps(self, variable: PSVariable) -> list[list[str]]:
-        """Per shard of ``variable``, the sorted ids of the steps applied to it (the
-        parameter servers' ledger; see ``server_stats.applied_steps``)."""
-        return server_stats.applied_steps(self._ps, variable)
-
-    def save_checkpoint(self, path: str, variables: Sequence[Any] | None = None) -> None:
-        """Writes ``variables`` (default: all) with their optimizer state to ``path``.
-
-        A directory (a path without ``.npz``): each parameter server writes its own shards in
-        parallel and the chief commits the version with a manifest, so no process holds a
-        variable whole and a save killed at any point leaves the previous version (see
-        ``sharded_checkpoint``). A ``.npz`` file: the variables whole, from the chief, for
-        models that fit it. Either restores with any number of parameter servers and any
-        partitioner, and into Keras under any strategy (``sx.checkpoint.load_variables``).
-
-        Raises:
-          ValueError: a ``.npz`` path for a variable built by its servers (too large for the
-            chief): the message names it; save to a directory instead.
-        """
-        checkpoint.save(self, path, self._store.chosen(variables), self._store.built_on_servers)
-
-    def restore_checkpoint(self, path: str, variables: Sequence[Any] | None = None) -> list[str]:
-        """Loads ``path`` (a directory or ``.npz`` file from ``save_checkpoint``, or
-        ``sx.checkpoint.save_variables``' file) into ``variables`` (default: all; Keras
-        variables are matched by ``path``), resharding to this strategy's placement; returns
-        the names restored. From a directory each parameter server reads only the saved rows
-        of its own shards."""
-        return checkpoint.restore(self, path, self._store.chosen(variables))
-
-    def save_checkpoint_version(self, path: str, variables: Sequence[Any]) -> str:
-        """``save_checkpoint`` into the directory ``path``; returns the version written, which
-        ``restore_checkpoint_version`` reads while ``path`` keeps it (the newest two)."""
-        return sharded_checkpoint.save(self, path, self._store.chosen(variables))
-
-    def restore_checkpoint_version(self, path: str, version: str,
-                                   variables: Sequence[Any]) -> list[str]:
-        """``restore_checkpoint`` of one version of the directory ``path`` (not its newest
-        necessarily): the one a backup recorded."""
-        return sharded_checkpoint.restore(self, path, self._store.chosen(variables), version)
 
     def shutdown(self) -> None:
         """Stops the coordinator and, for the last strategy of this process on the cluster,

@@ -14,9 +14,9 @@ import pytest
 from kill_mid_write import kill_while_writing
 
 import stratax as sx
-from stratax._src.keras import checkpoint_io, sharded_state
+from stratax._src.checkpoint import sharded_state, versions
+from stratax._src.checkpoint.versions import match
 from stratax._src.keras.callbacks.backup import wait_for_writes
-from stratax._src.keras.checkpoint_io import match
 
 
 def _data():
@@ -69,13 +69,13 @@ def test_resume_mid_epoch_equals_uninterrupted(tmp_path, crash_step):
                     callbacks=[sx.BackupAndRestore(backup, save_freq=3),
                                _FailAt(crash_step, _raise)])
     wait_for_writes(backup)  # the write in flight when fit raised completes by itself
-    assert checkpoint_io.latest_version(backup) is not None
+    assert versions.latest_version(backup) is not None
     resumed = _model(strategy)
     resumed.fit(x, y, batch_size=16, epochs=3, verbose=0,
                 callbacks=[sx.BackupAndRestore(backup, save_freq=3)])
     for got, want in zip(resumed.get_weights(), reference.get_weights(), strict=True):
         np.testing.assert_array_equal(got, want)
-    assert checkpoint_io.latest_version(backup) is None  # deleted when training completed
+    assert versions.latest_version(backup) is None  # deleted when training completed
 
 
 def test_sigterm_saves_and_exits_with_preemption_code(tmp_path):
@@ -90,7 +90,7 @@ def test_sigterm_saves_and_exits_with_preemption_code(tmp_path):
             _FailAt(6, lambda: os.kill(os.getpid(), signal.SIGTERM))])
     signal.signal(signal.SIGTERM, previous)
     assert exit_info.value.code == sx.PREEMPTION_EXIT_CODE
-    _, meta = checkpoint_io.load(backup)
+    _, meta = versions.load(backup)
     # SIGTERM arrived after step 6's backup check: the workers stop at the next step.
     assert (meta["epoch"], meta["steps_in_epoch"]) == (0, 7)
     resumed = _model(strategy)
@@ -102,7 +102,7 @@ def test_sigterm_saves_and_exits_with_preemption_code(tmp_path):
         np.testing.assert_array_equal(got, want)
 
 
-def _crash_and_rewrite(tmp_path, strategy, rewrite, named=False, write=checkpoint_io.save):
+def _crash_and_rewrite(tmp_path, strategy, rewrite, named=False, write=versions.save):
     """Trains 2 epochs with a crash at step 10 (backups every 4), lets ``rewrite(arrays, meta)``
     change the backup (written again by ``write(directory, arrays, meta)``), resumes, and
     checks the result equals an uninterrupted run."""
@@ -115,7 +115,7 @@ def _crash_and_rewrite(tmp_path, strategy, rewrite, named=False, write=checkpoin
         _model(strategy, named).fit(x, y, batch_size=16, epochs=2, verbose=0, callbacks=[
             sx.BackupAndRestore(str(backup), save_freq=4), _FailAt(10, _raise)])
     wait_for_writes(str(backup))
-    arrays, meta = checkpoint_io.load(backup)
+    arrays, meta = versions.load(backup)
     write(backup, *rewrite(arrays, meta))
     resumed = _model(strategy, named)
     resumed.fit(x, y, batch_size=16, epochs=2, verbose=0,
@@ -176,7 +176,7 @@ def _write_as_two_processes(backup, arrays, meta):
     meta = {**meta, "processes": 2, "order": list(arrays),
             "sharded": {name: {"shape": list(arrays[name].shape), "dtype": "float32"}
                         for name in matrices}}
-    version = checkpoint_io._commit(backup, {n: a for n, a in arrays.items()
+    version = versions._commit(backup, {n: a for n, a in arrays.items()
                                              if n not in matrices}, meta, staging)
     with np.load(version / "state.npz") as whole_arrays:
         assert not set(whole_arrays.files) & set(matrices)
@@ -193,15 +193,15 @@ def test_a_backup_written_in_parts_by_two_processes_resumes_in_one(tmp_path):
 
 
 def test_failed_save_leaves_previous_checkpoint_intact(tmp_path, monkeypatch):
-    checkpoint_io.save(tmp_path, {"w": np.arange(3.0)}, {"step": 1})
+    versions.save(tmp_path, {"w": np.arange(3.0)}, {"step": 1})
 
     def broken_savez(*args, **kwargs):
         raise OSError("disk full")
 
     monkeypatch.setattr(np, "savez", broken_savez)
     with pytest.raises(OSError, match="disk full"):
-        checkpoint_io.save(tmp_path, {"w": np.arange(5.0)}, {"step": 2})
-    arrays, meta = checkpoint_io.load(tmp_path)
+        versions.save(tmp_path, {"w": np.arange(5.0)}, {"step": 2})
+    arrays, meta = versions.load(tmp_path)
     assert meta == {"step": 1}
     np.testing.assert_array_equal(arrays["w"], np.arange(3.0))
     assert not list(tmp_path.glob(".staging-*"))
@@ -228,7 +228,7 @@ def test_save_weights_is_atomic(tmp_path, monkeypatch):
 def test_mismatched_backup_and_bad_arguments(tmp_path):
     strategy = sx.OneDeviceStrategy("cpu:0")
     x, y = _data()
-    checkpoint_io.save(tmp_path, {"arr_0": np.zeros(2)},
+    versions.save(tmp_path, {"arr_0": np.zeros(2)},
                        {"format": 1, "epoch": 0, "steps_in_epoch": 0, "global_step": 0})
     with pytest.raises(ValueError, match="does not match this model"):
         _model(strategy).fit(x, y, batch_size=16, verbose=0,
@@ -302,7 +302,7 @@ def test_a_full_disk_during_a_backup_names_the_path_and_keeps_the_previous_one(t
             "space on that disk or choose another directory.")
         (disk / "filler").unlink()
         assert sorted(p.name for p in backup_dir.iterdir()) == ["ckpt-0", "latest"]
-        assert checkpoint_io.load(backup_dir)[1]["global_step"] == 2
+        assert versions.load(backup_dir)[1]["global_step"] == 2
     finally:
         subprocess.run(["umount", "-l", str(disk)], check=False)
 
@@ -310,14 +310,14 @@ def test_a_full_disk_during_a_backup_names_the_path_and_keeps_the_previous_one(t
 _SAVER = """
 import sys
 import numpy as np
-from stratax._src.keras import checkpoint_io, sharded_state
+from stratax._src.checkpoint import sharded_state, versions
 from stratax._src.keras.callbacks.backup import wait_for_writes
 
-checkpoint_io.save(sys.argv[1], {"w": np.zeros(4 << 20, np.float32)}, {"step": 0})
+versions.save(sys.argv[1], {"w": np.zeros(4 << 20, np.float32)}, {"step": 0})
 print("first", flush=True)
 step = 1
 while True:
-    checkpoint_io.save(sys.argv[1], {"w": np.full(4 << 20, step, np.float32)},
+    versions.save(sys.argv[1], {"w": np.full(4 << 20, step, np.float32)},
                        {"step": step})
     step += 1
 """
@@ -329,11 +329,11 @@ def test_a_chief_killed_mid_backup_leaves_nothing_after_the_next_save(tmp_path):
     cannot remove it); the next save removes it, and the last complete backup loads."""
     leftovers = kill_while_writing(_SAVER, tmp_path, ".staging-")
     assert leftovers, "no kill landed during a backup in 20 tries"
-    arrays, meta = checkpoint_io.load(tmp_path)
+    arrays, meta = versions.load(tmp_path)
     assert float(arrays["w"][0]) == meta["step"]          # the last complete backup
-    checkpoint_io.save(tmp_path, {"w": np.arange(3.0)}, {"step": -1})
+    versions.save(tmp_path, {"w": np.arange(3.0)}, {"step": -1})
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
-    assert checkpoint_io.load(tmp_path)[1] == {"step": -1}
+    assert versions.load(tmp_path)[1] == {"step": -1}
 
 
 @pytest.mark.parametrize("background", [True, False])
@@ -346,7 +346,7 @@ def test_a_slow_write_does_not_stall_training_in_the_background(tmp_path, monkey
     beside a slow write is measured by ``python -m benchmarks.internals.timing_bounds``."""
     import threading
 
-    real_save = checkpoint_io.save
+    real_save = versions.save
     events = []
     step_6_ended = threading.Event()
 
@@ -361,7 +361,7 @@ def test_a_slow_write_does_not_stall_training_in_the_background(tmp_path, monkey
         if batch + 1 == 6:
             step_6_ended.set()
 
-    monkeypatch.setattr(checkpoint_io, "save", slow_save)
+    monkeypatch.setattr(versions, "save", slow_save)
     clock = keras.callbacks.LambdaCallback(on_train_batch_end=step_ended)
     x, y = _data()
     backup = sx.BackupAndRestore(str(tmp_path), save_freq=5, delete_checkpoint=False,
@@ -375,14 +375,14 @@ def test_a_slow_write_does_not_stall_training_in_the_background(tmp_path, monkey
     else:
         assert events[saved - 1] == ("step", 4), events  # written inside step 5, before its end
         assert ("step", 5) in events[saved:], events
-    assert checkpoint_io.load(tmp_path)[1]["global_step"] == 5  # written before fit returned
+    assert versions.load(tmp_path)[1]["global_step"] == 5  # written before fit returned
 
 
 def test_a_failed_background_write_raises_from_fit(tmp_path, monkeypatch):
     def broken_save(*args):
         raise OSError("disk gone")
 
-    monkeypatch.setattr(checkpoint_io, "save", broken_save)
+    monkeypatch.setattr(versions, "save", broken_save)
     x, y = _data()
     with pytest.raises(OSError, match="disk gone"):
         _model(sx.OneDeviceStrategy("cpu:0")).fit(x[:48], y[:48], batch_size=16, verbose=0,
@@ -394,13 +394,13 @@ def test_a_version_left_by_a_writer_killed_before_it_became_latest_is_replaced(t
     """A writer killed between moving ``ckpt-N`` into place and recording it as latest leaves
     that directory behind; the next save of version N replaces it instead of failing with
     "Directory not empty" (seen in a chaos trial that killed the chief mid-save)."""
-    checkpoint_io.save(tmp_path, {"w": np.zeros(2)}, {"step": 0})
+    versions.save(tmp_path, {"w": np.zeros(2)}, {"step": 0})
     stale = tmp_path / "ckpt-1"
     stale.mkdir()
     (stale / "state.npz").write_bytes(b"half-written")
-    saved = checkpoint_io.save(tmp_path, {"w": np.ones(2)}, {"step": 1})
-    assert saved == stale and checkpoint_io.latest_version(tmp_path) == stale
-    arrays, meta = checkpoint_io.load(tmp_path)
+    saved = versions.save(tmp_path, {"w": np.ones(2)}, {"step": 1})
+    assert saved == stale and versions.latest_version(tmp_path) == stale
+    arrays, meta = versions.load(tmp_path)
     np.testing.assert_array_equal(arrays["w"], np.ones(2))
     assert meta == {"step": 1}
 
@@ -409,12 +409,12 @@ def test_a_version_left_by_a_writer_killed_before_it_became_latest_is_replaced(t
 def test_a_corrupt_latest_is_an_error_naming_it_never_a_path_elsewhere(tmp_path, text):
     """``latest`` is resolved only to a ckpt-<n> inside the backup directory; anything else is
     an error naming the file and the newest complete version, for a load and for a save."""
-    checkpoint_io.save(tmp_path, {"a": np.ones(2)}, {"epoch": 0})
-    checkpoint_io.save(tmp_path, {"a": np.zeros(2)}, {"epoch": 1})
+    versions.save(tmp_path, {"a": np.ones(2)}, {"epoch": 0})
+    versions.save(tmp_path, {"a": np.zeros(2)}, {"epoch": 1})
     (tmp_path.parent / "elsewhere").mkdir(exist_ok=True)
     (tmp_path / "latest").write_text(text)
-    for call in (lambda: checkpoint_io.load(tmp_path),
-                 lambda: checkpoint_io.save(tmp_path, {"a": np.ones(2)}, {"epoch": 2})):
+    for call in (lambda: versions.load(tmp_path),
+                 lambda: versions.save(tmp_path, {"a": np.ones(2)}, {"epoch": 2})):
         with pytest.raises(ValueError, match="not the name of a checkpoint version") as err:
             call()
         assert str(tmp_path / "latest") in str(err.value) and "ckpt-1" in str(err.value)
@@ -430,7 +430,7 @@ def test_a_version_is_flushed_before_it_becomes_latest(tmp_path, monkeypatch):
         return real_fsync(fd)
 
     monkeypatch.setattr(os, "fsync", fsync)
-    final = checkpoint_io.save(tmp_path, {"a": np.ones(2)}, {"epoch": 0})
+    final = versions.save(tmp_path, {"a": np.ones(2)}, {"epoch": 0})
     names = [Path(s).name for s in synced]
     latest = max(i for i, s in enumerate(synced) if ".latest.tmp-" in s)
     for needed in ("state.npz", "meta.json"):

@@ -5,11 +5,14 @@ Usage: python sharded_state_program.py DIR MODE
 MODE "save" (2 processes x 2 devices, TF_CONFIG names the cluster): writes two versions of
 the state below, each process its own shards, checks that a version is not visible before
 every process wrote, then reads the second version back into another layout.
+Then, under ``MultiWorkerMirroredStrategy(cores_per_replica=4, layout_map=...)`` (which
+starts the job), ``sx.checkpoint.save_variables`` of a kernel split over both processes
+(gathered into a whole file), ``load_variables`` back into a model's parts, and the refusal
+when one process is short of memory.
 MODE "restore" (1 process, 2 devices): reads it whole and onto this process's devices.
 Prints "OK <checks>" when every check passed.
 """
 
-import json
 import os
 import sys
 import threading
@@ -21,12 +24,20 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 directory, mode = sys.argv[1], sys.argv[2]
-if mode == "save":
-    config = json.loads(os.environ["TF_CONFIG"])
-    jax.distributed.initialize(config["cluster"]["worker"][0], num_processes=2,
-                               process_id=config["task"]["index"])
+if mode == "save":  # the strategy starts jax.distributed from TF_CONFIG
+    import keras
 
-from stratax._src.keras import checkpoint_io, sharded_state  # noqa: E402
+    import stratax as sx
+    from stratax._src.checkpoint import variables_file
+    from stratax._src.keras import model_parallel
+
+    layout = keras.distribution.LayoutMap(None)
+    layout[".*wide.*kernel"] = (None, "core")  # 8 columns over 4 cores of 2 processes
+    strategy = sx.MultiWorkerMirroredStrategy(
+        cores_per_replica=4, layout_map=layout,
+        communication_options=sx.CommunicationOptions(timeout_seconds=60))
+
+from stratax._src.checkpoint import sharded_state, versions  # noqa: E402
 
 
 def expected(version):
@@ -60,6 +71,71 @@ class _Held:
         self._value = jax.make_array_from_callback(whole.shape, sharding, lambda i: whole[i])
 
 
+def variables_in_parts():
+    """``sx.checkpoint.save_variables`` of a kernel (and its Adam slots) split over both
+    processes writes it whole; ``load_variables`` puts it back into another model's parts; a
+    process short of memory makes both refuse. Returns the number of checks."""
+    def build():
+        with strategy.scope():
+            model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(8, name="wide")])
+            model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+        return model
+
+    def holds(variable, whole):
+        """``variable`` holds ``whole``'s values in each of its parts here (no gather)."""
+        for shard in variable.value.addressable_shards:
+            np.testing.assert_array_equal(np.asarray(shard.data), whole[shard.index],
+                                          err_msg=variable.path)
+
+    # Known state (not trained: no step to compile), placed into the parts: the weights by
+    # set_weights, Adam's slots as load_variables places them.
+    known = [np.arange(48, dtype=np.float32).reshape(6, 8) / 7, np.arange(8, dtype=np.float32)]
+    model = build()
+    model.set_weights(known)
+    model.optimizer.build(model.trainable_variables)
+    slots = {v.path: np.full(v.shape, 0.5 + n, np.float32)
+             for n, v in enumerate(model.optimizer.variables) if v.shape}
+    for v in model.optimizer.variables:
+        if v.path in slots:
+            v.assign(sharded_state.value_for(v, slots[v.path]))
+    model.optimizer.iterations.assign(3)
+    kernel = model.layers[0].kernel
+    assert sharded_state.is_sharded(kernel.value), kernel.value.sharding
+
+    path = os.path.join(directory, "variables", f"variables{jax.process_index()}.npz")
+    sx.checkpoint.save_variables(path, model.trainable_variables, model.optimizer)
+    entries, data = variables_file.read(path)
+    assert [e["name"] for e in entries] == ["wide/kernel", "wide/bias"], entries
+    assert entries[0]["iterations"][0][2] == 3, entries
+    for i, (variable, whole) in enumerate(zip(model.trainable_variables, known, strict=True)):
+        np.testing.assert_array_equal(data[f"value/{i}"], whole)
+        for slot, keras_name in (("m", "momentum"), ("v", "velocity")):
+            name = f"adam/{variable.path.replace('/', '_')}_{keras_name}"
+            np.testing.assert_array_equal(data[f"slot/{i}/{slot}"], slots[name])
+
+    other = build()  # new initial values, same layout; its optimizer is built by the load
+    sx.checkpoint.load_variables(path, other.trainable_variables, other.optimizer)
+    assert other.layers[0].kernel.value.sharding == kernel.value.sharding
+    for variable, whole in zip(other.trainable_variables, known, strict=True):
+        holds(variable, whole)
+    for variable in other.optimizer.variables:
+        if variable.path in slots:
+            holds(variable, slots[variable.path])
+    assert int(other.optimizer.iterations.numpy()) == 3
+
+    if jax.process_index() == 1:  # short of memory: both refuse, neither waits for the other
+        model_parallel._memory_left = lambda: 0
+    refused = os.path.join(directory, "variables", f"refused{jax.process_index()}.npz")
+    try:
+        sx.checkpoint.save_variables(refused, model.trainable_variables, model.optimizer)
+        raise AssertionError("save_variables gathered state that does not fit")
+    except MemoryError as err:
+        assert "sx.checkpoint.save_variables" in str(err) and "wide/kernel" in str(err), err
+        assert "BackupAndRestore" in str(err), err
+    assert not os.path.exists(refused)
+    return 3
+
+
 checks = 0
 if mode == "save":
     devices = np.array(jax.devices()).reshape(2, 2)  # row = process
@@ -84,7 +160,7 @@ if mode == "save":
                            "optimizer/adam/m": 1}), pieces
         whole = {"optimizer/iterations": np.asarray(values["optimizer/iterations"])}
         time.sleep(delay)
-        return checkpoint_io.save_sharded(directory, whole if process == 0 else {}, parts,
+        return versions.save_sharded(directory, whole if process == 0 else {}, parts,
                                           {"format": 2, "version": version}, list(values))
 
     first = save(0)
@@ -97,26 +173,27 @@ if mode == "save":
         done = threading.Thread(target=save, args=(1,))
         done.start()
         time.sleep(1.0)
-        assert checkpoint_io.latest_version(directory).name == "ckpt-0"
+        assert versions.latest_version(directory).name == "ckpt-0"
         assert done.is_alive()
         done.join()
         checks += 1
     else:
         save(1, delay=2.0)
-    assert checkpoint_io.latest_version(directory).name == "ckpt-1"
+    assert versions.latest_version(directory).name == "ckpt-1"
     assert sorted(os.listdir(directory)) == ["ckpt-1", "latest"], os.listdir(directory)
     checks += 1
     # Restore on 2 processes into another layout: 4 devices on one axis, split by columns.
     line = Mesh(np.array(jax.devices()), ("x",))
     other = {"model/dense/kernel": P(None, "x"), "model/dense/bias": P("x"),
              "optimizer/adam/m": P(None, None), "optimizer/iterations": P()}
-    arrays, meta = checkpoint_io.load(directory)
+    arrays, meta = versions.load(directory)
     assert list(arrays) == list(expected(1)) and meta["version"] == 1
     for name, whole in expected(1).items():
         check_placed(arrays[name], NamedSharding(line, other[name]), whole, name)
         checks += 1
+    checks += variables_in_parts()
 else:
-    arrays, meta = checkpoint_io.load(directory)
+    arrays, meta = versions.load(directory)
     assert meta["processes"] == 2
     mesh = Mesh(np.array(jax.devices()), ("x",))
     for name, whole in expected(1).items():

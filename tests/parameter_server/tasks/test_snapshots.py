@@ -100,7 +100,7 @@ def test_snapshot_settings_are_checked(tmp_path, monkeypatch):
 
 
 def test_checkpoint_files_check_names_shapes_and_format(tmp_path):
-    from stratax._src.parameter_server.checkpoint import load_variables, save_variables
+    from stratax._src.keras.checkpoint_variables import load_variables, save_variables
 
     class Var:
         def __init__(self, path, value):
@@ -174,7 +174,7 @@ def test_a_ps_killed_while_writing_a_snapshot_leaves_no_temp_file(tmp_path):
     """A real SIGKILL of a ps process in the middle of a snapshot write: its temp file stays
     (it cannot remove it), and the next ps started on the directory removes it and loads the
     last complete snapshot. A temp file a live writer holds is kept."""
-    from stratax._src.core import files
+    from stratax._src.checkpoint import files
 
     leftovers = kill_while_writing(_WRITER, tmp_path, ".ps0.npz.tmp-")
     assert leftovers, "no kill landed during a snapshot write in 20 tries"

@@ -10,11 +10,11 @@ epoch's order is a pure function of the epoch number, so the same batches follow
 Preemption: a SIGTERM to any worker makes all workers agree on a step (JAX's preemption sync
 point in multi-process runs, a signal flag in one process), save there, and exit with
 ``PREEMPTION_EXIT_CODE``; ``stratax launch --max-restarts K`` then restarts the group, which
-resumes from that backup. Only the chief writes, atomically (see ``checkpoint_io``); every
+resumes from that backup. Only the chief writes, atomically (see ``checkpoint.versions``); every
 worker reads the same directory, so it must be shared between hosts (as in TensorFlow). State
 that no process holds whole (a ``layout_map`` splitting variables over several workers'
 devices) is written by every worker, each its own shards, and committed once all are on disk
-(``sharded_state``); it restores into any number of workers and any layout.
+(``checkpoint.sharded_state``); it restores into any number of workers and any layout.
 
 Saves do not stall training: the step copies the state to host memory (a memcpy) and a
 background thread writes it, one save at a time; the next save, the end of ``fit``, a
@@ -37,7 +37,8 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from stratax._src import seam
-from stratax._src.keras import binding, call_stack, checkpoint_io
+from stratax._src.checkpoint import versions
+from stratax._src.keras import binding, call_stack
 from stratax._src.keras.runners.runner import runner_for
 from stratax._src.parameter_server.shard_init import remote_recipe
 from stratax._src.runtime import worker_exit
@@ -126,7 +127,7 @@ class BackupAndRestore(keras.callbacks.Callback):
         self._completed = False
         self._sharded = None
         wait_for_writes(self.backup_dir)
-        restored = checkpoint_io.load(self.backup_dir)
+        restored = versions.load(self.backup_dir)
         if restored is not None:
             self._restore(*restored)
         self._hold_at_next_save()
@@ -164,7 +165,7 @@ class BackupAndRestore(keras.callbacks.Callback):
             self._sigterm_notice.give_back()
         wait_for_writes(self.backup_dir)
         if self.delete_checkpoint and self._strategy.is_chief:
-            checkpoint_io.remove(self.backup_dir)
+            versions.remove(self.backup_dir)
             shutil.rmtree(os.path.join(self.backup_dir, _SERVERS), ignore_errors=True)
 
     # --------------------------------------------------------------- state
@@ -192,7 +193,7 @@ class BackupAndRestore(keras.callbacks.Callback):
                                  ("metrics", model.metrics_variables)):
             for variable in variables:
                 if remote_recipe(variable) is None:  # else saved by its servers
-                    checkpoint_io.add_named(named, f"{group}/{variable.path}", variable)
+                    versions.add_named(named, f"{group}/{variable.path}", variable)
         return named
 
     def _held_in_parts(self) -> set[str]:
@@ -202,7 +203,7 @@ class BackupAndRestore(keras.callbacks.Callback):
             self._sharded = set()
             if self._strategy.is_multi_process:
                 self.model.jax_state_sync()
-                self._sharded = checkpoint_io.held_in_parts(self._state_variables())
+                self._sharded = versions.held_in_parts(self._state_variables())
         return self._sharded
 
     def _save(self, epoch: int, steps_in_epoch: int) -> None:
@@ -221,7 +222,7 @@ class BackupAndRestore(keras.callbacks.Callback):
                     **runner_for(self._strategy).save_held_elsewhere(
                         self.model, os.path.join(self.backup_dir, _SERVERS))}
 
-        write = checkpoint_io.prepare_save(self.backup_dir, self._state_variables(), meta,
+        write = versions.prepare_save(self.backup_dir, self._state_variables(), meta,
                                            sharded, self._strategy.is_chief)
         wait_for_writes(self.backup_dir)
         if write is None:
@@ -238,10 +239,10 @@ class BackupAndRestore(keras.callbacks.Callback):
                 f"The backup in {self.backup_dir!r} has format {meta.get('format')!r}; this "
                 f"stratax reads formats 1 and {_FORMAT}. Use another backup_dir, or delete this "
                 "one to start over.")
-        for variable, value in checkpoint_io.match(arrays, self._state_variables(),
+        for variable, value in versions.match(arrays, self._state_variables(),
                                                    f"The backup in {self.backup_dir!r}",
                                                    "backup_dir"):
-            checkpoint_io.assign(variable, value)
+            versions.assign(variable, value)
         runner_for(self._strategy).after_restore(self.model)
         runner_for(self._strategy).restore_held_elsewhere(
             self.model, os.path.join(self.backup_dir, _SERVERS), meta)

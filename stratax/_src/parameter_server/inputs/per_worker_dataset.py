@@ -1,22 +1,28 @@
 """The chief's handles of per-worker input: ``PerWorkerDataset`` and ``PerWorkerIterator``.
 
 What ``ClusterCoordinator.create_per_worker_dataset`` returns. The dataset is built on every
-worker (``worker_input``) from what the chief described (``dataset_source``); on the chief,
-``next(iterator)`` inside a scheduled function only records which worker batch a step reads.
+worker (``worker_input``) from what the chief described (``dataset_source``), by
+``build_on_workers``; on the chief, ``next(iterator)`` inside a scheduled function only records
+which worker batch a step reads.
 """
 
 from __future__ import annotations
 
+import logging
+import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
+import numpy as np
 
+from stratax._src.core.errors import WorkerUnavailableError
 from stratax._src.parameter_server.closures import LeafRef, recording
 from stratax._src.parameter_server.inputs import dataset_source
 from stratax._src.parameter_server.transport import structure
 
+logger = logging.getLogger(__name__)
 MIXED_SOURCES = ("A scheduled function reads per-worker iterators or one ArrayData, not both; "
                  "schedule them in separate functions.")
 
@@ -84,3 +90,51 @@ class PerWorkerDataset:
 
     def __iter__(self) -> PerWorkerIterator:
         return self._coordinator._make_iterator(self._source)
+
+
+def build_on_workers(workers: Sequence[Any], method: str, meta: dict[str, Any],
+                     source: dataset_source.Source) -> dict[int, Any]:
+    """Sends ``source`` with ``meta`` to every worker of ``workers`` (the coordinator's live
+    ones) in a ``method`` call (``iterator``, ``dataset_spec``); returns the replies by
+    worker.
+
+    As in TensorFlow, a worker that does not answer (down, not yet noticed) does not fail
+    the call: it is marked dead, and its serving thread takes it back when it answers
+    again, rebuilding every registered iterator there (``recovery.revive``).
+
+    Raises:
+      WorkerUnavailableError: no worker answered.
+    """
+    replies, lost = {}, []
+    for worker in workers:
+        try:
+            replies[worker.index] = worker.client.call(
+                method, {**meta, "source": source.meta}, source.tensors,
+                stream=bool(source.tensors))
+        except WorkerUnavailableError as err:
+            logger.warning("%s; it gets this dataset when it answers again", err)
+            worker.died_at = time.monotonic()
+            worker.alive = False
+            lost.append(str(err))
+    if not replies:
+        raise WorkerUnavailableError("No worker answered to build the dataset: "
+                                     + "; ".join(lost))
+    return replies
+
+
+def batch_spec(replies: dict[int, Any]) -> tuple[Any, list[jax.ShapeDtypeStruct]]:
+    """``(structure, leaf specs)`` of the workers' batches, which must agree.
+
+    Raises:
+      ValueError: two workers' batches differ.
+    """
+    first_index, first = next(iter(replies.items()))
+    for index, reply in replies.items():
+        if (reply.meta["specs"] != first.meta["specs"]
+                or reply.meta["structure"] != first.meta["structure"]):
+            raise ValueError(
+                f"Worker {index}'s dataset yields {reply.meta['specs']}, worker "
+                f"{first_index}'s {first.meta['specs']}; every worker's batches need one "
+                "structure and shape.")
+    return first.meta["structure"], [jax.ShapeDtypeStruct(tuple(shape), np.dtype(dtype))
+                                     for dtype, shape in first.meta["specs"]]

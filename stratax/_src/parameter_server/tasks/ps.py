@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from stratax._src.parameter_server import checkpoint, shard_init, sharded_checkpoint
-from stratax._src.parameter_server.tasks import ownership
+from stratax._src.parameter_server import shard_init
+from stratax._src.parameter_server.tasks import checkpoint_methods, ownership
 from stratax._src.parameter_server.tasks.optimizers import ShardOptimizer
 from stratax._src.parameter_server.transport import rpc, wire
 
@@ -81,10 +81,10 @@ class ParameterServer(rpc.Dispatcher):
             "pull": self._pull, "push": self._push,
             "assign": self._assign, "stats": self._stats, "shutdown": self._shutdown,
             "ledger": self._ledger,
-            "export": lambda f: checkpoint.export_shards(self, f),
-            "import": lambda f: checkpoint.import_shards(self, f),
-            "save_shards": lambda f: sharded_checkpoint.save_shards(self, f),
-            "load_shards": lambda f: sharded_checkpoint.load_shards(self, f),
+            "export": lambda f: checkpoint_methods.export_shards(self, f),
+            "import": lambda f: checkpoint_methods.import_shards(self, f),
+            "save_shards": lambda f: checkpoint_methods.save_shards(self, f),
+            "load_shards": lambda f: checkpoint_methods.load_shards(self, f),
         }
         if snapshots is not None:  # a ``snapshots.Snapshots``: restore, then snapshot pushes
             snapshots.attach(self)

@@ -37,8 +37,8 @@ from typing import Any
 import numpy as np
 
 from stratax._src.core.errors import WorkerUnavailableError
-from stratax._src.parameter_server import checkpoint
 from stratax._src.parameter_server.recovery import MISSING_REPLICA, SYNC_WAIT, with_retries
+from stratax._src.parameter_server.tasks import checkpoint_methods
 from stratax._src.parameter_server.tasks.ps import ParameterServer
 from stratax._src.parameter_server.transport import rpc, wire
 
@@ -145,7 +145,7 @@ class ResidentReplica:
         names = wire.require(frame.meta, "names", list)
         with self._lock:
             self._require(names)
-            reply = wire.decode(checkpoint.export_shards(self._store, frame))
+            reply = wire.decode(checkpoint_methods.export_shards(self._store, frame))
             ledgers = [sorted(self._store._shard(n).ledger) for n in names]
             previous, before = None, []
             if (frame.meta.get("previous", True) and self._previous is not None

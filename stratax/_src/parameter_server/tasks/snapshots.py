@@ -4,7 +4,7 @@ A snapshot holds, per shard, the value, the optimizer (its spec, slots and itera
 ledger of applied step ids, and the digest of the chief session it belongs to (never the id: the
 id is the chief's capability, and a file outlives the run), in one ``.npz`` file (raw arrays
 named ``value/<shard>`` and ``slot/<slot>/<shard>``, plus a JSON header; no pickle).
-It is written atomically (``core.files.write_atomically``: a temp file, flushed to disk, then
+It is written atomically (``checkpoint.files.write_npz``: a temp file, flushed to disk, then
 renamed over ``ps<i>.npz``), so a ps killed while writing leaves the previous snapshot intact;
 its temp file (``.ps<i>.npz.tmp-*``, locked while written) is removed when the ps starts again.
 
@@ -18,7 +18,6 @@ mode only: a synchronous step's partial sum is not in the snapshot (a warning sa
 
 from __future__ import annotations
 
-import io
 import json
 import logging
 import os
@@ -29,9 +28,9 @@ from typing import Any
 
 import numpy as np
 
+from stratax._src.checkpoint.files import HEADER, remove_stale_temporaries, write_npz
 from stratax._src.core import env
 from stratax._src.core.config import config
-from stratax._src.core.files import remove_stale_temporaries, write_atomically
 from stratax._src.parameter_server.tasks import ownership
 from stratax._src.parameter_server.tasks.optimizers import ShardOptimizer
 from stratax._src.parameter_server.transport import wire
@@ -40,17 +39,6 @@ logger = logging.getLogger(__name__)
 # Version 2 names each array by its shard (``value/<shard>``, ``slot/<slot>/<shard>``, e.g.
 # ``value/embedding/part_1``); version 1 (still read) numbered them (``value/<i>``).
 VERSION = 2
-
-
-HEADER = "header"  # the npz member holding the JSON header, as uint8 bytes
-
-
-def write_npz(path: Path, header: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
-    """Writes ``arrays`` and the JSON ``header`` to ``path`` atomically (an interrupted write
-    leaves the old file)."""
-    buffer = io.BytesIO()
-    np.savez(buffer, **arrays, **{HEADER: np.frombuffer(json.dumps(header).encode(), np.uint8)})
-    write_atomically(path, buffer.getbuffer())
 
 
 class Snapshots:

@@ -1,10 +1,12 @@
-"""Atomic checkpoints: a failed or interrupted save never damages the previous one.
+"""Versioned state checkpoints: a failed or interrupted save never damages the previous one.
 
-A checkpoint directory holds numbered versions (``ckpt-<n>/``, each complete and flushed to
-disk, files and directory, before it becomes visible) and a ``latest`` file naming the newest,
-resolved only to a ``ckpt-<n>`` inside the directory (anything else is an error). A version is
-written in a ``.staging-*`` directory locked (``flock``) by its writer; one whose writer died
-mid-save (SIGKILL) is removed by the next save. A save writes the new version under a
+The format of training state backups (``sx.BackupAndRestore``, ``PreemptionCheckpointHandler``,
+under every strategy but the parameter servers'). A checkpoint directory holds numbered
+versions (``ckpt-<n>/``, each complete and flushed to disk, files and directory, before it
+becomes visible) and a ``latest`` file naming the newest, resolved only to a ``ckpt-<n>``
+inside the directory (anything else is an error). A version is written in a ``.staging-*``
+directory locked (``flock``) by its writer; one whose writer died mid-save (SIGKILL) is
+removed by the next save. A save writes the new version under a
 temporary name, renames it into place, then replaces ``latest`` with ``os.replace`` (atomic on
 POSIX), and only then removes older versions. Arrays go into ``state.npz`` (numpy, no pickle),
 each under its name (``np.load(".../state.npz")["model/sequential/dense/kernel"]``); metadata
@@ -25,8 +27,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Callable, Collection, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -34,14 +35,14 @@ import jax
 import numpy as np
 
 from stratax._src import seam
-from stratax._src.core.files import (
+from stratax._src.checkpoint import sharded_state
+from stratax._src.checkpoint.files import (
     fsync_directory,
     hold_directory,
     remove_stale,
     remove_stale_temporaries,
     write_atomically,
 )
-from stratax._src.keras import sharded_state
 
 _LATEST = "latest"
 _VERSION = re.compile(r"ckpt-\d+")  # the only names ``latest`` may hold
@@ -270,35 +271,3 @@ def remove(directory: str | os.PathLike[str]) -> None:
     (root / _LATEST).unlink(missing_ok=True)
     for old in root.glob("ckpt-*"):
         shutil.rmtree(old, ignore_errors=True)
-
-
-@contextmanager
-def atomic_target(path: str | os.PathLike[str], write: bool) -> Iterator[str]:
-    """A temporary file name beside ``path`` (same suffixes) that replaces ``path`` on success.
-
-    With ``write=False`` (a non-chief worker) the name points into a private temporary directory
-    that is removed afterwards, so the real path is never touched.
-    """
-    target = Path(path)
-    suffix = "".join(target.suffixes) or ""
-    if not write:
-        scratch = tempfile.mkdtemp(prefix="stratax-nonchief-")
-        try:
-            yield str(Path(scratch) / f"discard{suffix}")
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
-        return
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.tmp-", suffix=suffix)
-    os.close(fd)
-    os.unlink(tmp)
-    try:
-        yield tmp
-        if Path(tmp).is_dir() and target.exists():
-            shutil.rmtree(target)
-        os.replace(tmp, target)
-    finally:
-        if Path(tmp).is_dir():
-            shutil.rmtree(tmp, ignore_errors=True)
-        else:
-            Path(tmp).unlink(missing_ok=True)

@@ -1,7 +1,9 @@
 """Atomic file writes: a file is either its old content or its whole new content, never half.
 
 Checkpoints, ps snapshots and their pointer files are written this way, so a process killed
-(or a disk that fills) while writing leaves the previous version readable.
+(or a disk that fills) while writing leaves the previous version readable: single files
+(``write_atomically``; ``write_npz`` for arrays with a JSON header), files another library
+writes (``atomic_target``, for ``model.save``), and directories (``hold_directory``).
 
 A writer killed mid-write (SIGKILL, OOM, power) cannot remove its temp file, so the temp file
 is locked (``flock``) while it is written: the kernel drops the lock when the writer dies, and
@@ -11,11 +13,18 @@ temporaries nobody holds.
 
 from __future__ import annotations
 
+import io
+import json
 import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 try:
     import fcntl
@@ -147,3 +156,46 @@ def remove_stale_temporaries(path: str | os.PathLike[str]) -> list[str]:
     live writer holds is kept."""
     path = Path(path)
     return remove_stale(path.parent, _temp_prefix(path))
+
+
+HEADER = "header"  # the npz member holding the JSON header, as uint8 bytes
+
+
+def write_npz(path: Path, header: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
+    """Writes ``arrays`` and the JSON ``header`` to ``path`` atomically (an interrupted write
+    leaves the old file)."""
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays, **{HEADER: np.frombuffer(json.dumps(header).encode(), np.uint8)})
+    write_atomically(path, buffer.getbuffer())
+
+
+@contextmanager
+def atomic_target(path: str | os.PathLike[str], write: bool) -> Iterator[str]:
+    """A temporary file name beside ``path`` (same suffixes) that replaces ``path`` on success.
+
+    With ``write=False`` (a non-chief worker) the name points into a private temporary directory
+    that is removed afterwards, so the real path is never touched.
+    """
+    target = Path(path)
+    suffix = "".join(target.suffixes) or ""
+    if not write:
+        scratch = tempfile.mkdtemp(prefix="stratax-nonchief-")
+        try:
+            yield str(Path(scratch) / f"discard{suffix}")
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        return
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.tmp-", suffix=suffix)
+    os.close(fd)
+    os.unlink(tmp)
+    try:
+        yield tmp
+        if Path(tmp).is_dir() and target.exists():
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+    finally:
+        if Path(tmp).is_dir():
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            Path(tmp).unlink(missing_ok=True)

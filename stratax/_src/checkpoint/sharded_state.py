@@ -7,7 +7,7 @@ shards it holds (one copy of each distinct shard in the whole job: the replica w
 directory shared by all; process 0 waits until every process reports its files durable
 (through the ``jax.distributed`` coordination service's key-value store, not a device
 collective, so that writes can run off the training thread), then commits the version as
-``checkpoint_io`` commits one written by a single process. A version is therefore visible only
+``versions`` commits one written by a single process. A version is therefore visible only
 when every shard of it is on disk.
 
 Reading never needs the layout that wrote: an entry knows each saved piece's offset, and
@@ -33,7 +33,7 @@ import jax
 import numpy as np
 
 from stratax._src import seam
-from stratax._src.core.files import fsync_directory
+from stratax._src.checkpoint.files import fsync_directory
 
 try:
     import fcntl

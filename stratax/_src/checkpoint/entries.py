@@ -1,24 +1,25 @@
-"""Checkpoint entries: how variables are named, matched and counted in a checkpoint, and the
-one way the chief calls every ps with tensors. Shared by the single-file format
-(``checkpoint``) and the sharded one (``sharded_checkpoint``).
+"""Checkpoint entries: how variables are named, matched and counted in a checkpoint. Shared by
+the single-file format (``variables_file``) and the sharded one (``sharded_variables``).
+
+Names: an entry is named by the variable's path inside its model: Keras' automatic name of the
+top-level model (``sequential/``, ``functional_2/``) is dropped, because a model built in code
+has it and the same model from ``keras.models.load_model`` does not. Reading matches a name
+exactly, else with that leading model name stripped from either side, when one entry fits.
+
+Iterations: each shard counts its own updates (row-sparse pushes touch only some shards), so a
+checkpoint keeps one count per saved shard, by rows; a new shard takes the count of the saved
+shard holding its first row.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-
-def call(method: str, meta: dict[str, Any], tensors: Sequence[np.ndarray] = ()) -> Any:
-    """A ``PSClients.each`` call of ``method`` (streamed: shards may be large)."""
-    return lambda client: client.call(method, meta, list(tensors), stream=True)
-
-
 # Keras' automatic names of a top-level model (``Sequential``, functional ``Model``); a path
-# starting with one belongs to a model built in code (see ``checkpoint``'s docstring).
+# starting with one belongs to a model built in code (see the module docstring).
 _AUTO_MODEL = re.compile(r"(sequential|functional|model)(_\d+)?/")
 
 
@@ -56,10 +57,13 @@ def find(entries: list[dict[str, Any]], name: str, shape: tuple[int, ...] | None
 
 
 def join(parts: list[np.ndarray], shape: tuple[int, ...]) -> np.ndarray:
+    """A variable of ``shape`` whole from its shards' ``parts`` (split along axis 0)."""
     return parts[0] if len(parts) == 1 or not shape else np.concatenate(parts, axis=0)
 
 
 def iterations_at(blocks: list[list[int]], row: int) -> int:
+    """The update count of the saved shard holding ``row`` (``blocks``: ``[first row, rows,
+    iterations]`` per saved shard)."""
     for start, rows, iterations in blocks:
         if start <= row < start + max(rows, 1):
             return int(iterations)
