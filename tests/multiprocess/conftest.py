@@ -114,6 +114,35 @@ class Workers:
                 proc.stdout.close()
 
 
+# What a launched group must not inherit from the test process: XLA_FLAGS holds the 8-device
+# split that `import stratax` made from STRATAX_CPU_DEVICES.
+NOT_INHERITED = ("STRATAX_CPU_DEVICES", "TF_CONFIG", "XLA_FLAGS")
+
+
+def launch_program(args, env=None, **kwargs):
+    """``stratax launch`` of a program in PROGRAMS, its output captured; the workers import
+    the stratax under test (this checkout), not whatever is installed."""
+    from stratax._src.launch import launch
+
+    path = os.pathsep.join([str(PROGRAMS), str(ROOT)])
+    return launch([sys.executable, *map(str, args)], cwd=str(PROGRAMS), capture_output=True,
+                  stream_output=False, env={**(env or {}), "PYTHONPATH": path}, **kwargs)
+
+
+@pytest.fixture(scope="session")
+def uninterrupted_backup_weights(tmp_path_factory):
+    """The final weights of ``mwms_backup_program.py`` on 2 workers without a fault: the
+    reference of every test that interrupts that program, run once per session."""
+    out = tmp_path_factory.mktemp("uninterrupted")
+    with pytest.MonkeyPatch.context() as patch:
+        for name in NOT_INHERITED:
+            patch.delenv(name, raising=False)
+        result = launch_program(["mwms_backup_program.py", out, out / "backup", "none", 0],
+                                nproc_per_node=2, max_restarts=0, timeout=300)
+    assert result.ok and result.restarts == 0, result.summary
+    return load_weights(out / "weights_0.npz")
+
+
 @pytest.fixture
 def workers():
     group = Workers()

@@ -1,7 +1,6 @@
 """MultiWorkerMirroredStrategy with real processes: equivalence, launcher, failures, preemption."""
 
 import json
-import os
 import re
 import sys
 import time
@@ -12,10 +11,11 @@ import keras
 import numpy as np
 import pytest
 from conftest import (
-    PROGRAMS,
+    NOT_INHERITED,
     ROOT,
     assert_same_weights,
     free_ports,
+    launch_program,
     load_weights,
     worker_cluster,
     worker_env,
@@ -24,7 +24,6 @@ from data import GLOBAL_BATCH, make_data, make_model
 from mwms_backup_program import split_layout, train
 
 import stratax as sx
-from stratax._src.launch import launch
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -43,17 +42,12 @@ def _reference(epochs=2, whole_batches_only=False, batch=GLOBAL_BATCH):
 
 
 def _launch(args, tmp_path, env=None, **kwargs):
-    # The workers import the stratax under test (this checkout), not whatever is installed.
-    path = os.pathsep.join([str(PROGRAMS), str(ROOT)])
-    result = launch([sys.executable, *map(str, args)], cwd=str(PROGRAMS), capture_output=True,
-                    stream_output=False, env={**(env or {}), "PYTHONPATH": path}, **kwargs)
-    return result
+    return launch_program(args, env, **kwargs)
 
 
 @pytest.fixture(autouse=True)
 def _no_inherited_cluster(monkeypatch):
-    # XLA_FLAGS holds the 8-device split that `import stratax` made from STRATAX_CPU_DEVICES.
-    for name in ("STRATAX_CPU_DEVICES", "TF_CONFIG", "XLA_FLAGS"):
+    for name in NOT_INHERITED:
         monkeypatch.delenv(name, raising=False)
 
 
@@ -163,58 +157,57 @@ def test_workers_that_never_join_are_named_within_the_timeout(workers):
             f"every task joined; expected: worker 1 ({cluster['worker'][1]})") in output
 
 
-def _interrupted_run_resumes_to_the_uninterrupted_weights(tmp_path, mode, step, split=False):
+def _interrupted_run_resumes_to_the_uninterrupted_weights(tmp_path, mode, step, reference):
     """Runs the backup program with ``mode`` (faults joined by ``+``, one per start) at
     ``step`` (launcher restarts and step-level backups): the last start resumes from a backup
-    and the run's final weights equal the uninterrupted run's (the same program launched
-    again; with ``split``, 2 devices per worker and a kernel held in parts by the workers,
-    ``MirroredStrategy`` with the same layout on 4 devices here, to float rounding). Returns
-    the failures the launcher recorded for the interrupted run."""
+    and the run's final weights equal ``reference``: the uninterrupted run's (the
+    ``uninterrupted_backup_weights`` fixture, exactly), or with ``reference="split"``, 2
+    devices per worker and a kernel held in parts by the workers, ``MirroredStrategy`` with
+    the same layout on 4 devices here, to float rounding. Returns the failures the launcher
+    recorded."""
     faults = len(mode.split("+"))
+    split = isinstance(reference, str)
     extra, env = (["split"], {"STRATAX_CPU_DEVICES": "2"}) if split else ([], None)
-    results = {}
-    for name, at in ((mode, step),) if split else (("none", 0), (mode, step)):
-        out = tmp_path / name
-        out.mkdir()
-        results[name] = _launch(["mwms_backup_program.py", out, out / "backup", name, at,
-                                 *extra], tmp_path, env=env, nproc_per_node=2,
-                                max_restarts=faults, timeout=300)
-        assert results[name].ok, results[name].summary
-    assert results[mode].restarts == faults
+    out = tmp_path / mode
+    out.mkdir()
+    result = _launch(["mwms_backup_program.py", out, out / "backup", mode, step, *extra],
+                     tmp_path, env=env, nproc_per_node=2, max_restarts=faults, timeout=300)
+    assert result.ok, result.summary
+    assert result.restarts == faults
     for worker in (0, 1):  # the outputs of the last start
-        (start,) = [line for line in results[mode].outputs[worker] if "start iterations" in line]
+        (start,) = [line for line in result.outputs[worker] if "start iterations" in line]
         assert int(start.split()[-1]) > 0, start
     if split:
         reference = train(sx.MirroredStrategy([f"cpu:{i}" for i in range(4)],
                                               cores_per_replica=2,
                                               layout_map=split_layout())).get_weights()
-    else:
-        assert results["none"].restarts == 0
-        reference = load_weights(tmp_path / "none" / "weights_0.npz")
     for worker in (0, 1):
-        assert_same_weights(load_weights(tmp_path / mode / f"weights_{worker}.npz"), reference,
+        assert_same_weights(load_weights(out / f"weights_{worker}.npz"), reference,
                             tol=1e-5 if split else 0.0)
-    return results[mode].failures
+    return result.failures
 
 
 @pytest.mark.timeout(420)
-def test_a_killed_then_preempted_worker_resumes_to_the_uninterrupted_weights(tmp_path):
+def test_a_killed_then_preempted_worker_resumes_to_the_uninterrupted_weights(
+        tmp_path, uninterrupted_backup_weights):
     """SIGKILL of a worker mid-epoch, then on the restarted group a SIGTERM preemption notice
     (the worker saves and exits with the preemption code): the launcher restarts the group
     each time, and the backups bring it to the uninterrupted run's weights.
     ``tests/keras/callbacks/test_backup.py`` pins the save and the exit code in one process."""
     killed, preempted = _interrupted_run_resumes_to_the_uninterrupted_weights(
-        tmp_path, "kill9+sigterm", 8)
+        tmp_path, "kill9+sigterm", 8, uninterrupted_backup_weights)
     assert killed.signal_name == "SIGKILL"
     assert preempted.exit_code == sx.PREEMPTION_EXIT_CODE
 
 
 @pytest.mark.slow  # a trial; `python -m benchmarks.workloads.chaos --mode mwms` runs 50 of them
 @pytest.mark.timeout(420)
-def test_kill_9_at_a_random_step_resumes_to_the_uninterrupted_weights(tmp_path):
+def test_kill_9_at_a_random_step_resumes_to_the_uninterrupted_weights(
+        tmp_path, uninterrupted_backup_weights):
     """SIGKILL of a worker mid-epoch, at a random step (the default test kills at step 8)."""
     step = int(np.random.default_rng().integers(4, 14))
-    (killed,) = _interrupted_run_resumes_to_the_uninterrupted_weights(tmp_path, "kill9", step)
+    (killed,) = _interrupted_run_resumes_to_the_uninterrupted_weights(
+        tmp_path, "kill9", step, uninterrupted_backup_weights)
     assert killed.signal_name == "SIGKILL"
 
 
@@ -224,7 +217,7 @@ def test_kill_9_of_a_worker_holding_half_a_kernel_resumes_to_the_uninterrupted_w
     workers: each backup is written in parts, every worker its own shards; worker 1 SIGKILLed
     mid-epoch, the group relaunched, the resumed run ends at the uninterrupted weights."""
     (killed,) = _interrupted_run_resumes_to_the_uninterrupted_weights(tmp_path, "kill9", 8,
-                                                                      split=True)
+                                                                      "split")
     assert killed.signal_name == "SIGKILL"
 
 
