@@ -27,6 +27,7 @@ import keras
 import numpy as np
 
 import stratax as sx
+from stratax._src.keras.callbacks.backup import wait_for_writes
 
 BATCH = 16
 VALIDATION_BATCH = 8   # not fit's: validation's static batch size is its own
@@ -87,19 +88,24 @@ def build(strategy: Any) -> keras.Model:
 
 class _Groups(keras.callbacks.Callback):
     """Counts ``fit``'s groups of steps; at the ``stop_at``-th (mid-epoch) ends ``fit`` with
-    an error, or with ``kill`` this process with SIGKILL, unless ``stop_at`` is ``None``."""
+    an error, unless ``stop_at`` is ``None``; with ``kill_after_backup_in``, SIGKILLs this
+    process instead, once the backup in flight to that directory is committed (so the resume
+    point is the previous group's, as when a kill falls between two saves)."""
 
-    def __init__(self, stop_at: int | None = None, kill: bool = False) -> None:
+    def __init__(self, stop_at: int | None = None,
+                 kill_after_backup_in: str | None = None) -> None:
         super().__init__()
-        self.stop_at, self.kill = stop_at, kill
+        self.stop_at, self.backup_dir = stop_at, kill_after_backup_in
         self.groups = 0
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         self.groups += 1
-        if self.groups == self.stop_at:
-            if self.kill:
-                os.kill(os.getpid(), signal.SIGKILL)
-            raise RuntimeError("stopped mid-epoch")
+        if self.groups != self.stop_at:
+            return
+        if self.backup_dir is not None:
+            wait_for_writes(self.backup_dir)
+            os.kill(os.getpid(), signal.SIGKILL)
+        raise RuntimeError("stopped mid-epoch")
 
 
 def _fit(model: keras.Model, callbacks: list[Any], **kwargs: Any) -> keras.callbacks.History:
@@ -202,7 +208,7 @@ def main() -> None:
     np.savez(os.path.join(out_dir, f"host_{host}.npz"), **results)
     # Host 1 dies at the STOP_AT-th group, before its backup; host 0 waits on it in the
     # next collective (or the backup's commit) until the launcher stops the pod.
-    victim = [_Groups(STOP_AT, kill=True)] if host == 1 else []
+    victim = [_Groups(STOP_AT, kill_after_backup_in=backup_dir)] if host == 1 else []
     _fit(build(strategy), [*victim, sx.BackupAndRestore(backup_dir, save_freq=2)])
     raise AssertionError("host 1 was not killed: the interrupted fit ran to its end")
 
