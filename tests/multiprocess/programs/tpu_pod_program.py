@@ -9,11 +9,11 @@ Usage (one process per host, started by the launcher, which restarts the pod onc
     STRATAX_CPU_DEVICES=4 python -m stratax launch --nproc-per-node 2 --max-restarts 1 \\
         tpu_pod_program.py OUT_DIR BACKUP_DIR
 
-First start: each host writes ``OUT_DIR/host_<id>.npz`` (:func:`run`'s results), then trains
-again with step backups until host 1 SIGKILLs itself mid-epoch. Restart: each host resumes that
-fit from the backup and writes ``OUT_DIR/resumed_<id>.npz`` (``resumed_*`` weights and
-``resumed_groups``). The test imports :func:`run` to compute the same results in one process
-(one device, and 1 host x 8 cores, whose interrupted fit raises instead).
+First start: the hosts train with step backups until host 1 SIGKILLs itself mid-epoch
+(:func:`interrupt`). Restart: each host resumes that fit from the backup, then evaluates and
+predicts, and writes ``OUT_DIR/host_<id>.npz`` (:func:`run`'s results). The test imports
+:func:`run` and :func:`interrupt` to compute the same in one process (1 host x 8 cores, whose
+interrupted fit raises instead) and the uninterrupted results on one device.
 """
 
 from __future__ import annotations
@@ -30,10 +30,12 @@ import stratax as sx
 from stratax._src.keras.callbacks.backup import wait_for_writes
 
 BATCH = 16
-VALIDATION_BATCH = 8   # not fit's: validation's static batch size is its own
+# validation_data's, evaluate's and predict's batch size: not fit's (validation's static batch
+# size is its own), and one size for all of them, so one test and one predict program serve.
+EVAL_BATCH = 8
 CORES_PER_REPLICA = 2
 TRAIN_ROWS = 102   # 7 batches, the last 6 rows: not split over 4 replicas, padded whole
-EVAL_ROWS = 100    # the last batch 4 rows: each host pads its own share
+EVAL_ROWS = 100    # the last batch of 8 has 4 rows: each host pads its own share
 EPOCHS = 2
 # The interrupted fit stops at its 6th group of steps_per_execution=2 steps (epoch 1, steps
 # 2-3), before that group's backup: the resume redoes it from the backup of steps 0-1.
@@ -116,19 +118,19 @@ def _fit(model: keras.Model, callbacks: list[Any], **kwargs: Any) -> keras.callb
 
 def _per_host_inputs(model: keras.Model, strategy: Any) -> tuple[dict[str, Any], np.ndarray]:
     """evaluate and predict on the evaluation rows; on several hosts each host feeding its own
-    batches (``AutoShardPolicy.OFF``): host ``h`` has rows ``[16i + 8h, 16i + 8h + 8)`` of step
+    batches (``AutoShardPolicy.OFF``): host ``h`` has rows ``[8i + 4h, 8i + 4h + 4)`` of step
     ``i``, and the last step's 4 rows split 3 + 1, so the hosts' row counts differ there."""
     x, y, w = data(EVAL_ROWS)
     hosts = strategy.num_processes
     if hosts == 1:
-        return (model.evaluate(x, y, sample_weight=w, batch_size=BATCH, verbose=0,
+        return (model.evaluate(x, y, sample_weight=w, batch_size=EVAL_BATCH, verbose=0,
                                return_dict=True),
-                model.predict(x, batch_size=BATCH, verbose=0))
+                model.predict(x, batch_size=EVAL_BATCH, verbose=0))
     if hosts != 2:
         raise ValueError(f"the per-host rows are written for 2 hosts; received {hosts}")
-    full = EVAL_ROWS // BATCH * BATCH
-    bounds = [(start + h * BATCH // 2, start + (h + 1) * BATCH // 2)
-              for start in range(0, full, BATCH) for h in range(hosts)]
+    full, share = EVAL_ROWS // EVAL_BATCH * EVAL_BATCH, EVAL_BATCH // hosts
+    bounds = [(start + h * share, start + (h + 1) * share)
+              for start in range(0, full, EVAL_BATCH) for h in range(hosts)]
     bounds += [(full, full + 3), (full + 3, EVAL_ROWS)]
     own = [slice(*b) for b in bounds[strategy.process_rank::hosts]]
     per_host = sx.InputOptions(auto_shard_policy=sx.AutoShardPolicy.OFF)
@@ -140,19 +142,23 @@ def _per_host_inputs(model: keras.Model, strategy: Any) -> tuple[dict[str, Any],
 
 
 def run(strategy: Any, backup_dir: str | None = None) -> dict[str, np.ndarray]:
-    """fit with validation (history, weights), evaluate, predict; with ``backup_dir`` also
-    the weights of a fit stopped mid-epoch by an error and resumed from its backup
-    (``resumed_*``) and how many groups of steps the resumed fit ran (``resumed_groups``); the
-    error of a batch size that does not split over the replicas (``split_error``)."""
-    model = build(strategy)
+    """fit with validation (history, weights), evaluate, predict, and the error of a batch
+    size that does not split over the replicas (``split_error``). With ``backup_dir``, the fit
+    resumes from the backup there (:func:`interrupt`): its history is then the resumed
+    epoch's, its train metrics over the steps run after the resume; ``groups`` counts the
+    groups of steps it ran."""
+    model, groups = build(strategy), _Groups()
+    backup = [] if backup_dir is None else [sx.BackupAndRestore(backup_dir, save_freq=2)]
     x, y, w = data(EVAL_ROWS)
-    history = _fit(model, [], validation_data=(x, y, w),
-                   validation_batch_size=VALIDATION_BATCH).history
-    scores = model.evaluate(x, y, sample_weight=w, batch_size=BATCH, verbose=0,
+    history = _fit(model, [*backup, groups], validation_data=(x, y, w),
+                   validation_batch_size=EVAL_BATCH).history
+    scores = model.evaluate(x, y, sample_weight=w, batch_size=EVAL_BATCH, verbose=0,
                             return_dict=True)
     results = {f"history_{k}": np.asarray(v) for k, v in history.items()}
+    results["groups"] = np.asarray(groups.groups)
     results.update({f"eval_{k}": np.asarray(v) for k, v in scores.items()})
-    results["predict"] = model.predict(data(TRAIN_ROWS)[0], batch_size=BATCH, verbose=0)
+    # 102 rows: the last batch of 6 does not split over 4 replicas
+    results["predict"] = model.predict(data(TRAIN_ROWS)[0], batch_size=EVAL_BATCH, verbose=0)
     scores, predictions = _per_host_inputs(model, strategy)
     results.update({f"host_eval_{k}": np.asarray(v) for k, v in scores.items()})
     results["host_predict"] = predictions
@@ -162,31 +168,30 @@ def run(strategy: Any, backup_dir: str | None = None) -> dict[str, np.ndarray]:
         not model.get_layer("hidden").kernel.value.is_fully_addressable)
     results["plan"] = np.asarray(f"{model.train_function.plan.name} over "
                                  f"{model.train_function.plan.over}")
-    if backup_dir is not None:
-        interrupted = build(strategy)
+    if strategy.num_replicas_in_sync > 1:   # (one device would train on)
         try:
-            _fit(interrupted, [_Groups(STOP_AT), sx.BackupAndRestore(backup_dir, save_freq=2)])
-        except RuntimeError as err:
-            if "stopped mid-epoch" not in str(err):
-                raise
-        else:
-            raise AssertionError("the interrupted fit did not stop")
-        results.update(resume(strategy, backup_dir))
+            model.fit(x, y, batch_size=BATCH - 2, verbose=0)
+        except ValueError as err:
+            results["split_error"] = np.asarray(str(err))
+    return results
+
+
+def interrupt(strategy: Any, backup_dir: str, victim: bool = True, kill: bool = False) -> None:
+    """The fit of :func:`run` with backups in ``backup_dir``, stopped at its ``STOP_AT``-th
+    group of steps by an error, or with ``kill`` by a SIGKILL of this process once its last
+    backup is committed; a process not the ``victim`` goes on until its peers fail it.
+
+    Raises:
+        AssertionError: the fit ran to its end.
+    """
+    stop = [_Groups(STOP_AT, kill_after_backup_in=backup_dir if kill else None)] if victim else []
     try:
-        model.fit(x, y, batch_size=BATCH - 2, verbose=0)
-    except ValueError as err:
-        results["split_error"] = np.asarray(str(err))
-    return results
-
-
-def resume(strategy: Any, backup_dir: str) -> dict[str, np.ndarray]:
-    """The fit resumed from the backup in ``backup_dir``: its weights (``resumed_*``) and how
-    many groups of steps it ran (``resumed_groups``)."""
-    resumed, groups = build(strategy), _Groups()
-    _fit(resumed, [sx.BackupAndRestore(backup_dir, save_freq=2), groups])
-    results = {f"resumed_{i}": v for i, v in enumerate(resumed.get_weights())}
-    results["resumed_groups"] = np.asarray(groups.groups)
-    return results
+        _fit(build(strategy), [*stop, sx.BackupAndRestore(backup_dir, save_freq=2)])
+    except RuntimeError as err:
+        if "stopped mid-epoch" not in str(err):
+            raise
+    else:
+        raise AssertionError("the interrupted fit did not stop")
 
 
 def main() -> None:
@@ -198,19 +203,15 @@ def main() -> None:
     sx.config.experimental_connect_to_cluster(resolver)
     strategy = tpu_strategy(resolver)
     host = strategy.process_rank
-    if os.environ["STRATAX_RESTART_COUNT"] != "0":
-        np.savez(os.path.join(out_dir, f"resumed_{host}.npz"), **resume(strategy, backup_dir))
-        print("resumed", host, flush=True)
-        return
-    results = run(strategy)
+    if os.environ["STRATAX_RESTART_COUNT"] == "0":
+        # Host 1 dies mid-epoch; host 0 waits on it in the next collective (or the next
+        # backup's commit) until the launcher stops the pod and starts it again.
+        interrupt(strategy, backup_dir, victim=host == 1, kill=True)
+    results = run(strategy, backup_dir)
     results["replicas"] = np.asarray(strategy.num_replicas_in_sync)
     results["hosts"] = np.asarray(strategy.num_processes)
     np.savez(os.path.join(out_dir, f"host_{host}.npz"), **results)
-    # Host 1 dies at the STOP_AT-th group, before its backup; host 0 waits on it in the
-    # next collective (or the backup's commit) until the launcher stops the pod.
-    victim = [_Groups(STOP_AT, kill_after_backup_in=backup_dir)] if host == 1 else []
-    _fit(build(strategy), [*victim, sx.BackupAndRestore(backup_dir, save_freq=2)])
-    raise AssertionError("host 1 was not killed: the interrupted fit ran to its end")
+    print("completed", host, flush=True)
 
 
 if __name__ == "__main__":
