@@ -128,8 +128,8 @@ class TPURunner(KerasRunner):
     def __init__(self, strategy: TPUStrategy) -> None:
         super().__init__(strategy)
         self.distribution = model_parallel.distribution_for(strategy)
-        # The static global batch size of each input: a call's own, not the runner's, since
-        # fit's validation (an evaluate inside fit) may batch differently from its training.
+        # The static global batch size of each input, not one for the runner: fit's
+        # validation (an evaluate inside fit) may batch differently from its training.
         self._batch_sizes: weakref.WeakKeyDictionary[GlobalFeed, int] = (
             weakref.WeakKeyDictionary())
         self._stacked_sharding = NamedSharding(strategy.mesh, P(None, REPLICA_AXIS))
@@ -157,14 +157,14 @@ class TPURunner(KerasRunner):
         if batch_size is not None:
             self._check_batch_size(batch_size, f"model.{method}(..., batch_size=")
         arguments = super().prepare(method, arguments)
-        sizes = ((arguments.get("x"), batch_size),
-                 (arguments.get("validation_data"), validation_size))
-        for feed, size in sizes:
-            # An array feed's batches have the size it was cut with; other feeds' batches
-            # are measured on their first pass (:meth:`_padded_shares`).
-            if isinstance(feed, GlobalFeed) and size is not None and (
-                    feed is sizes[0][0] or feed.array_split() is not None):
-                self._batch_sizes[feed] = size
+        x, validation = arguments.get("x"), arguments.get("validation_data")
+        if isinstance(x, GlobalFeed) and batch_size is not None:
+            self._batch_sizes[x] = batch_size
+        # Array validation data is cut at validation_size; other feeds' batches are measured
+        # on their first pass (:meth:`_padded_shares`).
+        if (isinstance(validation, GlobalFeed) and validation.array_split() is not None
+                and validation_size is not None):
+            self._batch_sizes[validation] = validation_size
         return arguments
 
     def _check_batch_size(self, batch_size: int, fix: str) -> None:
