@@ -1,22 +1,30 @@
 """``fit``/``evaluate``/``predict`` under a ``TPUStrategy`` spanning hosts, as pods are tested here:
-2 processes x 2 emulated cores (``TPU_WORKER_HOSTNAMES`` + ``STRATAX_TPU_EMULATION``) equal
-1 process x 4 cores and one device, a last partial batch included, and a fit stopped mid-epoch
-and resumed by ``sx.BackupAndRestore`` equals the uninterrupted one."""
+2 processes x 4 emulated cores (``TPU_WORKER_HOSTNAMES`` + ``STRATAX_TPU_EMULATION``) in replicas
+of 2 logical cores, a ``LayoutMap`` splitting a small CNN's hidden kernel over the hosts (held in
+parts) and its convolution and head over the cores. Host 1 is SIGKILLed mid-epoch, the launcher
+relaunches the pod, and ``sx.BackupAndRestore`` resumes it; 1 process x 8 cores is stopped and
+resumed the same way (by an error). Both end at the weights of one device's uninterrupted fit,
+with its ``validation_data`` metrics (at a batch size of their own), ``evaluate`` results and
+predictions (last partial batches of each kind included), and the pod's resumed epoch logs the
+train metrics of one host's."""
 
-import subprocess
+import os
 import sys
+import threading
 
 import numpy as np
 import pytest
 import tpu_pod_program as program
-from conftest import PROGRAMS, free_ports, worker_env
+from conftest import PROGRAMS, ROOT
 
 import stratax as sx
+from stratax._src.launch import launch
 from stratax._src.runtime import tpu_system
 
 pytestmark = pytest.mark.timeout(300)
 TOLERANCE = 2e-5
-HOSTS, CORES = 2, 2
+HOSTS, CORES = 2, 4
+REPLICAS = HOSTS * CORES // program.CORES_PER_REPLICA
 # Steps per epoch 7 in groups of 2: (0-1) (2-3) (4-5) (6). Stopped at epoch 1's second group,
 # resumed from the backup after its first: the rest of the epoch is 3 groups.
 GROUPS_AFTER_RESUME = 3
@@ -28,55 +36,76 @@ def _fresh_tpu_system():
     tpu_system.system.resolver = tpu_system.system.topology = None
 
 
-def _start_pod(workers, tmp_path):
-    """One process per host of an emulated 2-host pod slice, on 127.0.0.1."""
-    (port,) = free_ports(1)
-    for host in range(HOSTS):
-        env = worker_env(TPU_WORKER_HOSTNAMES=",".join(["127.0.0.1"] * HOSTS),
-                         TPU_WORKER_ID=str(host), STRATAX_TPU_EMULATION=str(CORES),
-                         STRATAX_CPU_DEVICES=str(CORES), PYTHONUNBUFFERED="1")
-        workers.procs.append(subprocess.Popen(
-            [sys.executable, "tpu_pod_program.py", str(tmp_path), str(tmp_path / "backup"),
-             f"127.0.0.1:{port}"], cwd=PROGRAMS, env=env, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, text=True, start_new_session=True))
+def _launch_pod(tmp_path, results):
+    """One process per host of an emulated 2-host pod slice on 127.0.0.1, started by the
+    launcher, which restarts the pod once after host 1's SIGKILL; the ``LaunchResult`` goes
+    to ``results``."""
+    env = {"TPU_WORKER_HOSTNAMES": ",".join(["127.0.0.1"] * HOSTS),
+           "STRATAX_TPU_EMULATION": str(CORES), "STRATAX_CPU_DEVICES": str(CORES),
+           # This process's split into 8 devices; the hosts' own comes from the line above.
+           "XLA_FLAGS": "", "PYTHONPATH": os.pathsep.join(
+               [str(PROGRAMS), str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    results.append(launch(
+        [sys.executable, "tpu_pod_program.py", str(tmp_path), str(tmp_path / "backup")],
+        nproc_per_node=HOSTS, max_restarts=1, timeout=240, grace_period=1.0, cwd=str(PROGRAMS),
+        env=env, capture_output=True, stream_output=False))
 
 
-def _assert_equal(reference, candidate, what):
+def _assert_equal(reference, candidate, what, resumed=False):
+    """``candidate`` equals ``reference`` (uninterrupted, on one device) on every result; a
+    ``resumed`` candidate's history is the resumed epoch's, whose validation metrics equal the
+    reference's last epoch's (its train metrics cover only the steps after the resume)."""
     for key, value in reference.items():
-        if key.startswith(("resumed", "split", "plan")):
+        if key.startswith(("groups", "split", "plan")):
             continue
+        if resumed and key.startswith("history_"):
+            if not key.startswith("history_val_"):
+                continue
+            value = value[-1:]
         assert np.shape(candidate[key]) == np.shape(value), (what, key)
         np.testing.assert_allclose(candidate[key], value, atol=TOLERANCE, err_msg=f"{what}: {key}")
 
 
-def _assert_resumed_exactly(results, uninterrupted, what):
-    assert int(results["resumed_groups"]) == GROUPS_AFTER_RESUME, what
-    for i in range(sum(k.startswith("weight_") for k in uninterrupted)):
-        np.testing.assert_allclose(results[f"resumed_{i}"], uninterrupted[f"weight_{i}"],
-                                   atol=TOLERANCE, err_msg=f"{what}: resumed weight {i}")
+def test_two_hosts_of_four_cores_equal_one_host_of_eight_and_one_device(tmp_path):
+    launched = []
+    pod = threading.Thread(target=_launch_pod, args=(tmp_path, launched))
+    pod.start()
+    try:
+        # Meanwhile, in this process: one device, uninterrupted; one host of 8 emulated cores,
+        # stopped mid-epoch by an error and resumed from its backup.
+        one_device = program.run(sx.OneDeviceStrategy("cpu:0"))
+        resolver = sx.cluster_resolver.TPUClusterResolver(tpu="", emulation_cores=HOSTS * CORES)
+        strategy, backup = program.tpu_strategy(resolver), str(tmp_path / "one_host_backup")
+        program.interrupt(strategy, backup)
+        one_host = program.run(strategy, backup)
+    finally:
+        pod.join(timeout=280)
+    (result,) = launched
+    assert result.ok, result.summary + "\n" + "\n".join(result.outputs[0][-30:])
 
-
-def test_two_hosts_of_two_cores_equal_one_host_of_four_and_one_device(tmp_path, workers):
-    _start_pod(workers, tmp_path)
-    # Meanwhile, in this process: one device, and one host of 4 emulated cores.
-    one_device = program.run(sx.OneDeviceStrategy("cpu:0"))
-    resolver = sx.cluster_resolver.TPUClusterResolver(tpu="", emulation_cores=HOSTS * CORES)
-    sx.tpu.experimental.initialize_tpu_system(resolver)
-    one_host = program.run(sx.TPUStrategy(resolver), str(tmp_path / "one_host_backup"))
-    outputs = workers.wait(timeout=240)
-    for proc, output in zip(workers.procs, outputs, strict=True):
-        assert proc.returncode == 0, output
-
-    _assert_equal(one_device, one_host, "1 host x 4 cores")
-    _assert_resumed_exactly(one_host, one_device, "1 host x 4 cores")
+    assert {"history_val_loss", "history_val_w_xent"} <= one_device.keys()
+    assert int(one_device["groups"]) == 2 * 4 and not one_host["split_hidden_kernel"]
+    _assert_equal(one_device, one_host, "1 host x 8 cores, resumed", resumed=True)
+    assert int(one_host["groups"]) == GROUPS_AFTER_RESUME
+    # The pod: host 1 SIGKILLed mid-epoch, the launcher restarted both hosts once.
+    assert result.restarts == 1
+    (killed,) = result.failures
+    assert (killed.signal_name, killed.local_rank) == ("SIGKILL", 1)
     for host in range(HOSTS):
         with np.load(tmp_path / f"host_{host}.npz") as data:
             pod = dict(data)
-        assert (int(pod["hosts"]), int(pod["replicas"])) == (HOSTS, HOSTS * CORES)
-        _assert_equal(one_device, pod, f"host {host} of 2 x 2 cores")
-        _assert_resumed_exactly(pod, one_device, f"host {host} of 2 x 2 cores")
-        assert str(pod["plan"]) == ("train/tpu-loop+group2 over 4 TPU replica(s) on 2 hosts, "
-                                    "each feeding its share")
+        what = f"host {host} of 2 x 4 cores, relaunched"
+        assert (int(pod["hosts"]), int(pod["replicas"])) == (HOSTS, REPLICAS)
+        assert pod["split_hidden_kernel"]   # each host holds its part only
+        assert int(pod["groups"]) == GROUPS_AFTER_RESUME, what
+        _assert_equal(one_device, pod, what, resumed=True)
+        # The resumed epoch's train metrics (a padded last batch included) equal one host's.
+        for key in one_host:
+            if key.startswith("history_"):
+                np.testing.assert_allclose(pod[key], one_host[key], atol=TOLERANCE,
+                                           err_msg=f"{what}: {key}")
+        assert str(pod["plan"]) == (f"train/tpu-loop+group2 over {REPLICAS} TPU replica(s) on "
+                                    "2 hosts, each feeding its share")
         assert str(pod["split_error"]) == (
-            "Global batch size 14 does not split over 4 TPU replicas (2 hosts x 2); use a "
-            "multiple of 4, e.g. `model.fit(..., batch_size=12)`.")
+            f"Global batch size 14 does not split over {REPLICAS} TPU replicas (2 hosts x 2); "
+            f"use a multiple of {REPLICAS}, e.g. `model.fit(..., batch_size=12)`.")

@@ -47,6 +47,7 @@ Example (what the Keras seam does for ``model.fit`` under a ``TPUStrategy``)::
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -59,6 +60,7 @@ from jax.sharding import PartitionSpec as P
 
 from stratax._src.distributed_input import global_batch
 from stratax._src.keras import model_parallel
+from stratax._src.keras.feed import GlobalFeed
 from stratax._src.keras.runners.runner import KerasRunner, steps_per_execution
 from stratax._src.keras.steps import forward_losses
 from stratax._src.keras.steps import plan as plan_lib
@@ -126,7 +128,10 @@ class TPURunner(KerasRunner):
     def __init__(self, strategy: TPUStrategy) -> None:
         super().__init__(strategy)
         self.distribution = model_parallel.distribution_for(strategy)
-        self._batch_size: int | None = None
+        # The static global batch size of each input, not one for the runner: fit's
+        # validation (an evaluate inside fit) may batch differently from its training.
+        self._batch_sizes: weakref.WeakKeyDictionary[GlobalFeed, int] = (
+            weakref.WeakKeyDictionary())
         self._stacked_sharding = NamedSharding(strategy.mesh, P(None, REPLICA_AXIS))
         self._replicated = NamedSharding(strategy.mesh, P())
 
@@ -136,7 +141,8 @@ class TPURunner(KerasRunner):
         return self.distribution.scope()
 
     def prepare(self, method: str, arguments: dict[str, Any]) -> dict[str, Any]:
-        """Fixes the static global batch size and checks it splits over the replicas.
+        """Fixes the static global batch size of the input (and of ``fit``'s array
+        ``validation_data``) and checks it splits over the replicas.
 
         Raises:
             ValueError: the batch size does not split over the replicas of every host, or
@@ -147,12 +153,21 @@ class TPURunner(KerasRunner):
         batch_size = arguments.get("batch_size")
         if batch_size is None and isinstance(arguments.get("x"), (np.ndarray, jax.Array)):
             batch_size = _KERAS_DEFAULT_BATCH
-        self._batch_size = None
+        validation_size = arguments.get("validation_batch_size") or batch_size
         if batch_size is not None:
-            self._set_batch_size(batch_size, f"model.{method}(..., batch_size=")
-        return super().prepare(method, arguments)
+            self._check_batch_size(batch_size, f"model.{method}(..., batch_size=")
+        arguments = super().prepare(method, arguments)
+        x, validation = arguments.get("x"), arguments.get("validation_data")
+        if isinstance(x, GlobalFeed) and batch_size is not None:
+            self._batch_sizes[x] = batch_size
+        # Array validation data is cut at validation_size; other feeds' batches are measured
+        # on their first pass (:meth:`_padded_shares`).
+        if (isinstance(validation, GlobalFeed) and validation.array_split() is not None
+                and validation_size is not None):
+            self._batch_sizes[validation] = validation_size
+        return arguments
 
-    def _set_batch_size(self, batch_size: int, fix: str) -> None:
+    def _check_batch_size(self, batch_size: int, fix: str) -> None:
         replicas = self.strategy.num_replicas_in_sync
         if batch_size % replicas:
             hosts = self.strategy.num_processes
@@ -163,21 +178,36 @@ class TPURunner(KerasRunner):
                 f"use a multiple of {replicas}, e.g. `{fix}"
                 f"{global_batch.suggested_batch(batch_size, replicas)})`."
             )
-        self._batch_size = batch_size
+
+    def feed_batches(self, feed: GlobalFeed, call: Any) -> Iterator[Any]:
+        """One pass of ``feed``'s batches, each this host's padded share of a global batch of
+        the feed's static size (:meth:`_padded_shares`)."""
+        return self._padded_shares(feed.local_batches(), feed)
 
     def batches(self, local_batches: Iterator[tuple[Any, bool]]) -> Iterator[Any]:
-        """One epoch of this host's batches, each padded to its static share of the global
-        batch (:meth:`_host_share`); the step assembles a whole group of them from every
-        host's shares at once."""
-        for batch, replicated in local_batches:
-            if self._batch_size is None:
-                rows = _rows(batch)
-                self._set_batch_size(rows if replicated else rows * self.strategy.num_processes,
-                                     "batches of size (")
-            yield self._host_share(batch, replicated)
+        """One pass of this host's batches of an input without a feed, each padded to its
+        share of a global batch of the first batch's size (:meth:`_padded_shares`)."""
+        return self._padded_shares(local_batches, None)
 
-    def _host_share(self, batch: Any, replicated: bool) -> tuple[Any, Any, RowWeights]:
-        """This host's rows of a global batch of the static size, padded (``pad_batch``);
+    def _padded_shares(self, local_batches: Iterator[tuple[Any, bool]],
+                       feed: GlobalFeed | None) -> Iterator[Any]:
+        """This host's batches, each padded to its static share of the global batch
+        (:meth:`_host_share`); the step assembles a whole group of them from every host's
+        shares at once. The static size is ``feed``'s (:meth:`prepare`), else the first
+        batch's, kept for ``feed``'s later passes."""
+        size = None if feed is None else self._batch_sizes.get(feed)
+        for batch, replicated in local_batches:
+            if size is None:
+                rows = _rows(batch)
+                size = rows if replicated else rows * self.strategy.num_processes
+                self._check_batch_size(size, "batches of size (")
+                if feed is not None:
+                    self._batch_sizes[feed] = size
+            yield self._host_share(batch, replicated, size)
+
+    def _host_share(self, batch: Any, replicated: bool,
+                    size: int) -> tuple[Any, Any, RowWeights]:
+        """This host's rows of a global batch of the static ``size``, padded (``pad_batch``);
         ``real_rows`` counts the real rows among them.
 
         A whole global batch (one host, a batch that does not split over the replicas, or
@@ -187,7 +217,7 @@ class TPURunner(KerasRunner):
         static size: every host pads its own rows, which changes no loss, gradient or metric
         (padding rows weigh nothing and the metrics drop them wherever they are).
         """
-        size, hosts = self._batch_size, self.strategy.num_processes
+        hosts = self.strategy.num_processes
         if hosts == 1:
             return pad_batch(batch, size)
         share = size // hosts
@@ -266,7 +296,7 @@ class TPURunner(KerasRunner):
         real = np.zeros((group, replicas // self.strategy.num_processes), np.int32)
         real[:len(steps), 0] = [int(b[2].real_rows) for b in steps]
         valid = np.arange(group) < len(steps)
-        size = self._batch_size
+        size = self._global_rows(steps[0])
         placed = jax.tree.map(lambda a: self._assembled(a, size), stacked)
         return (placed, self._assembled(real, replicas),
                 jax.make_array_from_process_local_data(self._replicated, valid, valid.shape))
@@ -320,6 +350,11 @@ class TPURunner(KerasRunner):
 
         return tpu_steps
 
+    def _global_rows(self, batch: Any) -> int:
+        """The static global batch size of a step whose batch, on this host, is ``batch``
+        (every host's share has the same number of rows)."""
+        return len(batch[2]) * self.strategy.num_processes
+
     def _check_exact_padding(self, model: Any, kind: str, batch: Any) -> None:
         """Refuses a padded batch whose loss cannot be made exact (a step of ``kind`` on
         ``batch``, one of the padded batches).
@@ -329,9 +364,10 @@ class TPURunner(KerasRunner):
                 ``evaluate``) the forward pass adds losses, which the padding rows change.
         """
         problem = None if kind == "predict" else forward_losses.problem(model, lambda: batch)
+        size = self._global_rows(batch)
         if problem is not None:
             raise ValueError(
-                f"The last batch has fewer rows than the static batch size {self._batch_size} "
+                f"The last batch has fewer rows than the static batch size {size} "
                 f"and is padded; the model's loss cannot be made exact on padded rows: "
                 f"{problem}. Use a data size that is a multiple of the batch size (e.g. "
                 "`x[:len(x) // batch_size * batch_size]`)."
@@ -340,7 +376,7 @@ class TPURunner(KerasRunner):
             reduction = getattr(loss, "reduction", None)
             if reduction not in _EXACT_REDUCTIONS:
                 raise ValueError(
-                    f"The last batch has fewer rows than the static batch size {self._batch_size}"
+                    f"The last batch has fewer rows than the static batch size {size}"
                     f" and is padded; a loss with reduction={reduction!r} cannot be made exact on "
                     "padded rows. Use the default reduction ('sum_over_batch_size'), or a data "
                     "size that is a multiple of the batch size."
