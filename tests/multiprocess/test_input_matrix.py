@@ -115,14 +115,12 @@ def _on_two_workers(variants, tmp_path, monkeypatch):
             _assert_equal(got, _reference(variant), f"{variant}, worker {worker} of 2")
 
 
-def test_every_input_kind_on_two_workers(tmp_path, monkeypatch):
-    _on_two_workers(VARIANTS, tmp_path, monkeypatch)
-
-
-def test_user_pipelines_on_two_workers(tmp_path, monkeypatch):
-    """tf.data (sharded by data, and by the user with AutoShardPolicy.OFF), grain and
-    re-iterables on 2 real workers train what one process trains."""
-    _on_two_workers(USER_VARIANTS, tmp_path, monkeypatch)
+def test_every_input_kind_and_user_pipeline_on_two_workers(tmp_path, monkeypatch):
+    """Every input kind, and the user's pipelines (tf.data sharded by data and by the user
+    with AutoShardPolicy.OFF, grain, re-iterables), on 2 real workers (one launch) train what
+    one process trains."""
+    assert not set(VARIANTS) & set(USER_VARIANTS)
+    _on_two_workers([*VARIANTS, *USER_VARIANTS], tmp_path, monkeypatch)
 
 
 @pytest.mark.slow

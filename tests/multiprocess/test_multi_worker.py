@@ -188,14 +188,16 @@ def _interrupted_run_resumes_to_the_uninterrupted_weights(tmp_path, mode, step, 
 
 
 @pytest.mark.timeout(420)
-def test_a_killed_then_preempted_worker_resumes_to_the_uninterrupted_weights(
-        tmp_path, uninterrupted_backup_weights):
-    """SIGKILL of a worker mid-epoch, then on the restarted group a SIGTERM preemption notice
-    (the worker saves and exits with the preemption code): the launcher restarts the group
-    each time, and the backups bring it to the uninterrupted run's weights.
-    ``tests/keras/callbacks/test_backup.py`` pins the save and the exit code in one process."""
+def test_a_killed_then_preempted_worker_holding_half_a_kernel_resumes_to_one_process(tmp_path):
+    """2 workers x 2 devices, a layout_map splitting a kernel (and its Adam slots) over the
+    workers, so every backup is written in parts, each worker its own shards. Worker 1 is
+    SIGKILLed mid-epoch, then, on the restarted group, gets a SIGTERM preemption notice (the
+    workers save their parts and exit with the preemption code): the launcher restarts the
+    group each time, and the backups bring it to the weights of ``MirroredStrategy`` with the
+    same layout on 4 devices of one process. ``tests/keras/callbacks/test_backup.py`` pins
+    the save and the exit code in one process."""
     killed, preempted = _interrupted_run_resumes_to_the_uninterrupted_weights(
-        tmp_path, "kill9+sigterm", 8, uninterrupted_backup_weights)
+        tmp_path, "kill9+sigterm", 8, "split")
     assert killed.signal_name == "SIGKILL"
     assert preempted.exit_code == sx.PREEMPTION_EXIT_CODE
 
@@ -204,20 +206,11 @@ def test_a_killed_then_preempted_worker_resumes_to_the_uninterrupted_weights(
 @pytest.mark.timeout(420)
 def test_kill_9_at_a_random_step_resumes_to_the_uninterrupted_weights(
         tmp_path, uninterrupted_backup_weights):
-    """SIGKILL of a worker mid-epoch, at a random step (the default test kills at step 8)."""
+    """SIGKILL of a worker mid-epoch, at a random step, without model parallelism: the
+    resumed run equals the uninterrupted one bit for bit."""
     step = int(np.random.default_rng().integers(4, 14))
     (killed,) = _interrupted_run_resumes_to_the_uninterrupted_weights(
         tmp_path, "kill9", step, uninterrupted_backup_weights)
-    assert killed.signal_name == "SIGKILL"
-
-
-@pytest.mark.timeout(420)
-def test_kill_9_of_a_worker_holding_half_a_kernel_resumes_to_the_uninterrupted_weights(tmp_path):
-    """2 workers x 2 devices, a layout_map splitting a kernel (and its Adam slots) over the
-    workers: each backup is written in parts, every worker its own shards; worker 1 SIGKILLed
-    mid-epoch, the group relaunched, the resumed run ends at the uninterrupted weights."""
-    (killed,) = _interrupted_run_resumes_to_the_uninterrupted_weights(tmp_path, "kill9", 8,
-                                                                      "split")
     assert killed.signal_name == "SIGKILL"
 
 
