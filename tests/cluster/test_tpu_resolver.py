@@ -108,6 +108,24 @@ def test_emulation_with_several_hosts_listed_is_an_emulated_pod(
     assert pod.num_accelerators() == {"TPU": 2}   # per host
 
 
+def test_an_emulated_pod_under_stratax_launch_is_the_launchers_processes(
+        tpu_env: pytest.MonkeyPatch) -> None:
+    """Under ``stratax launch``, emulation makes each launched process a host of a pod,
+    numbered, counted and joined by the launcher's variables; without emulation, or with one
+    process, nothing is a pod."""
+    tpu_env.setenv(env.STRATAX_NUM_PROCESSES, "2")
+    tpu_env.setenv(env.STRATAX_PROCESS_ID, "1")
+    tpu_env.setenv(env.STRATAX_COORDINATOR_ADDRESS, "127.0.0.1:6000")
+    assert TPUClusterResolver(tpu="").distributed_init_args() is None
+    pod = TPUClusterResolver(tpu="", emulation_cores=4)
+    assert pod.is_multi_host() and pod.num_accelerators() == {"TPU": 4}
+    assert pod.distributed_init_args() == {
+        "coordinator_address": "127.0.0.1:6000", "num_processes": 2, "process_id": 1}
+    tpu_env.setenv(env.STRATAX_NUM_PROCESSES, "1")
+    tpu_env.setenv(env.STRATAX_PROCESS_ID, "0")
+    assert TPUClusterResolver(tpu="", emulation_cores=4).distributed_init_args() is None
+
+
 def test_legacy_colab_tpu_is_a_clear_error(tpu_env: pytest.MonkeyPatch) -> None:
     tpu_env.setenv(env.COLAB_TPU_ADDR, "10.0.0.9:8470")
     with pytest.raises(ValueError, match=r"legacy Colab TPU.*TPU VM runtime"):

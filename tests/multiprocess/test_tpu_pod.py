@@ -1,5 +1,5 @@
 """``fit``/``evaluate``/``predict`` under a ``TPUStrategy`` spanning hosts, as pods are tested here:
-2 processes x 4 emulated cores (``TPU_WORKER_HOSTNAMES`` + ``STRATAX_TPU_EMULATION``) in replicas
+2 processes x 4 emulated cores (``STRATAX_TPU_EMULATION`` under ``stratax launch``) in replicas
 of 2 logical cores, a ``LayoutMap`` splitting a small CNN's hidden kernel over the hosts (held in
 parts) and its convolution and head over the cores. Host 1 is SIGKILLed mid-epoch, the launcher
 relaunches the pod, and ``sx.BackupAndRestore`` resumes it; 1 process x 8 cores is stopped and
@@ -40,8 +40,7 @@ def _launch_pod(tmp_path, results):
     """One process per host of an emulated 2-host pod slice on 127.0.0.1, started by the
     launcher, which restarts the pod once after host 1's SIGKILL; the ``LaunchResult`` goes
     to ``results``."""
-    env = {"TPU_WORKER_HOSTNAMES": ",".join(["127.0.0.1"] * HOSTS),
-           "STRATAX_TPU_EMULATION": str(CORES), "STRATAX_CPU_DEVICES": str(CORES),
+    env = {"STRATAX_TPU_EMULATION": str(CORES), "STRATAX_CPU_DEVICES": str(CORES),
            # This process's split into 8 devices; the hosts' own comes from the line above.
            "XLA_FLAGS": "", "PYTHONPATH": os.pathsep.join(
                [str(PROGRAMS), str(ROOT), os.environ.get("PYTHONPATH", "")])}

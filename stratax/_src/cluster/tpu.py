@@ -20,7 +20,8 @@ error telling what to run instead.
 Emulation (``emulation_cores=N`` or ``STRATAX_TPU_EMULATION=N``) lets N CPU devices play the TPU
 cores, so a TPU program can be tested on a laptop; it is never switched on implicitly. With
 ``TPU_WORKER_HOSTNAMES`` / ``TPU_WORKER_ID`` listing several hosts it emulates a pod slice: one
-process per listed host (all on this machine, e.g. ``localhost,localhost``), N cores each.
+process per listed host (all on this machine, e.g. ``localhost,localhost``), N cores each. Under
+``stratax launch`` the launcher's processes are those hosts, numbered and joined by it.
 
 This module is pure configuration: no JAX import, no network.
 """
@@ -125,11 +126,18 @@ class TPUClusterResolver(ClusterResolver):
         self._emulation_cores = emulation_cores or emulation_cores_from_env()
         self._tpu = self._check_local(tpu)
         self._task_type = job_name
-        self._coordinator_address = coordinator_address
+        launched = bool(self._emulation_cores and os.environ.get(env.STRATAX_PROCESS_ID))
+        # An emulated pod started by `stratax launch`: one host per process, numbered and joined
+        # by the launcher (its variables), as a TPU VM's environment numbers a slice's hosts.
+        self._coordinator_address = coordinator_address or (
+            os.environ.get(env.STRATAX_COORDINATOR_ADDRESS, "").strip() or None
+            if launched else None)
         self._accelerator_type = os.environ.get(env.TPU_ACCELERATOR_TYPE, "").strip() or None
         if self._accelerator_type:
             parse_accelerator_type(self._accelerator_type)
-        self._hosts = self._read_hosts()
+        processes = (env.get_optional_int(env.STRATAX_NUM_PROCESSES, minimum=1) or 1
+                     if launched else 1)
+        self._hosts = self._read_hosts() or (["localhost"] * processes if processes > 1 else [])
         self._num_slices = env.get_optional_int(env.MEGASCALE_NUM_SLICES, minimum=1) or 1
         self._slice_id = env.get_optional_int(env.MEGASCALE_SLICE_ID, minimum=0) or 0
         if self._slice_id >= self._num_slices:
@@ -138,6 +146,8 @@ class TPUClusterResolver(ClusterResolver):
                 f"{env.MEGASCALE_NUM_SLICES}={self._num_slices}; the TPU runtime sets both."
             )
         worker_id = env.get_optional_int(env.TPU_WORKER_ID, minimum=0)
+        if worker_id is None and launched:
+            worker_id = env.get_optional_int(env.STRATAX_PROCESS_ID, minimum=0)
         if worker_id is not None and self._hosts and worker_id >= len(self._hosts):
             raise ValueError(
                 f"{env.TPU_WORKER_ID}={worker_id} is not below the {len(self._hosts)} hosts of "

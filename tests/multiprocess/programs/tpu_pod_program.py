@@ -5,7 +5,7 @@ a host killed mid-epoch (SIGKILL), the pod relaunched, ``sx.BackupAndRestore`` r
 
 Usage (one process per host, started by the launcher, which restarts the pod once)::
 
-    KERAS_BACKEND=jax TPU_WORKER_HOSTNAMES=127.0.0.1,127.0.0.1 STRATAX_TPU_EMULATION=4 \\
+    KERAS_BACKEND=jax STRATAX_TPU_EMULATION=4 \\
     STRATAX_CPU_DEVICES=4 python -m stratax launch --nproc-per-node 2 --max-restarts 1 \\
         tpu_pod_program.py OUT_DIR BACKUP_DIR
 
@@ -196,10 +196,8 @@ def interrupt(strategy: Any, backup_dir: str, victim: bool = True, kill: bool = 
 
 def main() -> None:
     out_dir, backup_dir = sys.argv[1:3]
-    # The launcher numbers the processes; a TPU VM numbers its hosts with TPU_WORKER_ID.
-    os.environ["TPU_WORKER_ID"] = os.environ["STRATAX_PROCESS_ID"]
-    resolver = sx.cluster_resolver.TPUClusterResolver(
-        tpu="", coordinator_address=os.environ["STRATAX_COORDINATOR_ADDRESS"])
+    # Emulated, under `stratax launch`: the launcher's processes are the pod's hosts.
+    resolver = sx.cluster_resolver.TPUClusterResolver(tpu="")
     sx.config.experimental_connect_to_cluster(resolver)
     strategy = tpu_strategy(resolver)
     host = strategy.process_rank
