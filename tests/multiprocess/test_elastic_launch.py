@@ -4,10 +4,14 @@ restart, and ends at the weights of the run without the failures."""
 
 import json
 
+import numpy as np
 import pytest
+import tpu_pod_program
 from conftest import assert_same_weights, load_weights
 from test_multi_worker import _launch
+from test_tpu_pod import _assert_equal
 
+import stratax as sx
 from stratax._src.distributed_input.global_batch import check_divisible
 from stratax._src.launch.config import LaunchConfig, parse_nproc
 from stratax._src.launch.membership import Membership, batch_split_error
@@ -41,6 +45,25 @@ def test_a_slot_lost_then_back_shrinks_and_regrows_the_group_to_the_uninterrupte
     assert "worker slot 1 failed 2 time(s) and is dropped" in restarts[1]["message"], restarts
     assert "worker slot(s) [1] rejoin" in restarts[2]["message"], restarts
     assert [len(e["pids"]) for e in events if e["kind"] == "start"] == [2, 2, 1, 2], events
+
+
+def test_an_emulated_tpu_pod_that_loses_a_host_for_good_goes_on_as_one_host(tmp_path):
+    """Elastic under ``TPUStrategy``: a pod of 2 emulated hosts x 4 cores (each launched
+    process a host, replicas of 2 cores, a kernel held in parts by the hosts); host 1 is
+    SIGKILLed mid-epoch with no restarts allowed, so its slot is dropped and the pod restarts
+    as 1 host (2 replicas) from the backup the 2 hosts wrote in parts. It ends at one device's
+    uninterrupted weights, validation metrics, ``evaluate`` and ``predict``."""
+    env = {"STRATAX_TPU_EMULATION": "4", "STRATAX_CPU_DEVICES": "4", "XLA_FLAGS": ""}
+    result = _launch(["tpu_pod_program.py", tmp_path, tmp_path / "backup"], tmp_path, env=env,
+                     nproc_per_node=2, min_nproc_per_node=1, max_restarts=0, timeout=240)
+    assert result.ok and result.restarts == 1 and result.workers == 1, result.summary
+    (killed,) = result.failures
+    assert (killed.signal_name, killed.local_rank) == ("SIGKILL", 1)
+    with np.load(tmp_path / "host_0.npz") as data:
+        one_host = dict(data)
+    assert (int(one_host["hosts"]), int(one_host["replicas"])) == (1, 2)
+    _assert_equal(tpu_pod_program.run(sx.OneDeviceStrategy("cpu:0")), one_host,
+                  "the pod after losing host 1", resumed=True)
 
 
 def test_a_slot_that_never_recovers_sits_out_ever_more_restarts():
