@@ -102,7 +102,7 @@ def test_an_oversized_frame_closes_that_connection_only(echo_server, client, cap
         raw.settimeout(5)
         raw.connect(echo_server.local.path)
         raw.sendall((wire.MAX_FRAME_BYTES + 1).to_bytes(8, "little"))
-        reply = local_socket._recv_frame(raw, time.monotonic() + 5, "ps 0")  # answered ...
+        reply = local_socket.recv_frame(raw, time.monotonic() + 5, "ps 0")  # answered ...
         assert raw.recv(8) == b""                       # ... then closed, nothing allocated
     meta = wire.decode(reply).meta
     assert meta["ok"] is False and meta["kind"] == "wire", meta

@@ -190,7 +190,7 @@ def test_ten_thousand_malformed_frames_change_nothing(live_server):
             reply = wire.decode(call(data, timeout=10))   # a deadline per call: no hang
         elif case % GRPC_EVERY == 1:
             local.sendall(len(data).to_bytes(8, "little") + data)
-            reply = wire.decode(local_socket._recv_frame(local, time.monotonic() + 10, "ps"))
+            reply = wire.decode(local_socket.recv_frame(local, time.monotonic() + 10, "ps"))
         else:
             reply = wire.decode(server._dispatch(data))
         if reply.meta["ok"]:

@@ -51,7 +51,7 @@ from stratax._src.core import env
 from stratax._src.core.addresses import is_loopback
 from stratax._src.core.config import config
 from stratax._src.core.errors import StrataxError, WorkerUnavailableError
-from stratax._src.parameter_server.transport import cluster_tls, local_socket, wire
+from stratax._src.parameter_server.transport import cluster_tls, local_listener, local_socket, wire
 from stratax._src.parameter_server.transport.refusals import Refusals
 
 logger = logging.getLogger(__name__)
@@ -203,11 +203,11 @@ class RpcServer:
                 "is in use (by another process, or a task of another run) or the host is not "
                 "an address of this machine; free the port or fix the address in the cluster "
                 "spec.")
-        self.local: local_socket.LocalListener | None = None
+        self.local: local_listener.LocalListener | None = None
         why_not = "STRATAX_PS_TRANSPORT=grpc" if not use_local else ""
         if use_local:
             try:
-                self.local = local_socket.LocalListener(
+                self.local = local_listener.LocalListener(
                     name, self._dispatch, lambda message: error_response(message, "wire"))
             except OSError as err:
                 why_not = str(err)
