@@ -26,6 +26,7 @@ from stratax._src.parameter_server.transport import (
     local_listener,
     local_socket,
     rpc,
+    rpc_server,
     shared_frames,
     wire,
 )
@@ -73,7 +74,7 @@ def served_ps(monkeypatch):
     monkeypatch.setenv("STRATAX_PS_MAX_CONNECTIONS", str(_CAP))
     monkeypatch.setattr(local_listener, "_FIRST_SECONDS", 1.0)
     monkeypatch.setattr(local_listener, "_STALL_SECONDS", 1.0)
-    monkeypatch.setattr(rpc, "_HANDSHAKE_MS", 1000)
+    monkeypatch.setattr(rpc_server, "_HANDSHAKE_MS", 1000)
     server, chief = _start_ps()
     yield server, chief
     chief.close()

@@ -63,7 +63,7 @@ def _names(meta: dict[str, Any], key: str = "names") -> list[str]:
 
 
 class ParameterServer(rpc.Dispatcher):
-    """The state and request handler of one ``ps`` task (serve it with ``rpc.RpcServer``)."""
+    """The state and request handler of one ``ps`` task (serve it with ``rpc_server.RpcServer``)."""
 
     shard_type = _Shard  # what ``snapshots`` restores shards into
 
