@@ -45,7 +45,7 @@ _SERVER = textwrap.dedent(f"""
         return str(time.process_time()).encode() if request == b"cpu" else request
 
     rpc.keep_buffers_in_heap()   # as a ps task does
-    server = grpc.server(futures.ThreadPoolExecutor(8), options=rpc._OPTIONS)
+    server = grpc.server(futures.ThreadPoolExecutor(8), options=rpc.GRPC_OPTIONS)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
         "bench.Echo", {{"Call": grpc.unary_unary_rpc_method_handler(echo)}}),))
     if sys.argv[1] == "tls":

@@ -30,7 +30,7 @@ from stratax._src.parameter_server.transport import rpc
 RESULTS = RESULTS_DIR
 _SERVER = textwrap.dedent("""
     import sys, time
-    from stratax._src.parameter_server.transport import rpc
+    from stratax._src.parameter_server.transport import rpc, rpc_server
 
     def handle(frame):
         if frame.meta["method"] == "cpu":
@@ -38,7 +38,7 @@ _SERVER = textwrap.dedent("""
         return rpc.response({}, frame.tensors)
 
     rpc.keep_buffers_in_heap()   # as a ps task does (server.py)
-    server = rpc.RpcServer("echo", "127.0.0.1", 0, handle)
+    server = rpc_server.RpcServer("echo", "127.0.0.1", 0, handle)
     server.start()
     print(server.port, flush=True)
     sys.stdin.read()             # until the benchmark closes our stdin

@@ -36,7 +36,7 @@ WRITE_S = 0.5
 def rpc_give_up_seconds() -> float:
     """Seconds from a call with a 0.3 s timeout to its ``WorkerUnavailableError``."""
     from stratax._src.core.errors import WorkerUnavailableError
-    from stratax._src.parameter_server.transport import rpc
+    from stratax._src.parameter_server.transport import rpc, rpc_server
 
     released = threading.Event()
 
@@ -44,7 +44,7 @@ def rpc_give_up_seconds() -> float:
         released.wait(timeout=30)
         return rpc.response({})
 
-    server = rpc.RpcServer("ps 0", "127.0.0.1", 0, handler, max_workers=2)
+    server = rpc_server.RpcServer("ps 0", "127.0.0.1", 0, handler, max_workers=2)
     server.start()
     client = rpc.RpcClient("ps 0", f"127.0.0.1:{server.port}", timeout=10)
     try:

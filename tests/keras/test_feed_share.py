@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from stratax._src.keras.feed import FeedLayout, _ArraySource
+from stratax._src.keras.feed_layout import FeedLayout
+from stratax._src.keras.feed_sources import ArraySource
 
 
 @pytest.mark.parametrize("shuffle", [False, True, "batch"])
@@ -11,7 +12,7 @@ from stratax._src.keras.feed import FeedLayout, _ArraySource
 def test_own_rows_equal_the_share_of_the_global_batch(shuffle, rank):
     x = {"a": np.arange(70 * 3, dtype=np.float32).reshape(70, 3), "b": np.arange(70)}
     arrays = (x, np.arange(70) % 5, np.linspace(0, 1, 70))
-    source = _ArraySource(arrays, 16, shuffle)  # 4 whole batches and a last one of 6 rows
+    source = ArraySource(arrays, 16, shuffle)  # 4 whole batches and a last one of 6 rows
     layout = FeedLayout(num_replicas=4, process_rank=rank, num_processes=2)
     direct = list(source.local_batches(seed=7, epoch=2, skip=1, layout=layout))
     cut = [layout.local(batch) for batch in source.batches(seed=7, epoch=2, skip=1)]
@@ -28,7 +29,7 @@ def test_own_rows_equal_the_share_of_the_global_batch(shuffle, rank):
 @pytest.mark.parametrize("shuffle", [False, True, "batch"])
 def test_a_row_pass_names_the_batches_rows(shuffle):
     x = np.arange(70 * 3, dtype=np.float32).reshape(70, 3)
-    source = _ArraySource((x,), 16, shuffle)
+    source = ArraySource((x,), 16, shuffle)
     for epoch in (0, 1):
         rows = source.row_pass(seed=7, epoch=epoch, skip=1)
         batches = list(source.batches(seed=7, epoch=epoch, skip=1))

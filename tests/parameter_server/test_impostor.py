@@ -20,7 +20,7 @@ from cluster_helpers import cluster_addresses
 import stratax as sx
 from stratax._src.core.errors import WorkerUnavailableError
 from stratax._src.parameter_server.tasks.ownership import ChiefSession
-from stratax._src.parameter_server.transport import rpc, wire
+from stratax._src.parameter_server.transport import rpc, rpc_server, wire
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -104,9 +104,9 @@ def test_an_impostor_on_a_dead_tasks_port_gets_nothing_and_is_refused(monkeypatc
 
         # An impostor that speaks gRPC, with a key of its own, would serve any call.
         served = []
-        fake = rpc.RpcServer("ps 0", "127.0.0.1", port,
-                             lambda frame: served.append(frame) or rpc.response(),
-                             token="impostor-key-" + "1" * 32, max_workers=2)
+        fake = rpc_server.RpcServer("ps 0", "127.0.0.1", port,
+                                    lambda frame: served.append(frame) or rpc.response(),
+                                    token="impostor-key-" + "1" * 32, max_workers=2)
         fake.start()
         impostors[0] = fake
         # Until its reconnect back-off lets it try the new listener, the channel may answer

@@ -11,6 +11,7 @@ from stratax._src.parameter_server.closures import RemoteValueStatus
 from stratax._src.parameter_server.coordinator import ClusterCoordinator
 from stratax._src.parameter_server.step_errors import StepCancelledError, StepError, step_error
 from stratax._src.parameter_server.transport import rpc
+from stratax._src.parameter_server.transport.rpc_server import RpcServer
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -49,9 +50,9 @@ class _Strategy:
 
 @pytest.mark.parametrize("late", ["ok", "error"])
 def test_running_closures_are_cancelled_and_their_late_end_reports_nothing(late):
-    servers = [rpc.RpcServer("worker 0", "127.0.0.1", 0, _worker(fail_after=1.0), max_workers=2),
-               rpc.RpcServer("worker 1", "127.0.0.1", 0, _worker(late=(3.0, late)),
-                             max_workers=2)]
+    servers = [RpcServer("worker 0", "127.0.0.1", 0, _worker(fail_after=1.0), max_workers=2),
+               RpcServer("worker 1", "127.0.0.1", 0, _worker(late=(3.0, late)),
+                         max_workers=2)]
     for server in servers:
         server.start()
     strategy = _Strategy(servers)

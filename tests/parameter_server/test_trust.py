@@ -156,6 +156,6 @@ def test_another_uid_cannot_use_the_local_socket(cluster, attack):  # noqa: F811
         for frame in (wire.encode({"method": "session", "session": session}),
                       _in_session(request, session)):
             sock.sendall(len(frame).to_bytes(8, "little") + frame)
-            reply = local_socket._recv_frame(sock, time.monotonic() + 30, "worker 0")
+            reply = local_socket.recv_frame(sock, time.monotonic() + 30, "worker 0")
             assert wire.decode(reply).meta["ok"], wire.decode(reply).meta
     assert marker.read_text() == "ran"

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from stratax._src.runtime import cpu_collectives, distributed, shm_build, shm_collectives
+from stratax._src.runtime import cpu_collectives, distributed, shm_build, shm_calls, shm_collectives
 
 HAVE_COMPILER = shm_build.compiler() is not None
 
@@ -262,7 +262,7 @@ def test_the_shm_all_reduce_makes_values_uniform_across_replicas():
     from stratax._src.strategies.transport import SharedMemoryAllReduce
 
     def body(x):
-        return shm_collectives.all_reduce("sum", [x])[0], x * 2
+        return shm_calls.all_reduce("sum", [x])[0], x * 2
 
     jaxpr = jax.make_jaxpr(body)(np.ones(3, np.float32))
     unifying = SharedMemoryAllReduce.unifying_calls  # what a strategy over shm passes
@@ -286,6 +286,6 @@ def test_only_call_drops_the_effect_that_blocks_jax_fast_dispatch():
     import numpy as np
 
     x = np.ones(4, np.float32)
-    ordered = jax.make_jaxpr(lambda v: shm_collectives.all_reduce("sum", [v]))(x)
-    only = jax.make_jaxpr(lambda v: shm_collectives.all_reduce("sum", [v], only_call=True))(x)
+    ordered = jax.make_jaxpr(lambda v: shm_calls.all_reduce("sum", [v]))(x)
+    only = jax.make_jaxpr(lambda v: shm_calls.all_reduce("sum", [v], only_call=True))(x)
     assert ordered.effects and not only.effects

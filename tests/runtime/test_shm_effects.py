@@ -1,6 +1,6 @@
 """The shared-memory all-reduce leaves JAX's effect system when it is a program's only one.
 
-``shm_collectives.unordered_if_alone`` rewrites a traced program: with exactly one call site
+``shm_calls.unordered_if_alone`` rewrites a traced program: with exactly one call site
 of the all-reduce (in a loop body too), the call is no longer side-effecting and the program
 carries no FFI effect, so JAX dispatches it from its C++ fast path; with any doubt (two sites,
 an unrolled loop, another side-effecting FFI call) the program is returned untouched. Tracing
@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 from jax.extend import core as jax_core
 
-from stratax._src.runtime import shm_collectives
+from stratax._src.runtime import shm_calls, shm_collectives
 
 SHAPE = jax.ShapeDtypeStruct((4,), jnp.float32)
 
@@ -53,7 +53,7 @@ def _runs_effect_free(jaxpr):
 def test_one_call_is_no_longer_an_effect():
     traced = _jaxpr(lambda x: _shm(x * 2.0) + 1.0)
     assert traced.effects  # JAX's FFI effect, before
-    rewritten = shm_collectives.unordered_if_alone(traced)
+    rewritten = shm_calls.unordered_if_alone(traced)
     assert _stripped(rewritten)
     assert _runs_effect_free(rewritten)
     assert traced.effects  # the traced program itself is left as it was
@@ -67,7 +67,7 @@ def test_one_call_in_a_loop_body_and_in_one_branch_is_one_call():
         return jax.lax.cond(x[0] > 0, _shm, lambda v: v * 3.0, x)
 
     for fn in (scanned, branched):
-        rewritten = shm_collectives.unordered_if_alone(_jaxpr(fn))
+        rewritten = shm_calls.unordered_if_alone(_jaxpr(fn))
         assert _stripped(rewritten), fn.__name__
         assert _runs_effect_free(rewritten), fn.__name__
 
@@ -84,9 +84,9 @@ def test_several_calls_an_unrolled_loop_or_another_ffi_effect_keep_the_effect():
 
     for fn in (two, unrolled, with_another_effect):
         traced = _jaxpr(fn)
-        assert shm_collectives.unordered_if_alone(traced) is traced, fn.__name__
+        assert shm_calls.unordered_if_alone(traced) is traced, fn.__name__
 
 
 def test_programs_without_the_call_are_returned_as_they_are():
     traced = _jaxpr(lambda x: jnp.sin(x) @ x)
-    assert shm_collectives.unordered_if_alone(traced) is traced
+    assert shm_calls.unordered_if_alone(traced) is traced

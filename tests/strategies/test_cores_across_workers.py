@@ -6,7 +6,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from stratax._src.keras.feed import FeedLayout, GlobalFeed, _SequenceSource
+from stratax._src.keras.feed import GlobalFeed
+from stratax._src.keras.feed_layout import FeedLayout
+from stratax._src.keras.feed_sources import SequenceSource
 from stratax._src.strategies.multi_worker import check_cores_per_replica
 
 
@@ -54,4 +56,4 @@ def test_a_per_worker_input_is_refused_when_a_replica_spans_workers():
     layout = FeedLayout(num_replicas=1, process_rank=0, num_processes=2, processes_per_replica=2)
     with pytest.raises(ValueError, match=r"each replica spans 2 workers, which must feed it the "
                                          r"same rows\. Give every worker the same global batches"):
-        GlobalFeed(_SequenceSource([(np.zeros((4, 1)),)], False, None), layout, per_worker=True)
+        GlobalFeed(SequenceSource([(np.zeros((4, 1)),)], False, None), layout, per_worker=True)

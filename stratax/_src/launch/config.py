@@ -15,7 +15,7 @@ class LaunchError(RuntimeError):
     """The launcher could not start the group: port taken, coordinator unreachable, ...
 
     Raised before any worker runs (or before a restart); failures of the workers themselves are
-    reported in :class:`~stratax._src.launch.launcher.LaunchResult`, not raised.
+    reported in :class:`~stratax._src.launch.outcome.LaunchResult`, not raised.
     """
 
 

@@ -9,8 +9,8 @@ to the launcher stop the group the same way: SIGTERM is forwarded and escalated 
 elastic launch (``min_nproc_per_node``) drops a worker that keeps failing, goes on with the
 rest and tries it again at a later restart (see ``membership``); a global batch that does not
 split over the replicas ends a launch at once, or an elastic one picks a worker count that
-splits it. The summary names the worker where the failure began and quotes its traceback
-(docs/failures-and-signals.md). Worker failures are *returned* in a
+splits it. The summary (``outcome``) names the worker where the failure began and quotes its
+traceback (docs/failures-and-signals.md). Worker failures are *returned* in a
 :class:`LaunchResult`; only problems that stop the launcher from starting workers raise.
 """
 
@@ -38,88 +38,13 @@ from stratax._src.launch.network import (
     reserve_free_ports,
     wait_until_reachable,
 )
-from stratax._src.launch.output import abbreviate
-from stratax._src.launch.worker_group import Worker, WorkerGroup, describe_returncode
+from stratax._src.launch.outcome import LaunchResult, TaskFailure, ending, failure_of
+from stratax._src.launch.worker_group import Worker, WorkerGroup
 from stratax._src.observe.events import EventLog
 
 logger = logging.getLogger(__name__)
 
-EXIT_TIMEOUT = 124  # like coreutils `timeout`
 _POLL_SECONDS = 0.1
-
-
-@dataclasses.dataclass(frozen=True)
-class TaskFailure:
-    """The worker where the failure of one start of the group began (see
-    ``WorkerGroup.root_cause``), with its output: the last lines and its last traceback."""
-
-    name: str  # the task as TF_CONFIG names it: "chief 0", "worker 1", "ps 2"
-    file_name: str  # the same in file names and events: "chief_0", "ps_2"
-    global_rank: int
-    local_rank: int
-    pid: int
-    returncode: int  # as subprocess reports it: negative = killed by that signal
-    restart_count: int
-    tail: tuple[str, ...]
-    # The worker's last Python traceback, whole, if it printed one (the summary abbreviates it).
-    traceback: tuple[str, ...] = ()
-    # The peer that named this worker as silent (hung, frozen, lost); ``traceback`` then holds
-    # that peer's words (its traceback, or the line JAX's coordination service printed).
-    reported_by: str | None = None
-
-    @property
-    def exit_code(self) -> int | None:
-        """The worker's exit code, or ``None`` when a signal killed it."""
-        return self.returncode if self.returncode >= 0 else None
-
-    @property
-    def signal_name(self) -> str | None:
-        """``"SIGKILL"`` etc. when a signal killed the worker, else ``None``."""
-        if self.returncode >= 0:
-            return None
-        return describe_returncode(self.returncode).removeprefix("signal ")
-
-    def describe(self) -> str:
-        """One line: who failed, how, and on which start of the group."""
-        how = (f"stopped answering ({self.reported_by} reported it; the teardown then ended it "
-               f"with {describe_returncode(self.returncode)})" if self.reported_by
-               else f"failed with {describe_returncode(self.returncode)}")
-        return (f"{self.name} (local rank {self.local_rank}, pid {self.pid}) {how} "
-                f"(restart {self.restart_count})")
-
-
-@dataclasses.dataclass(frozen=True)
-class LaunchResult:
-    """How a launched group ended.
-
-    ``exit_code`` is what ``stratax launch`` exits with: 0 when every worker exited 0; the first
-    failing worker's exit code (or 128 + signal number) after the last allowed restart; 124 on
-    ``timeout``; 128 + signum when the launcher itself was interrupted.
-
-    Example:
-        >>> result = launch([sys.executable, "train.py"], nproc_per_node=2)  # doctest: +SKIP
-        >>> result.ok or print(result.summary)  # doctest: +SKIP
-    """
-
-    exit_code: int
-    restarts: int
-    failures: tuple[TaskFailure, ...]
-    timed_out: bool
-    interrupted_by: str | None
-    elapsed: float
-    summary: str
-    outputs: Mapping[int, list[str]] | None = None
-    workers: int = 0  # workers of the last start (an elastic launch may have dropped some)
-
-    @property
-    def ok(self) -> bool:
-        """True when every worker of the final start exited with code 0."""
-        return self.exit_code == 0
-
-    @property
-    def failure(self) -> TaskFailure | None:
-        """The root cause of the last failed start, if any."""
-        return self.failures[-1] if self.failures else None
 
 
 def launch(
@@ -265,8 +190,8 @@ class _Launcher:
             if outcome == "failed" and failed is not None:
                 cause = group.root_cause() or failed
                 lost = group.named_as_lost(cause)
-                failures.append(_failure_of(lost[0], restart, reporter=(cause, lost[1])) if lost
-                                else _failure_of(cause, restart))
+                failures.append(failure_of(lost[0], restart, reporter=(cause, lost[1])) if lost
+                                else failure_of(cause, restart))
                 self._record_failure(failures[-1])
                 split = batch_split_error(failures[-1].traceback or failures[-1].tail)
                 step = (members.after_batch_split(*split) if split
@@ -379,7 +304,7 @@ class _Launcher:
                 or self._stop.is_set()):
             return False
         self._task_restarts += 1
-        failure = _failure_of(worker, self._task_restarts)
+        failure = failure_of(worker, self._task_restarts)
         self._record_failure(failure)
         self._notice(f"{failure.describe()}; restarting {worker.spec.name} alone (task restart "
                      f"{self._task_restarts} of {self._config.max_restarts}).")
@@ -392,31 +317,10 @@ class _Launcher:
                 split: tuple[int, int] | None = None) -> LaunchResult:
         group, self._group = self._group, None
         workers = group.workers if group is not None else []
-        signame = signal.Signals(self._signum).name if interrupted and self._signum else None
-        failure = failures[-1] if failures and failures[-1].restart_count == restart else None
-        if signame is not None:
-            exit_code = 128 + int(self._signum or 0)
-            text = (f"interrupted by {signame}; sent SIGTERM to {len(workers)} worker(s) and "
-                    f"stopped them.")
-        elif timed_out:
-            exit_code = EXIT_TIMEOUT
-            text = (f"the group did not finish within the timeout of "
-                    f"{self._config.timeout:g} s (wall clock, restarts included); stopped "
-                    f"{len(workers)} worker(s).")
-        elif failure is not None:
-            exit_code = failure.returncode if failure.returncode > 0 else 128 - failure.returncode
-            text = _failure_text(failure, self._config, restart)
-            if split is not None and members is not None:
-                text = f"{_batch_split_stop(split, members)}\n{text}"
-        else:
-            exit_code = 0
-            text = f"all {len(workers)} worker(s) exited with code 0 ({restart} restart(s))."
-            if members is not None and members.dropped:
-                text = text[:-1] + (f"; worker slot(s) {members.dropped} were dropped after "
-                                    "failing past their restarts.")
-            if members is not None and members.came_back:
-                text = text[:-1] + (f"; worker slot(s) {members.came_back} were dropped and "
-                                    "rejoined.")
+        signum = self._signum if interrupted else None
+        signame = signal.Signals(signum).name if signum else None
+        exit_code, text = ending(len(workers), restart, failures, self._config, signum=signum,
+                                 timed_out=timed_out, members=members, split=split)
         outputs = None
         if self._capture:
             outputs = {w.spec.global_rank: w.output.captured() or [] for w in workers}
@@ -473,49 +377,3 @@ def _ps_role(worker: Worker) -> str | None:
     if not worker.spec.env.get(env_names.STRATAX_PS_ROLES):
         return None
     return worker.spec.task_type
-
-
-def _failure_of(worker: Worker, restart: int,
-                reporter: tuple[Worker, list[str]] | None = None) -> TaskFailure:
-    """``worker``'s failure; ``reporter``: the peer that named it as silent, and its words."""
-    return TaskFailure(
-        name=worker.spec.name, file_name=worker.spec.file_name,
-        global_rank=worker.spec.global_rank,
-        local_rank=worker.spec.local_rank, pid=worker.pid,
-        returncode=int(worker.returncode if worker.returncode is not None else -9),
-        restart_count=restart, tail=tuple(worker.output.tail()),
-        traceback=tuple(reporter[1] if reporter else worker.output.traceback()),
-        reported_by=reporter[0].spec.name if reporter else None,
-    )
-
-
-def _batch_split_stop(split: tuple[int, int], members: Membership) -> str:
-    """Why a failure on the batch split ends the launch: no restart can fix it."""
-    batch, replicas = split
-    where = ("no number of workers between the minimum and the slots left splits it"
-             if members.minimum is not None else "a restart would fail the same way")
-    return (f"stopped: the workers fail with \"Global batch size {batch} does not split over "
-            f"{replicas} replicas\" and {where}; pass a global batch that is a multiple of "
-            "the replicas of every worker count the launch may use.")
-
-
-def _failure_text(failure: TaskFailure, config: LaunchConfig, restarts: int) -> str:
-    lines = [
-        f"{failure.describe()}, the first task to fail; the other workers were stopped"
-        + (f" (gave up after {restarts} restart(s))." if config.max_restarts else "."),
-    ]
-    if failure.reported_by:
-        lines.append(f"What {failure.reported_by} said:")
-        lines.extend(f"  [{failure.reported_by}] {line}" for line in abbreviate(failure.traceback))
-    elif failure.traceback:
-        lines.append(f"{failure.name}'s last Python traceback:")
-        lines.extend(f"  [{failure.name}] {line}" for line in abbreviate(failure.traceback))
-    elif failure.tail:
-        lines.append(f"Last {len(failure.tail)} line(s) of {failure.name}'s output:")
-        lines.extend(f"  [{failure.name}] {line}" for line in failure.tail)
-    else:
-        lines.append(f"{failure.name} printed nothing.")
-    if config.log_dir is not None:
-        log_path = os.path.join(config.log_dir, f"{failure.file_name}.log")
-        lines.append(f"Full log: {log_path}")
-    return "\n".join(lines)

@@ -5,7 +5,7 @@ around a ring that crosses the hosts. Here, inside one compiled program (traced 
 ``jax.shard_map`` over the strategy's replica axis):
 
 1. **Reduce-scatter over shared memory** inside each host: local rank ``l`` receives part ``l``
-   (of ``L``) of the host's sum (``shm_collectives.reduce_scatter``, summed in local-rank order).
+   (of ``L``) of the host's sum (``shm_calls.reduce_scatter``, summed in local-rank order).
 2. **Exchange between hosts over gloo**: each process swaps its part with the processes of the
    same local rank on the other hosts (``jax.lax.ppermute``, XLA's collective-permute, which
    gloo carries; the parts of one dtype in one buffer, one gloo call), so each process sends
@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from stratax._src.runtime import shm_collectives
+from stratax._src.runtime import shm_calls
 from stratax._src.runtime.shm_collectives import state
 
 
@@ -37,19 +37,19 @@ def all_reduce_sum(arrays: Sequence[jax.Array], devices: Sequence[Any], axis: st
     """The sum of every array of ``arrays`` over all processes (traced, hierarchical).
 
     Args:
-        arrays: this process's operands (dtypes that ``shm_collectives.supports``).
+        arrays: this process's operands (dtypes that ``shm_calls.supports``).
         devices: the devices of ``axis`` in axis order (one per process, every process).
         axis: the ``shard_map`` axis name over ``devices``.
         only_call: the program holds no other shared-memory collective: no JAX effect (as
-            ``shm_collectives.all_reduce``'s ``only_call``). Otherwise both shared-memory steps
+            ``shm_calls.all_reduce``'s ``only_call``). Otherwise both shared-memory steps
             are JAX effects, so that several all-reduces of one program meet in program order.
     """
     state.hierarchical_traced += 1
     local = state.world
-    parts = shm_collectives.reduce_scatter([_padded(a, local) for a in arrays],
+    parts = shm_calls.reduce_scatter([_padded(a, local) for a in arrays],
                                            ordered=not only_call)
     summed = _unpacked(_sum_over_hosts(_packed(parts), devices, axis), parts)
-    gathered = shm_collectives.all_gather(summed, ends_all_reduce=True, ordered=not only_call)
+    gathered = shm_calls.all_gather(summed, ends_all_reduce=True, ordered=not only_call)
     return [g[:a.size].reshape(a.shape) for g, a in zip(gathered, arrays, strict=True)]
 
 

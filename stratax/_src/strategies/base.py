@@ -33,8 +33,9 @@ from stratax._src.distributed_input.input_context import InputContext, InputOpti
 from stratax._src.distributed_input.values import Mirrored, PerReplica, is_distributed_leaf
 from stratax._src.runtime import throttle
 from stratax._src.runtime.devices import local_replica_ids, place, process_rank
-from stratax._src.strategies import transport
+from stratax._src.strategies import cross_replica, transport
 from stratax._src.strategies.cross_device_ops import CrossDeviceOps
+from stratax._src.strategies.cross_replica import normalize_axis, stack_axes
 from stratax._src.strategies.extended import StrategyExtended
 from stratax._src.strategies.replica_context import CORE_AXIS, REPLICA_AXIS, ReplicaContext
 from stratax._src.strategies.run_compiler import RunCompiler
@@ -85,12 +86,12 @@ class Strategy:
         self._runner = RunCompiler(self, self._mesh, self._to_global)
         # Cross-replica results are replicated, so every process can read them.
         replicated = functools.partial(jax.jit, out_shardings=self._replicated)
-        self._concat_real_rows = replicated(_concat_real_rows, static_argnums=1)
-        self._reduce_stacked = replicated(_reduce_stacked, static_argnums=(1, 2))
+        self._concat_real_rows = replicated(cross_replica.concat_real_rows, static_argnums=1)
+        self._reduce_stacked = replicated(cross_replica.reduce_stacked, static_argnums=(1, 2))
         self._reduce_copies = replicated(
-            functools.partial(_reduce_copies, copies=self._mesh_replicas),
+            functools.partial(cross_replica.reduce_copies, copies=self._mesh_replicas),
             static_argnums=(1, 2))
-        self._gather_stacked = replicated(_gather_stacked, static_argnums=1)
+        self._gather_stacked = replicated(cross_replica.gather_stacked, static_argnums=1)
         self._window = throttle.window_for(self._devices, self._num_processes)
 
     # ----------------------------------------------------------------- properties
@@ -263,11 +264,11 @@ class Strategy:
                 return self._reduce_stacked(self._real_rows(leaf)[None], op, (0, 1))
             if isinstance(leaf, PerReplica):
                 stacked = self._stacked_components(leaf)
-                return self._reduce_stacked(stacked, op, _stack_axes(axis, stacked.ndim - 1))
+                return self._reduce_stacked(stacked, op, stack_axes(axis, stacked.ndim - 1))
             # A replicated value is copied per replica inside the reducing program: one
             # dispatch (a custom loop reduces its loss every step).
             base = leaf.value if isinstance(leaf, Mirrored) else leaf
-            return self._reduce_copies(base, op, _stack_axes(axis, np.ndim(base)))
+            return self._reduce_copies(base, op, stack_axes(axis, np.ndim(base)))
 
         return jax.tree.map(one, value, is_leaf=is_distributed_leaf)
 
@@ -285,7 +286,7 @@ class Strategy:
     def _require_row_axis(self, leaf: PerReplica, axis: int | None, what: str) -> None:
         """Components of an uneven batch differ along axis 0: only axis 0 can combine them."""
         component_ndim = leaf.stacked.ndim - 1
-        if axis is not None and _normalize_axis(axis, component_ndim) == 0:
+        if axis is not None and normalize_axis(axis, component_ndim) == 0:
             return
         rest = tuple(leaf.stacked.shape[2:])
         check_same_shapes(
@@ -314,7 +315,7 @@ class Strategy:
                     "gather needs components with at least one dimension; received scalars. "
                     "Use `strategy.experimental_local_results(value)` or reshape to (1,)."
                 )
-            return self._gather_stacked(stacked, _normalize_axis(axis, stacked.ndim - 1))
+            return self._gather_stacked(stacked, normalize_axis(axis, stacked.ndim - 1))
 
         return jax.tree.map(one, value, is_leaf=is_distributed_leaf)
 
@@ -381,38 +382,3 @@ class Strategy:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(num_replicas_in_sync={self.num_replicas_in_sync})"
-
-
-_REDUCERS = {ReduceOp.SUM: jnp.sum, ReduceOp.MEAN: jnp.mean, ReduceOp.MAX: jnp.max,
-             ReduceOp.MIN: jnp.min}
-
-
-def _normalize_axis(axis: int, ndim: int) -> int:
-    if not -ndim <= axis < ndim:
-        raise ValueError(f"axis {axis} is out of range for per-replica values of rank {ndim}.")
-    return axis % ndim
-
-
-def _stack_axes(axis: int | None, component_ndim: int) -> tuple[int, ...]:
-    """The axes of a ``(replicas, ...)`` stack that ``reduce(..., axis)`` reduces over."""
-    return (0,) if axis is None else (0, _normalize_axis(axis, component_ndim) + 1)
-
-
-def _reduce_stacked(stacked: jax.Array, op: ReduceOp, axes: tuple[int, ...]) -> jax.Array:
-    return _REDUCERS[op](stacked, axis=axes)
-
-
-def _reduce_copies(value: Any, op: ReduceOp, axes: tuple[int, ...], copies: int) -> jax.Array:
-    """``value`` counted once per replica (``copies``), reduced over ``axes`` of that stack."""
-    return _reduce_stacked(jnp.broadcast_to(value, (copies, *jnp.shape(value))), op, axes)
-
-
-def _gather_stacked(stacked: jax.Array, axis: int) -> jax.Array:
-    """``(replicas, ...)`` components concatenated along component axis ``axis``."""
-    moved = jnp.moveaxis(stacked, 0, axis)
-    return moved.reshape(*moved.shape[:axis], -1, *moved.shape[axis + 2 :])
-
-
-def _concat_real_rows(stacked: jax.Array, valid_rows: tuple[int, ...]) -> jax.Array:
-    """Replica ``i``'s first ``valid_rows[i]`` rows, concatenated in replica order."""
-    return jnp.concatenate([stacked[i, :rows] for i, rows in enumerate(valid_rows)])

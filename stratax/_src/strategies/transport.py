@@ -16,7 +16,7 @@ import jax
 from jax.sharding import Mesh
 
 from stratax._src.core.reduce_op import ReduceOp
-from stratax._src.runtime import hier_collectives, shm_collectives
+from stratax._src.runtime import hier_collectives, shm_calls, shm_collectives
 from stratax._src.strategies.cross_device_ops import COLLECTIVES, CrossDeviceOps, Exchanges
 from stratax._src.strategies.packing import Batched
 from stratax._src.strategies.replica_context import REPLICA_AXIS
@@ -54,10 +54,10 @@ class SharedMemoryAllReduce(CrossDeviceOps):
             if self._hierarchical:
                 return hier_collectives.all_reduce_sum(buffers, self._devices, REPLICA_AXIS,
                                                        only_call=only_call)
-            return shm_collectives.all_reduce(_SHM_OPS[op], buffers, only_call=only_call)
+            return shm_calls.all_reduce(_SHM_OPS[op], buffers, only_call=only_call)
 
         def reduce(buffers: list[jax.Array]) -> list[jax.Array]:
-            shared = [i for i, b in enumerate(buffers) if shm_collectives.supports(b.dtype)]
+            shared = [i for i, b in enumerate(buffers) if shm_calls.supports(b.dtype)]
             out = [collective(b, REPLICA_AXIS) for b in buffers]
             if shared:
                 summed = shared_sum([buffers[i] for i in shared])
@@ -65,18 +65,18 @@ class SharedMemoryAllReduce(CrossDeviceOps):
                     out[i] = value / self._replicas if op is ReduceOp.MEAN else value
             return out
 
-        return Batched(reduce=reduce, takes=shm_collectives.supports)
+        return Batched(reduce=reduce, takes=shm_calls.supports)
 
     def exchanges(self) -> Exchanges | str:
         if self._hierarchical:  # the exchanges span one host's processes only
             return super().exchanges()
-        return Exchanges(reduce_scatter=shm_collectives.reduce_scatter,
-                         all_gather=shm_collectives.all_gather)
+        return Exchanges(reduce_scatter=shm_calls.reduce_scatter,
+                         all_gather=shm_calls.all_gather)
 
     def prepare(self, jaxpr: Any) -> Any:
         """One shared-memory all-reduce (the usual step) need not be a JAX effect, whose Python
         dispatch is slow between processes (docs/design/performance.md)."""
-        return shm_collectives.unordered_if_alone(jaxpr)
+        return shm_calls.unordered_if_alone(jaxpr)
 
     def __repr__(self) -> str:
         kind = "hierarchical" if self._hierarchical else "one host"
@@ -90,6 +90,6 @@ def choose(mesh: Mesh, requested: CrossDeviceOps | None = None) -> CrossDeviceOp
     if requested is not None:
         return requested
     devices = list(mesh.devices.flat)
-    if shm_collectives.covers(devices):
+    if shm_calls.covers(devices):
         return SharedMemoryAllReduce(devices, mesh.shape[REPLICA_AXIS])
     return CrossDeviceOps()

@@ -18,7 +18,8 @@ from jax.sharding import PartitionSpec as P
 from tpu_hook import tpu_runner_hook
 
 import stratax as sx
-from stratax._src.keras.runners.tpu_runner import _check_hosts_in_order, pad_batch
+from stratax._src.keras.runners.tpu_padding import pad_batch
+from stratax._src.keras.runners.tpu_runner import _check_hosts_in_order
 from stratax._src.runtime import tpu_system
 
 TOLERANCE = 2e-5

@@ -33,7 +33,7 @@ strategy = sx.MultiWorkerMirroredStrategy(
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from stratax._src.runtime import shm_collectives  # noqa: E402
+from stratax._src.runtime import shm_calls, shm_collectives  # noqa: E402
 
 out_dir, mode = sys.argv[1], sys.argv[2]
 worker = strategy.worker_index
@@ -80,7 +80,7 @@ def step(values):
 
 
 def gather_and_scatter():
-    """``shm_collectives.all_gather`` and ``reduce_scatter`` of operands that share a round
+    """``shm_calls.all_gather`` and ``reduce_scatter`` of operands that share a round
     and of ones chunked over rounds (with 64 KiB slots), checked against numpy; prints
     "gather mismatches N" and "scatter mismatches N"."""
     import jax.numpy as jnp
@@ -97,8 +97,8 @@ def gather_and_scatter():
 
     def body():
         rank = jax.lax.axis_index(REPLICA_AXIS)
-        gathered = shm_collectives.all_gather([local(n, d, rank, jnp) for n, d in sizes.values()])
-        parts = shm_collectives.reduce_scatter(
+        gathered = shm_calls.all_gather([local(n, d, rank, jnp) for n, d in sizes.values()])
+        parts = shm_calls.reduce_scatter(
             [local(world * n, d, rank, jnp) for n, d in sizes.values()])
         return gathered, parts
 

@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from stratax._src.parameter_server.transport import rpc, wire
+from stratax._src.parameter_server.transport import rpc, rpc_server, wire
 
 
 def echo(frame: wire.Frame) -> bytes:
@@ -24,7 +24,7 @@ def echo_handler():
 
 @pytest.fixture
 def echo_server():
-    server = rpc.RpcServer("ps 0", "127.0.0.1", 0, echo, max_workers=2)
+    server = rpc_server.RpcServer("ps 0", "127.0.0.1", 0, echo, max_workers=2)
     server.start()
     yield server
     server.stop(0)

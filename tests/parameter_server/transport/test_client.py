@@ -7,11 +7,12 @@ import pytest
 from stratax._src.parameter_server.tasks.ps import ParameterServer
 from stratax._src.parameter_server.transport import rpc
 from stratax._src.parameter_server.transport.ps_client import PSClients
+from stratax._src.parameter_server.transport.rpc_server import RpcServer
 
 
 @pytest.fixture
 def two_ps():
-    servers = [rpc.RpcServer(f"ps {i}", "127.0.0.1", 0, ParameterServer().handle, max_workers=2)
+    servers = [RpcServer(f"ps {i}", "127.0.0.1", 0, ParameterServer().handle, max_workers=2)
                for i in range(2)]
     for server in servers:
         server.start()

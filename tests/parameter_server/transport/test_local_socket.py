@@ -20,6 +20,7 @@ from as_nobody import send_as_nobody
 from stratax._src.core.errors import WorkerUnavailableError
 from stratax._src.parameter_server.tasks.ps import ParameterServer
 from stratax._src.parameter_server.transport import local_socket, rpc, wire
+from stratax._src.parameter_server.transport.rpc_server import RpcServer
 
 
 @pytest.fixture
@@ -30,7 +31,7 @@ def client(echo_server):
 
 
 def test_frames_round_trip_over_the_socket():
-    server = rpc.RpcServer("ps 0", "127.0.0.1", 0, ParameterServer().handle, max_workers=2)
+    server = RpcServer("ps 0", "127.0.0.1", 0, ParameterServer().handle, max_workers=2)
     server.start()
     client = rpc.RpcClient("ps 0", f"127.0.0.1:{server.port}", timeout=20)
     directory = server.local.directory
@@ -74,7 +75,7 @@ def test_timeout_drops_the_connection_so_no_late_reply_is_read(echo_handler):
         finally:
             replied.set()
 
-    server = rpc.RpcServer("ps 0", "127.0.0.1", 0, handler, max_workers=2)
+    server = RpcServer("ps 0", "127.0.0.1", 0, handler, max_workers=2)
     server.start()
     client = rpc.RpcClient("ps 0", f"127.0.0.1:{server.port}", timeout=10)
     try:
@@ -102,7 +103,7 @@ def test_an_oversized_frame_closes_that_connection_only(echo_server, client, cap
         raw.settimeout(5)
         raw.connect(echo_server.local.path)
         raw.sendall((wire.MAX_FRAME_BYTES + 1).to_bytes(8, "little"))
-        reply = local_socket._recv_frame(raw, time.monotonic() + 5, "ps 0")  # answered ...
+        reply = local_socket.recv_frame(raw, time.monotonic() + 5, "ps 0")  # answered ...
         assert raw.recv(8) == b""                       # ... then closed, nothing allocated
     meta = wire.decode(reply).meta
     assert meta["ok"] is False and meta["kind"] == "wire", meta
@@ -129,9 +130,9 @@ def test_concurrent_calls_from_threads_get_their_own_replies(client):
 
 _SERVE = textwrap.dedent("""
     import sys, time
-    from stratax._src.parameter_server.transport import rpc
+    from stratax._src.parameter_server.transport import rpc_server
     from stratax._src.parameter_server.tasks.ps import ParameterServer
-    server = rpc.RpcServer("ps 0", "127.0.0.1", int(sys.argv[1]), ParameterServer().handle)
+    server = rpc_server.RpcServer("ps 0", "127.0.0.1", int(sys.argv[1]), ParameterServer().handle)
     server.start()
     print(server.port, server.local.path, flush=True)
     time.sleep(60)
@@ -190,7 +191,7 @@ def test_killed_server_is_named_within_the_timeout_then_a_restart_is_reached():
 
 
 def test_an_endpoint_that_fails_a_check_keeps_the_calls_on_grpc(monkeypatch, echo_handler):
-    server = rpc.RpcServer("ps 0", "127.0.0.1", 0, echo_handler, token="s3cret", max_workers=2)
+    server = RpcServer("ps 0", "127.0.0.1", 0, echo_handler, token="s3cret", max_workers=2)
     server.start()
     real = server.local.endpoint()
     try:
@@ -244,8 +245,8 @@ def test_the_grpc_switch(monkeypatch, echo_handler):
     with pytest.raises(ValueError, match=r"ps 0 would take no calls: without a shared token only "
                                          r"its local socket is trusted, and it has none "
                                          r"\(STRATAX_PS_TRANSPORT=grpc\); set STRATAX_PS_TOKEN"):
-        rpc.RpcServer("ps 0", "127.0.0.1", 0, echo_handler, max_workers=2)
-    server = rpc.RpcServer("ps 0", "127.0.0.1", 0, echo_handler, token="s3cret", max_workers=2)
+        RpcServer("ps 0", "127.0.0.1", 0, echo_handler, max_workers=2)
+    server = RpcServer("ps 0", "127.0.0.1", 0, echo_handler, token="s3cret", max_workers=2)
     assert server.local is None
     server.start()
     try:

@@ -8,12 +8,13 @@ import pytest
 from stratax._src.core.errors import WorkerUnavailableError
 from stratax._src.parameter_server.tasks.ps import ParameterServer
 from stratax._src.parameter_server.transport import rpc
+from stratax._src.parameter_server.transport.rpc_server import RpcServer
 
 
 @pytest.fixture
 def ps_server():
     service = ParameterServer()
-    server = rpc.RpcServer("ps 0", "127.0.0.1", 0, service.handle, token="s3cret", max_workers=2)
+    server = RpcServer("ps 0", "127.0.0.1", 0, service.handle, token="s3cret", max_workers=2)
     server.start()
     yield server
     server.stop(0)
@@ -55,7 +56,7 @@ def test_non_loopback_bind_requires_a_token(monkeypatch):
     monkeypatch.delenv("STRATAX_PS_TOKEN", raising=False)
     monkeypatch.delenv("STRATAX_PS_TOKEN_FILE", raising=False)
     with pytest.raises(ValueError, match="STRATAX_PS_TOKEN"):
-        rpc.RpcServer("ps 0", "0.0.0.0", 0, ParameterServer().handle)
+        RpcServer("ps 0", "0.0.0.0", 0, ParameterServer().handle)
 
 
 def test_token_file(tmp_path, monkeypatch):

@@ -22,7 +22,14 @@ from cluster_helpers import cluster_addresses
 
 import stratax as sx
 from stratax._src.parameter_server.tasks.ownership import ChiefSession
-from stratax._src.parameter_server.transport import local_socket, rpc, shared_frames, wire
+from stratax._src.parameter_server.transport import (
+    local_listener,
+    local_socket,
+    rpc,
+    rpc_server,
+    shared_frames,
+    wire,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -65,9 +72,9 @@ def served_ps(monkeypatch):
     """A ps task (``_start_ps``) with short read deadlines and a cap of ``_CAP``
     connections."""
     monkeypatch.setenv("STRATAX_PS_MAX_CONNECTIONS", str(_CAP))
-    monkeypatch.setattr(local_socket, "_FIRST_SECONDS", 1.0)
-    monkeypatch.setattr(local_socket, "_STALL_SECONDS", 1.0)
-    monkeypatch.setattr(rpc, "_HANDSHAKE_MS", 1000)
+    monkeypatch.setattr(local_listener, "_FIRST_SECONDS", 1.0)
+    monkeypatch.setattr(local_listener, "_STALL_SECONDS", 1.0)
+    monkeypatch.setattr(rpc_server, "_HANDSHAKE_MS", 1000)
     server, chief = _start_ps()
     yield server, chief
     chief.close()
@@ -121,7 +128,7 @@ def test_frames_over_the_setting_are_answered_then_closed(monkeypatch):
         for word in ((1 << 20) + 1, shared_frames.IN_BUFFER | 8, 1 << 62):
             with _connect(server) as sock:
                 sock.sendall(word.to_bytes(8, "little"))
-                reply = wire.decode(local_socket._recv_frame(sock, time.monotonic() + 5, "ps"))
+                reply = wire.decode(local_socket.recv_frame(sock, time.monotonic() + 5, "ps"))
                 assert reply.meta["ok"] is False and reply.meta["kind"] == "wire", reply.meta
                 assert "announced a frame of" in reply.meta["error"]
                 assert sock.recv(1) == b""            # then closed: the stream is out of step
@@ -143,7 +150,7 @@ def test_a_shape_numpy_cannot_build_is_the_wires_error_and_the_connection_lives(
     with _connect(server) as sock:
         for _ in range(2):                    # answered, and the same connection goes on
             sock.sendall(len(frame).to_bytes(8, "little") + frame)
-            reply = wire.decode(local_socket._recv_frame(sock, time.monotonic() + 5, "ps"))
+            reply = wire.decode(local_socket.recv_frame(sock, time.monotonic() + 5, "ps"))
             assert reply.meta["ok"] is False and reply.meta["kind"] == "wire", reply.meta
             assert "larger than the frame limit" in reply.meta["error"]
     with pytest.raises(wire.WireError, match="larger than the frame limit"):

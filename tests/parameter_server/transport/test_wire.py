@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from stratax._src.parameter_server.tasks.ps import ParameterServer
-from stratax._src.parameter_server.transport import rpc, wire
+from stratax._src.parameter_server.transport import wire
+from stratax._src.parameter_server.transport.rpc_server import RpcServer
 
 
 def test_round_trip_keeps_dtype_shape_and_bytes():
@@ -98,7 +99,7 @@ def _value(server):
 ])
 def test_bad_requests_leave_the_server_unchanged(meta, tensors):
     server, value = _server_with_state()
-    reply = wire.decode(rpc.RpcServer._dispatch(_Dispatcher(server), wire.encode(meta, tensors)))
+    reply = wire.decode(RpcServer._dispatch(_Dispatcher(server), wire.encode(meta, tensors)))
     assert reply.meta["ok"] is False and reply.meta["error"]
     np.testing.assert_array_equal(_value(server), value)
 
@@ -134,7 +135,7 @@ def test_sparse_push_needs_sorted_distinct_rows_and_says_where_they_are_not():
     server, value = _server_with_state()
     bad = wire.encode({"method": "push", "step": "s", "dense": [], "sparse": ["v"]},
                       [np.array([0, 2, 2]), np.ones((3, 2), np.float32)])
-    reply = wire.decode(rpc.RpcServer._dispatch(_Dispatcher(server), bad))
+    reply = wire.decode(RpcServer._dispatch(_Dispatcher(server), bad))
     assert "distinct and sorted" in reply.meta["error"]
     assert "rows[1]=2 then rows[2]=2" in reply.meta["error"]
     server.handle(wire.decode(wire.encode(

@@ -26,6 +26,7 @@ import pytest
 
 from stratax._src.parameter_server.tasks.ps import ParameterServer
 from stratax._src.parameter_server.transport import cluster_tls, local_socket, rpc, wire
+from stratax._src.parameter_server.transport.rpc_server import RpcServer
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -45,7 +46,7 @@ _BAD_VALUES = [None, True, -1, 0, 1, 2 ** 70, 1.5, "", "x" * 300, [], ["v", "v"]
 def _setup(server):
     """The shared starting state: variables, optimizers and one applied step in the ledger."""
     def call(meta, tensors=()):
-        reply = wire.decode(rpc.RpcServer._dispatch(_Dispatch(server), wire.encode(meta, tensors)))
+        reply = wire.decode(RpcServer._dispatch(_Dispatch(server), wire.encode(meta, tensors)))
         assert reply.meta["ok"], reply.meta
 
     call({"method": "create", "names": ["v", "t"]},
@@ -166,7 +167,7 @@ def _channel(address: str) -> grpc.Channel:
 def live_server():
     service = ParameterServer()
     _setup(service)
-    server = rpc.RpcServer("ps 0", "127.0.0.1", 0, service.handle, token=_TOKEN, max_workers=2)
+    server = RpcServer("ps 0", "127.0.0.1", 0, service.handle, token=_TOKEN, max_workers=2)
     server.start()
     channel = _channel(f"127.0.0.1:{server.port}")
     yield service, channel, server
@@ -190,12 +191,12 @@ def test_ten_thousand_malformed_frames_change_nothing(live_server):
             reply = wire.decode(call(data, timeout=10))   # a deadline per call: no hang
         elif case % GRPC_EVERY == 1:
             local.sendall(len(data).to_bytes(8, "little") + data)
-            reply = wire.decode(local_socket._recv_frame(local, time.monotonic() + 10, "ps"))
+            reply = wire.decode(local_socket.recv_frame(local, time.monotonic() + 10, "ps"))
         else:
             reply = wire.decode(server._dispatch(data))
         if reply.meta["ok"]:
             outcomes["accepted"] += 1                  # a mutation that stayed a valid request
-            again = wire.decode(rpc.RpcServer._dispatch(_Dispatch(reference), data))
+            again = wire.decode(RpcServer._dispatch(_Dispatch(reference), data))
             assert again.meta["ok"], again.meta
         elif reply.meta["kind"] == "wire":
             outcomes["malformed"] += 1

@@ -33,6 +33,7 @@ from stratax._src import seam
 from stratax._src.keras import feed as feed_lib
 from stratax._src.keras import shard_recipes
 from stratax._src.keras.dataset_creator import DatasetCreator
+from stratax._src.keras.feed_layout import FeedLayout
 from stratax._src.keras.runners.runner import KerasRunner, steps_per_execution
 from stratax._src.keras.steps import plan as plan_lib
 from stratax._src.keras.steps.ps_steps import (
@@ -244,7 +245,7 @@ class ParameterServerRunner(KerasRunner):
             if method == "fit":
                 arguments["shuffle"] = False  # each worker's dataset_fn orders its own data
         elif feed_lib.is_array_input(x):
-            layout = feed_lib.FeedLayout(self.strategy.num_replicas_in_sync)
+            layout = FeedLayout(self.strategy.num_replicas_in_sync)
             arguments = feed_lib.feed_arguments(method, arguments, layout)
             arguments["x"] = self._rows_feed(arguments["x"], call)
         else:
@@ -296,7 +297,7 @@ class ParameterServerRunner(KerasRunner):
             )
         coordinator = self.strategy.cluster_coordinator()
         iterator = iter(coordinator.create_per_worker_dataset(creator.dataset_fn))
-        out = _PSFeed(_WorkerBatches(iterator), feed_lib.FeedLayout(1), per_worker=True)
+        out = _PSFeed(_WorkerBatches(iterator), FeedLayout(1), per_worker=True)
         out.prefetch = 0
         return out
 

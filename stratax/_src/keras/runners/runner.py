@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from stratax._src.keras import feed as feed_lib
+from stratax._src.keras.feed_layout import FeedLayout
 from stratax._src.keras.steps.plan import PlannedStep, StepPlan, StepPrograms, concatenation
 
 
@@ -51,9 +52,9 @@ class KerasRunner:
         """Checks and rewrites the bound arguments of ``fit``/``evaluate``/``predict``."""
         return feed_lib.feed_arguments(method, arguments, self.feed_layout(method))
 
-    def feed_layout(self, method: str) -> feed_lib.FeedLayout:
+    def feed_layout(self, method: str) -> FeedLayout:
         """How the global batches of ``method`` are shared among processes and replicas."""
-        return feed_lib.FeedLayout(
+        return FeedLayout(
             num_replicas=self.strategy.num_replicas_in_sync,
             process_rank=self.strategy.process_rank,
             num_processes=self.strategy.num_processes,

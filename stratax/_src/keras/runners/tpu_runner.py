@@ -15,8 +15,9 @@ The runner implements the per-strategy runner shape of the Keras seam (``placeme
   padding rows only (Z), and keeps the metric variables
   ``M_C - (B - n) / B * (M_Z - M_0)``. Metric updates are sums of per-row terms and every
   padding row is the same zero row, so this removes exactly the padding rows' terms, for every
-  metric (see ``_exact_padded_metrics``); it costs two extra steps once per epoch. Limits: rows
-  that differ randomly (dropout on the padding rows) make unweighted metrics approximate, and
+  metric (see ``tpu_padding.exact_padded_metrics``); it costs two extra steps once per epoch.
+  Limits: rows that differ randomly (dropout on the padding rows) make unweighted metrics
+  approximate, and
   ``BatchNormalization`` batch statistics include the padding rows. A loss the forward pass adds
   (a layer's ``add_loss``, an activity regularizer) is computed over the padded batch and
   cannot be corrected: ``fit`` and ``evaluate`` of such a model refuse a padded batch. Full
@@ -62,6 +63,14 @@ from stratax._src.distributed_input import global_batch
 from stratax._src.keras import model_parallel
 from stratax._src.keras.feed import GlobalFeed
 from stratax._src.keras.runners.runner import KerasRunner, steps_per_execution
+from stratax._src.keras.runners.tpu_padding import (
+    RowWeights,
+    crop_predictions,
+    exact_padded_metrics,
+    metrics_logs,
+    pad_batch,
+    replace_metrics,
+)
 from stratax._src.keras.steps import forward_losses
 from stratax._src.keras.steps import plan as plan_lib
 from stratax._src.runtime import distributed
@@ -72,50 +81,6 @@ _KERAS_DEFAULT_BATCH = 32
 _EXACT_REDUCTIONS = (None, "sum_over_batch_size", "mean")
 # Position of the metric variables in Keras' JAX step state, per kind of step.
 _METRICS_INDEX = {"train": 3, "test": 2, "predict": None}
-
-
-class RowWeights(np.ndarray):
-    """A batch's sample weights that also carry how many of its rows are real (``real_rows``)
-    and whether the global batch it is part of was padded (``padded``: every host knows)."""
-
-    real_rows: int
-    padded: bool
-
-    def __array_finalize__(self, obj: Any) -> None:
-        self.real_rows = getattr(obj, "real_rows", 0)
-        self.padded = getattr(obj, "padded", False)
-
-
-def pad_batch(batch: Any, size: int) -> tuple[Any, Any, RowWeights]:
-    """``(x, y, sample_weight)`` padded with zero rows to ``size``; ``real_rows`` counts the rest.
-
-    Real rows keep their weight (1 when there were none), padding rows get 0. The step scales
-    the real rows' weights by ``B / n`` once it knows ``n``, the real rows of the global batch
-    (every host's), ``B`` the global batch size.
-
-    Raises:
-        ValueError: the batch has more than ``size`` rows.
-    """
-    x, y, weights = keras.utils.unpack_x_y_sample_weight(batch)
-    rows = int(np.shape(jax.tree.leaves(x)[0])[0])
-    if rows > size:
-        raise ValueError(
-            f"A batch of {rows} rows is larger than the static batch size {size} that TPU steps "
-            "are compiled for; give every batch at most that many rows (the global batch_size)."
-        )
-    base = np.ones(rows, np.float32) if weights is None else np.asarray(weights, np.float32)
-
-    def pad(leaf: Any) -> Any:
-        array = np.asarray(leaf)
-        if array.shape[0] == size:
-            return array
-        filler = np.zeros((size - rows, *array.shape[1:]), dtype=array.dtype)
-        return np.concatenate([array, filler])
-
-    padded_weights = pad(base).view(RowWeights)
-    padded_weights.real_rows = rows
-    padded_weights.padded = rows < size
-    return jax.tree.map(pad, x), (None if y is None else jax.tree.map(pad, y)), padded_weights
 
 
 class TPURunner(KerasRunner):
@@ -264,7 +229,7 @@ class TPURunner(KerasRunner):
             outputs, state = compiled[0](state, *self._stack(steps, group))
             self.strategy.dispatch_window.admit(outputs)  # the state is donated next call
             if kind == "predict":
-                outputs = _crop(*outputs, len(steps), self.strategy.num_processes)
+                outputs = crop_predictions(*outputs, len(steps), self.strategy.num_processes)
             return outputs, state
 
         over = f"{self.strategy.num_replicas_in_sync} TPU replica(s)"
@@ -328,9 +293,9 @@ class TPURunner(KerasRunner):
                     out, new_state = step_fn(state, (x, y, scaled))
                     if metrics_index is None:
                         return out, new_state
-                    metrics = _exact_padded_metrics(step_fn, state, batch, rows, size,
+                    metrics = exact_padded_metrics(step_fn, state, batch, rows, size,
                                                     metrics_index)
-                    return out, _replace(new_state, metrics_index, metrics)
+                    return out, replace_metrics(new_state, metrics_index, metrics)
 
                 def run(state: Any) -> tuple[Any, Any]:
                     out, new_state = jax.lax.cond(rows == size, full, padded, state)
@@ -346,7 +311,7 @@ class TPURunner(KerasRunner):
             state, outs = jax.lax.scan(one_step, state, (stacked, real, valid))
             if metrics_index is None:
                 return (outs, real), state
-            return _metrics_logs(model, state[metrics_index]), state
+            return metrics_logs(model, state[metrics_index]), state
 
         return tpu_steps
 
@@ -418,55 +383,3 @@ def _take(iterator: Iterator[Any], count: int) -> list[Any]:
     if not steps:
         raise StopIteration
     return steps
-
-
-def _exact_padded_metrics(step_fn: Callable[[Any, Any], tuple[Any, Any]], state: Any,
-                          batch: Any, rows: Any, size: int, index: int) -> list[Any]:
-    """The metric variables after the ``rows`` real rows of a padded ``batch`` (the real rows
-    with their own weights, padding rows weight 0), exactly.
-
-    Two more runs of the step from the same ``state`` (their trained variables are dropped):
-    C with the real rows' own weights and Z with only padding rows. Every
-    metric update is a sum of per-row terms, and every padding row is the same zero row, so
-    ``M = M_C - (size - rows) / size * (M_Z - M_0)`` removes the padding rows' terms: from
-    metrics that ignore weights (``compile(metrics=...)``), from the loss tracker's count
-    (Keras weights it by the padded row count) and from its regularisation part.
-    """
-    _, with_own = step_fn(state, batch)
-    padding = jax.tree.map(jnp.zeros_like, batch)
-    _, padding_only = step_fn(state, padding)
-    share = (size - rows).astype(jnp.float32) / size
-
-    def exact(before: Any, own_rows: Any, pads: Any) -> Any:
-        if not jnp.issubdtype(own_rows.dtype, jnp.floating):
-            return own_rows
-        return own_rows - (share * (pads - before)).astype(own_rows.dtype)
-
-    return [exact(b, c, z) for b, c, z in
-            zip(state[index], with_own[index], padding_only[index], strict=True)]
-
-
-def _replace(state: Any, index: int, value: Any) -> Any:
-    return (*state[:index], value, *state[index + 1:])
-
-
-def _metrics_logs(model: Any, metric_values: Any) -> dict[str, Any]:
-    """The logs Keras would report for these metric variable values (``get_metrics_result``)."""
-    mapping = list(zip(model.metrics_variables, metric_values, strict=True))
-    with keras.StatelessScope(state_mapping=mapping):
-        return model.get_metrics_result()
-
-
-def _crop(outputs: Any, real: Any, steps: int, hosts: int) -> Any:
-    """Predictions of the real rows only, in order: of step ``i`` (of the first ``steps``),
-    each host's block keeps its first ``real`` rows (``real``: the step's real-row counts per
-    replica, each host's in its first replica's column)."""
-    counts = np.asarray(real)[:steps].reshape(steps, hosts, -1).sum(axis=2)
-
-    def crop(stacked: Any) -> np.ndarray:
-        array = np.asarray(stacked)
-        blocks = array.reshape(array.shape[0], hosts, -1, *array.shape[2:])
-        return np.concatenate([blocks[i, h, :counts[i, h]] for i in range(steps)
-                               for h in range(hosts)])
-
-    return jax.tree.map(crop, outputs)

@@ -23,7 +23,8 @@ import numpy as np
 from jax.sharding import Sharding
 
 from stratax._src.core.config import config
-from stratax._src.keras.feed import FeedLayout, RowPass
+from stratax._src.keras.feed_layout import FeedLayout
+from stratax._src.keras.feed_sources import RowPass
 from stratax._src.strategies.replica_context import REPLICA_AXIS
 
 # On CPU the devices' memory is the host's: a second copy of the input is cheap there.

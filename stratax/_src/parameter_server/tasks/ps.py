@@ -18,7 +18,6 @@ request leaves the server as it was.
 
 from __future__ import annotations
 
-import dataclasses
 import hmac
 import json
 import logging
@@ -31,28 +30,16 @@ import numpy as np
 from stratax._src.parameter_server import shard_init
 from stratax._src.parameter_server.tasks import checkpoint_methods, ownership
 from stratax._src.parameter_server.tasks.optimizers import ShardOptimizer
+from stratax._src.parameter_server.tasks.shards import (
+    Shard,
+    before_step,
+    kept_before,
+    summed,
+    wait_applied,
+)
 from stratax._src.parameter_server.transport import rpc, wire
 
 logger = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass
-class _Shard:
-    value: np.ndarray
-    lock: threading.Condition = dataclasses.field(default_factory=threading.Condition)
-    optimizer: ShardOptimizer | None = None
-    optimizer_key: str = ""
-    ledger: set[str] = dataclasses.field(default_factory=set)
-    duplicates: int = 0
-    apply_seconds: float = 0.0
-    whole_pulls: int = 0  # pulls of the whole shard
-    rows_pulled: int = 0  # rows sent by row pulls (the row-sparse path)
-    # Synchronous mode: step id -> (workers heard from, gradients received so far).
-    pending: dict[str, tuple[set[int], list[tuple[Any, np.ndarray]]]] = dataclasses.field(
-        default_factory=dict)
-    # Synchronous mode: (step id, rows or None for the whole shard, their values before it)
-    # of the last step applied, what a re-run of that step reads (see the module docstring).
-    before: tuple[str, np.ndarray | None, np.ndarray] | None = None
 
 
 def _names(meta: dict[str, Any], key: str = "names") -> list[str]:
@@ -63,12 +50,12 @@ def _names(meta: dict[str, Any], key: str = "names") -> list[str]:
 
 
 class ParameterServer(rpc.Dispatcher):
-    """The state and request handler of one ``ps`` task (serve it with ``rpc.RpcServer``)."""
+    """The state and request handler of one ``ps`` task (serve it with ``rpc_server.RpcServer``)."""
 
-    shard_type = _Shard  # what ``snapshots`` restores shards into
+    shard_type = Shard  # what ``snapshots`` restores shards into
 
     def __init__(self, snapshots: Any = None) -> None:
-        self._shards: dict[str, _Shard] = {}
+        self._shards: dict[str, Shard] = {}
         # The digest (``ownership.session_digest``) of the chief session whose variables
         # this ps holds, restored with a snapshot, which stores the digest, never the id: a ps
         # restarted from another session's snapshot drops it when a new chief claims it.
@@ -109,7 +96,7 @@ class ParameterServer(rpc.Dispatcher):
                 self._shards.clear()
             self.session_digest = digest
 
-    def _shard(self, name: str) -> _Shard:
+    def _shard(self, name: str) -> Shard:
         shard = self._shards.get(name)
         if shard is None:
             raise KeyError(f"No variable shard named {name!r} on this parameter server.")
@@ -173,7 +160,7 @@ class ParameterServer(rpc.Dispatcher):
                     # A streamed frame's tensors are writable views of its own buffer: keep
                     # them (no second copy of a large table); a unary frame's are copied.
                     kept = value.flags.writeable and value.flags.aligned
-                    self._shards[name] = _Shard(value if kept else np.array(value))
+                    self._shards[name] = Shard(value if kept else np.array(value))
 
     def _set_optimizer(self, frame: wire.Frame) -> bytes:
         names = _names(frame.meta)
@@ -203,7 +190,7 @@ class ParameterServer(rpc.Dispatcher):
         return rpc.response({}, self._read(wanted, after, deadline, step))
 
     def _pull_plan(self, meta: dict[str, Any], tensors: list[np.ndarray]
-                   ) -> list[tuple[str, _Shard, np.ndarray | None]]:
+                   ) -> list[tuple[str, Shard, np.ndarray | None]]:
         """Validates a pull request (``names``, ``row_names`` and one index tensor each)."""
         names = _names(meta)
         row_names = _names(meta, "row_names") if "row_names" in meta else []
@@ -214,14 +201,14 @@ class ParameterServer(rpc.Dispatcher):
                    for n, r in zip(row_names, tensors, strict=False)]
         return wanted
 
-    def _read(self, wanted: list[tuple[str, _Shard, np.ndarray | None]], after: str | None,
+    def _read(self, wanted: list[tuple[str, Shard, np.ndarray | None]], after: str | None,
               deadline: float, step: str | None = None) -> list[np.ndarray]:
         values = []
         for name, shard, rows in wanted:
             with shard.lock:
-                self._wait_applied(name, shard, after, deadline)
+                wait_applied(name, shard, after, deadline)
                 if step is not None and shard.before is not None and shard.before[0] == step:
-                    values.append(_before(name, shard.before, rows))
+                    values.append(before_step(name, shard.before, rows))
                 else:
                     values.append(shard.value.copy() if rows is None else shard.value[rows])
                 if rows is None:
@@ -241,19 +228,7 @@ class ParameterServer(rpc.Dispatcher):
         return after, time.monotonic() + float(wait)
 
     @staticmethod
-    def _wait_applied(name: str, shard: _Shard, step: str | None, deadline: float) -> None:
-        """Synchronous mode: waits (lock held) until step ``step`` is applied to the shard."""
-        while step is not None and step in shard.pending:
-            left = deadline - time.monotonic()
-            heard = sorted(shard.pending[step][0])
-            if left <= 0 or not shard.lock.wait(left):
-                raise TimeoutError(
-                    f"Synchronous step {step} of {name!r} is still waiting for gradients: heard "
-                    f"from worker(s) {heard} only; a worker may have died."
-                )
-
-    @staticmethod
-    def _rows(name: str, shard: _Shard, rows: np.ndarray) -> np.ndarray:
+    def _rows(name: str, shard: Shard, rows: np.ndarray) -> np.ndarray:
         if rows.ndim != 1 or rows.dtype.kind not in "iu":
             raise wire.WireError(f"Row indices for {name!r} must be a 1-D integer tensor.")
         if rows.size and (rows.min() < 0 or rows.max() >= shard.value.shape[0]):
@@ -319,8 +294,8 @@ class ParameterServer(rpc.Dispatcher):
                     if len(heard) < sync:
                         continue
                     del shard.pending[step]
-                    rows, grad = _summed(grads)
-                    shard.before = _kept_before(step, shard, rows)
+                    rows, grad = summed(grads)
+                    shard.before = kept_before(step, shard, rows)
                 start = time.perf_counter()
                 if rows is None:
                     shard.optimizer.apply_dense(shard.value, grad)
@@ -375,44 +350,3 @@ def _excerpt(rows: np.ndarray) -> str:
     """The first out-of-order place of ``rows`` for an error message."""
     bad = int(np.argmax(rows[1:] <= rows[:-1]))
     return f"rows[{bad}]={rows[bad]} then rows[{bad + 1}]={rows[bad + 1]} (of {rows.size})"
-
-
-def _kept_before(step: str, shard: _Shard, rows: np.ndarray | None
-                 ) -> tuple[str, np.ndarray | None, np.ndarray]:
-    """What synchronous step ``step`` read of ``shard`` (its pushed ``rows``, or the whole
-    shard), before it is applied; the whole shard's buffer is reused from step to step."""
-    if rows is not None:
-        return step, rows, shard.value[rows]
-    kept = shard.before
-    buffer = (kept[2] if kept is not None and kept[1] is None
-              else np.empty_like(shard.value))
-    np.copyto(buffer, shard.value)
-    return step, None, buffer
-
-
-def _before(name: str, before: tuple[str, np.ndarray | None, np.ndarray],
-            rows: np.ndarray | None) -> np.ndarray:
-    """The values of ``rows`` (None: the whole shard) before the last synchronous step, for a
-    re-run of that step, which reads what the step read."""
-    step, kept_rows, values = before
-    if kept_rows is None:
-        return values.copy() if rows is None else values[rows]
-    at = np.searchsorted(kept_rows, rows) if rows is not None else None
-    if at is None or (at.size and (at.max() >= kept_rows.size
-                                   or not (kept_rows[at] == rows).all())):
-        raise RuntimeError(
-            f"A re-run of synchronous step {step} reads rows of {name!r} that the step did not "
-            "push; the step's values cannot be read again. This is a bug in the worker's step.")
-    return values[at]
-
-
-def _summed(grads: list[tuple[Any, np.ndarray]]) -> tuple[Any, np.ndarray]:
-    """The sum of every worker's gradient for one synchronous step (dense, or row-sparse with
-    the union of the rows)."""
-    if grads[0][0] is None:
-        return None, np.sum([g for _, g in grads], axis=0)
-    rows = np.concatenate([r for r, _ in grads])
-    unique, inverse = np.unique(rows, return_inverse=True)
-    total = np.zeros((unique.size, *grads[0][1].shape[1:]), grads[0][1].dtype)
-    np.add.at(total, inverse, np.concatenate([g for _, g in grads]))
-    return unique, total

@@ -24,7 +24,7 @@ from typing import Any
 from stratax._src.cluster.cluster_spec import ClusterSpec, parse_address
 from stratax._src.cluster.resolver import ClusterResolver
 from stratax._src.parameter_server.tasks import cluster_check, compute_threads, ownership
-from stratax._src.parameter_server.transport import handshake_log, rpc, wire
+from stratax._src.parameter_server.transport import handshake_log, rpc, rpc_server, wire
 
 logger = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ class Server:
         self._snapshot = (snapshot_dir, snapshot_every)
         self._thread: threading.Thread | None = None
         self._service: Any = None
-        self._rpc: rpc.RpcServer | None = None
+        self._rpc: rpc_server.RpcServer | None = None
         if start:
             self.start()
 
@@ -114,7 +114,7 @@ class Server:
                                           self.cluster_spec.job_tasks("ps"), self._timeout)
         self._watch = ownership.ChiefWatch(name, self._chief_timeout, self._service.reset,
                                                getattr(self._service, "adopt", lambda m: None))
-        self._rpc = rpc.RpcServer(name, host, port, self._handle)
+        self._rpc = rpc_server.RpcServer(name, host, port, self._handle)
         self._rpc.start()
         self._watch.start()
         logger.info("%s serving at %s", name, self.address)

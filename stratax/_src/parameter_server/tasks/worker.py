@@ -16,21 +16,25 @@ its compute.
 from __future__ import annotations
 
 import collections
-import dataclasses
 import threading
 import time
 from collections.abc import Sequence
 from concurrent import futures
 from typing import Any
 
-import jax
 import numpy as np
-from jax import export as jax_export
 
 from stratax._src.distributed_input.input_context import InputContext
 from stratax._src.parameter_server.inputs import worker_input
 from stratax._src.parameter_server.inputs.worker_data import ArrayStore
 from stratax._src.parameter_server.per_worker_variables import WorkerCopies
+from stratax._src.parameter_server.tasks.exported_steps import (
+    Program,
+    Reads,
+    compute,
+    pushes_of,
+    reads_of,
+)
 from stratax._src.parameter_server.tasks.resident import ResidentReplica, averaged, summed
 from stratax._src.parameter_server.transport import rpc, structure, wire
 from stratax._src.parameter_server.transport.ps_client import PSClients, Push
@@ -61,16 +65,6 @@ class _Iterator:
         return self._last[1]
 
 
-class _Program:
-    def __init__(self, meta: dict[str, Any], step: bytes, ids: bytes | None) -> None:
-        self.meta = meta
-        self.step = jax.jit(jax_export.deserialize(bytearray(step)).call)
-        self.ids = jax.jit(jax_export.deserialize(bytearray(ids)).call) if ids else None
-        self.variables = {v["name"]: v for v in meta["variables"]}
-        # Hybrid mode: the variables this worker's replica holds (see ``resident``).
-        self.resident = frame_names(meta.get("resident", []))
-
-
 class WorkerService(rpc.Dispatcher):
     """State and request handler of one ``worker`` task."""
 
@@ -82,7 +76,7 @@ class WorkerService(rpc.Dispatcher):
         self._replica = ResidentReplica(task_index, worker_addresses, timeout)
         self._row_pushes = futures.ThreadPoolExecutor(1, thread_name_prefix="stratax-rows")
         self._rows_in_flight: collections.deque[futures.Future] = collections.deque()
-        self._programs: dict[str, _Program] = {}
+        self._programs: dict[str, Program] = {}
         self._iterators: dict[str, _Iterator] = {}
         self._arrays = ArrayStore()
         self._copies = WorkerCopies(task_index)
@@ -141,7 +135,7 @@ class WorkerService(rpc.Dispatcher):
         step = frame.tensors[0].tobytes()
         ids = frame.tensors[1].tobytes() if len(frame.tensors) == 2 else None
         if key not in self._programs:
-            self._programs[key] = _Program(meta, step, ids)
+            self._programs[key] = Program(meta, step, ids)
         return rpc.response()
 
     def _put_arrays(self, frame: wire.Frame) -> bytes:
@@ -247,7 +241,7 @@ class WorkerService(rpc.Dispatcher):
         for index, (program, leaves) in enumerate(steps):
             t0 = time.perf_counter()
             if values is None:
-                reads = self._reads(program, leaves)
+                reads = reads_of(program, leaves)
                 # Synchronous mode: read what the previous step of this closure wrote, once
                 # every worker's gradient for it is applied.
                 after = (f"{closure}:{index - 1}" if index else previous) if sync > 1 else None
@@ -255,14 +249,14 @@ class WorkerService(rpc.Dispatcher):
                     after = None
                 values = self._pull(program, reads, after, session, f"{closure}:{index}")
             t1 = time.perf_counter()
-            grads, result = self._compute(program, reads, values, leaves,
-                                          self._copies.read(program.meta["locals"]))
+            grads, result = compute(program, reads, values, leaves,
+                                    self._copies.read(program.meta["locals"]))
             local_keys = program.meta["local_assigns"]
             if local_keys:  # this worker's copies: written before the next step reads them
                 self._copies.write(local_keys, grads[len(grads) - len(local_keys):])
                 grads = grads[:len(grads) - len(local_keys)]
             t2 = time.perf_counter()
-            pushes = self._pushes(program, reads, grads)
+            pushes = pushes_of(program, reads, grads)
             step_id = f"{closure}:{index}"
             # New values of non-trained state (BatchNorm statistics, seeds) are written after
             # the push, so a step that has some does not fuse the next step's pull into it.
@@ -275,7 +269,7 @@ class WorkerService(rpc.Dispatcher):
                 # Asynchronous: push this step and pull the next one's values in one call per
                 # ps (the next step's rows are known: its batch is already here).
                 try:
-                    reads = self._reads(*steps[index + 1])
+                    reads = reads_of(*steps[index + 1])
                 except Exception:
                     self._ps.push(step_id, pushes, sync, self.task_index,
                                   session=session)  # as if unfused
@@ -297,7 +291,7 @@ class WorkerService(rpc.Dispatcher):
         self._drain_row_pushes(0)  # a closure returns once its updates are applied
         return rpc.response({"counts": counts, "timing": timing}, outputs)
 
-    def _pull(self, program: _Program, reads: _Reads, after: str | None,
+    def _pull(self, program: Program, reads: Reads, after: str | None,
               session: str | None, step: str) -> list[np.ndarray]:
         """Step ``step``'s values: resident variables from this worker's replica (hybrid
         mode), the rest from the parameter servers."""
@@ -316,7 +310,7 @@ class WorkerService(rpc.Dispatcher):
                 values[i] = value
         return values
 
-    def _hybrid_update(self, program: _Program, step_id: str, pushes: list[Push],
+    def _hybrid_update(self, program: Program, step_id: str, pushes: list[Push],
                        assigned: list[np.ndarray], hybrid: dict[str, Any], sync: int,
                        session: str | None) -> float:
         """Hybrid mode, after a step's compute: exchanges the resident variables' gradients
@@ -375,62 +369,6 @@ class WorkerService(rpc.Dispatcher):
                 taken[name] = iter(iterator.take(closure, names.count(name)))
         return [next(taken[name]) for name in names]
 
-    def _reads(self, program: _Program, leaves: list[np.ndarray]) -> _Reads:
-        """What a step reads: its dense variables whole and, for each table read with
-        ``read_rows``, the distinct rows its batch looks up (from the id program)."""
-        meta = program.meta
-        positions, uniques = [], []
-        if program.ids is not None:
-            ids_list = [np.asarray(x) for x in program.ids(leaves)]
-            for name, ids in zip(meta["sparse"], ids_list, strict=False):
-                var = program.variables[name]
-                flat = ids.reshape(-1).astype(np.int64)
-                if flat.size and (flat.min() < 0 or flat.max() >= var["shape"][0]):
-                    bad = flat[(flat < 0) | (flat >= var["shape"][0])][0]
-                    raise IndexError(f"Embedding id {bad} is outside 0..{var['shape'][0] - 1} "
-                                     f"of {name!r}.")
-                unique, inverse = np.unique(flat, return_inverse=True)
-                uniques.append(unique)
-                positions.append(inverse.reshape(ids.shape).astype(np.int32))
-        variables = [program.variables[n] for n in [*meta["dense"], *meta["sparse"]]]
-        return _Reads(variables, [None] * len(meta["dense"]) + uniques, uniques, positions)
-
-    @staticmethod
-    def _compute(program: _Program, reads: _Reads, values: list[np.ndarray],
-                 leaves: list[np.ndarray],
-                 local_values: list[np.ndarray]) -> tuple[list[np.ndarray], list[np.ndarray]]:
-        """Runs the compiled step on the pulled values and this worker's copies of its
-        per-worker variables; returns (gradients and new values, outputs)."""
-        num_dense = len(program.meta["dense"])
-        rows = []
-        for position, row_values in zip(reads.positions, values[num_dense:], strict=False):
-            padded = np.zeros((max(position.size, 1), *row_values.shape[1:]), row_values.dtype)
-            padded[:row_values.shape[0]] = row_values
-            rows.append(padded)
-        grads, outputs = program.step(values[:num_dense], rows, reads.positions, leaves,
-                                      local_values)
-        return [np.asarray(g) for g in grads], [np.asarray(o) for o in outputs]
-
-    @staticmethod
-    def _pushes(program: _Program, reads: _Reads, grads: list[np.ndarray]) -> list[Push]:
-        """The step's gradients as pushes: row-sparse (distinct rows, their gradients) for
-        tables read with ``read_rows``, whole otherwise."""
-        pushes = []
-        for push, grad in zip(program.meta["pushes"], grads, strict=False):
-            var = program.variables[push["var"]]
-            if push["sparse"] >= 0:
-                unique = reads.uniques[push["sparse"]]
-                pushes.append((var, unique, grad[:unique.size]))
-            else:
-                pushes.append((var, None, grad))
-        return pushes
-
-
-def frame_names(names: Any) -> frozenset[str]:
-    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-        raise wire.WireError(f"Field 'resident' must list variable names, got {names!r}.")
-    return frozenset(names)
-
 
 def _hybrid(meta: Any) -> dict[str, Any] | None:
     """The run's hybrid-mode settings (``tables``: "sync"/"async", ``max_staleness``)."""
@@ -441,11 +379,3 @@ def _hybrid(meta: Any) -> dict[str, Any] | None:
         raise wire.WireError(f"Field 'hybrid' must be {{'tables': 'sync'|'async', "
                              f"'max_staleness': int >= 0}}, got {meta!r}.")
     return meta
-
-
-@dataclasses.dataclass
-class _Reads:
-    variables: list[dict[str, Any]]
-    rows: list[np.ndarray | None]          # per variable: None (whole) or distinct rows
-    uniques: list[np.ndarray]              # per table read with read_rows
-    positions: list[np.ndarray]            # per table: index of each id in its distinct rows

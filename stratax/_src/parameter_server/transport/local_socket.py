@@ -6,6 +6,9 @@ socket moves the same frame with a few system calls (figures in docs/design/perf
 ``RpcClient`` uses this path when the server runs on the same host (learned over gRPC, see
 ``RpcServer``), gRPC otherwise; ``STRATAX_PS_TRANSPORT=grpc`` turns it off.
 
+The server's side is ``local_listener``; this module holds the client's side and the framing
+both use.
+
 Protocol: a connection carries requests and replies in turn, each an 8-byte little-endian
 length followed by one wire frame (at most ``wire.MAX_FRAME_BYTES``). Unless
 ``STRATAX_PS_TRANSPORT=socket``, a client first passes the server a shared buffer
@@ -23,9 +26,9 @@ uid from ``SO_PEERCRED``); anything else keeps the call on gRPC.
 Bounds (a buggy or hostile client of the same uid must not exhaust the task): a frame larger
 than ``ps_max_frame_mib`` (``STRATAX_PS_MAX_FRAME_MIB``) is answered with the wire's error and
 the connection closed, and a frame's buffer is committed only as its bytes arrive (an
-announced length costs no memory); a connection gets ``_FIRST_SECONDS`` for its first bytes,
-``_IDLE_SECONDS`` between requests (clients drop their idle connections at half that) and
-``_STALL_SECONDS`` between two pieces of a frame or of its reply; at most
+announced length costs no memory); a connection gets ``local_listener._FIRST_SECONDS`` for its
+first bytes, ``IDLE_SECONDS`` between requests (clients drop their idle connections at half
+that) and ``local_listener._STALL_SECONDS`` between two pieces of a frame or of its reply; at most
 ``ps_max_connections`` (``STRATAX_PS_MAX_CONNECTIONS``) connections, one thread each, are served
 at once, and more are closed at once (the refusals logged at most once per 10 s).
 """
@@ -35,14 +38,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import shutil
 import socket
 import stat
 import struct
-import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -51,7 +52,6 @@ from stratax._src.core import env
 from stratax._src.core.config import config
 from stratax._src.core.errors import WorkerUnavailableError
 from stratax._src.parameter_server.transport import shared_frames, wire
-from stratax._src.parameter_server.transport.refusals import Refusals
 from stratax._src.parameter_server.transport.shared_frames import SharedFrames
 
 logger = logging.getLogger(__name__)
@@ -60,14 +60,11 @@ TRANSPORTS = ("auto", "socket", "grpc")
 SUPPORTED = hasattr(socket, "AF_UNIX") and hasattr(socket, "SO_PEERCRED")
 _LENGTH = struct.Struct("<Q")
 _CRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
-_MAX_PATH = 107  # sun_path holds 108 bytes with the terminating NUL
+MAX_PATH = 107  # sun_path holds 108 bytes with the terminating NUL
 _IOV = 512  # buffers per sendmsg (Linux' IOV_MAX is 1024)
 _BUFFER_BYTES = 4 << 20  # socket buffers asked for (the kernel caps them at its maximum)
-_PREFIX = "stratax-rpc-"  # then the server's pid: a killed server's directory is found later
-# Read deadlines of the server's side of a connection (see the module docstring).
-_FIRST_SECONDS = 10.0
-_IDLE_SECONDS = 300.0
-_STALL_SECONDS = 30.0
+# A server's idle deadline between requests (the module docstring); clients drop theirs at half.
+IDLE_SECONDS = 300.0
 
 
 class FrameRefused(ConnectionError):
@@ -141,7 +138,7 @@ def _recv_exact(sock: socket.socket, view: memoryview, end: float | None,
     return True
 
 
-def _recv_frame(sock: socket.socket, end: float | None, peer: str,
+def recv_frame(sock: socket.socket, end: float | None, peer: str,
                 shared: SharedFrames | None = None, half: int = 0, head: bytes = b"",
                 limit: int = wire.MAX_FRAME_BYTES,
                 stall: float | None = None) -> memoryview | bytearray | None:
@@ -178,7 +175,7 @@ def _recv_frame(sock: socket.socket, end: float | None, peer: str,
     return data
 
 
-def _send_frame(sock: socket.socket, parts: Sequence[Any], end: float | None,
+def send_frame(sock: socket.socket, parts: Sequence[Any], end: float | None,
                 shared: SharedFrames | None = None, half: int = 0) -> None:
     """Sends the length prefix and ``parts`` with ``sendmsg`` (no join of the frame), however
     many calls the kernel's buffer takes; with ``shared``, a frame that fits goes into its
@@ -204,175 +201,10 @@ def _send_frame(sock: socket.socket, parts: Sequence[Any], end: float | None,
                 sent = 0
 
 
-def _tune(sock: socket.socket) -> None:
+def tune(sock: socket.socket) -> None:
     for option in (socket.SO_SNDBUF, socket.SO_RCVBUF):
         with contextlib.suppress(OSError):
             sock.setsockopt(socket.SOL_SOCKET, option, _BUFFER_BYTES)
-
-
-class LocalListener:
-    """The server side: a Unix socket in a private directory, one thread per connection, each
-    request answered by ``dispatch(frame bytes) -> reply bytes``, and a refused frame by
-    ``refuse(message) -> error frame``.
-
-    Example:
-      >>> listener = LocalListener("ps 0", dispatch)     # doctest: +SKIP
-      >>> listener.start(); listener.endpoint()["path"]  # doctest: +SKIP
-    """
-
-    def __init__(self, name: str, dispatch: Callable[[Any], bytes],
-                 refuse: Callable[[str], bytes]) -> None:
-        self.name = name
-        self._dispatch = dispatch
-        self._refuse = refuse  # the error frame answering a refused frame
-        self._limit = min(config.ps_max_frame_mib << 20, wire.MAX_FRAME_BYTES)
-        self._max_connections = config.ps_max_connections
-        self._refused = Refusals()
-        self._dropped = Refusals()
-        self._uid = os.getuid()
-        _remove_dead_directories()
-        self.directory = tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-")
-        os.chmod(self.directory, 0o700)
-        self.path = os.path.join(self.directory, "rpc.sock")
-        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            if len(os.fsencode(self.path)) > _MAX_PATH:
-                raise OSError(f"socket path {self.path!r} is longer than {_MAX_PATH} bytes")
-            self._sock.bind(self.path)
-            self._sock.listen(64)
-        except OSError:
-            self._sock.close()
-            shutil.rmtree(self.directory, ignore_errors=True)
-            raise
-        self._lock = threading.Lock()
-        self._connections: dict[socket.socket, threading.Thread] = {}
-        self._stopping = False
-        self._acceptor = threading.Thread(target=self._accept, daemon=True,
-                                          name=f"stratax-{name}-local")
-
-    def endpoint(self) -> dict[str, Any]:
-        """What a client needs to decide whether it may connect (sent over gRPC)."""
-        return {"path": self.path, "host": host_identity(), "pid": os.getpid(), "uid": self._uid}
-
-    def start(self) -> None:
-        self._acceptor.start()
-
-    def stop(self, grace: float | None = 1.0) -> None:
-        """Stops accepting, lets in-flight requests answer for ``grace`` seconds, closes every
-        connection and removes the socket's directory (a second call does nothing)."""
-        with self._lock:
-            if self._stopping:
-                return
-            self._stopping = True
-            connections = dict(self._connections)
-        self._sock.shutdown(socket.SHUT_RDWR)  # wakes accept()
-        if self._acceptor.ident is not None:
-            self._acceptor.join(5.0)
-        self._sock.close()
-        for conn in connections:  # no more requests; a request being handled still answers
-            _shutdown(conn, socket.SHUT_RD)
-        end = time.monotonic() + (grace or 0.0)
-        for thread in connections.values():
-            if thread is not threading.current_thread():
-                thread.join(max(end - time.monotonic(), 0.0))
-        for conn, thread in connections.items():
-            _shutdown(conn, socket.SHUT_RDWR)
-            if thread is not threading.current_thread():
-                thread.join(5.0)
-        shutil.rmtree(self.directory, ignore_errors=True)
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self._sock.accept()
-            except OSError as err:
-                if self._stopping:
-                    return
-                logger.warning("%s: accepting a local connection failed: %s", self.name, err)
-                time.sleep(0.1)
-                continue
-            pid, uid = peer_credentials(conn)
-            if uid != self._uid:
-                logger.warning("%s refused a local connection from pid %d running as uid %d "
-                               "(only uid %d may connect)", self.name, pid, uid, self._uid)
-                conn.close()
-                continue
-            with self._lock:
-                full = len(self._connections) >= self._max_connections
-            if full:
-                conn.close()
-                count = self._refused.note()
-                if count:
-                    logger.warning("%s refused %d local connection(s): %d are open, the limit "
-                                   "(%s)", self.name, count, self._max_connections,
-                                   env.STRATAX_PS_MAX_CONNECTIONS)
-                continue
-            _tune(conn)
-            thread = threading.Thread(target=self._serve, args=(conn, pid), daemon=True,
-                                      name=f"stratax-{self.name}-local-{pid}")
-            with self._lock:
-                if self._stopping:
-                    conn.close()
-                    return
-                self._connections[conn] = thread
-            thread.start()
-
-    def _serve(self, conn: socket.socket, pid: int) -> None:
-        peer = f"local client pid {pid}"
-        shared = None
-        try:
-            conn.settimeout(_FIRST_SECONDS)
-            shared, head = shared_frames.receive_first(conn)
-            if shared is None and not head:
-                return
-            while True:
-                try:
-                    data = _recv_frame(conn, time.monotonic() + _IDLE_SECONDS, peer, shared, 0,
-                                       head, self._limit, _STALL_SECONDS)
-                except FrameRefused as err:
-                    _send_frame(conn, [self._refuse(str(err))], time.monotonic() + _STALL_SECONDS)
-                    raise
-                head = b""
-                if data is None:
-                    return
-                reply = self._dispatch(data)
-                conn.settimeout(_STALL_SECONDS)
-                _send_frame(conn, [reply], None, shared, 1)
-        except (OSError, ValueError) as err:
-            count = 0 if self._stopping else self._dropped.note()
-            if count:
-                logger.warning("%s: dropped the connection of %s: %s (%d dropped since the "
-                               "last such message)", self.name, peer, err, count)
-        finally:
-            if shared is not None:
-                shared.close()
-            with self._lock:
-                self._connections.pop(conn, None)
-            conn.close()
-
-
-def _remove_dead_directories() -> None:
-    """Removes the socket directories, owned by this uid, of servers that died without
-    stopping (SIGKILL), so they do not pile up in the temporary directory."""
-    root = tempfile.gettempdir()
-    with contextlib.suppress(OSError):
-        for entry in os.scandir(root):
-            pid = entry.name[len(_PREFIX):].split("-", 1)[0]
-            if not entry.name.startswith(_PREFIX) or not pid.isdigit():
-                continue
-            try:
-                if entry.stat(follow_symlinks=False).st_uid != os.getuid():
-                    continue
-                os.kill(int(pid), 0)
-            except ProcessLookupError:
-                shutil.rmtree(entry.path, ignore_errors=True)
-            except OSError:
-                continue
-
-
-def _shutdown(conn: socket.socket, how: int) -> None:
-    with contextlib.suppress(OSError):  # already closed by its thread
-        conn.shutdown(how)
 
 
 class SocketGone(ConnectionError):
@@ -413,7 +245,7 @@ class LocalChannel:
                 raise ConnectionRefusedError(
                     f"{self.path} is served by pid {pid} as uid {uid}, not by pid {self._pid} "
                     f"as uid {os.getuid()}")
-            _tune(sock)
+            tune(sock)
             frames = shared_frames.send_hello(sock) if self._shared else None
         except BaseException:
             sock.close()
@@ -440,14 +272,14 @@ class LocalChannel:
 
     def _take(self, end: float) -> tuple[socket.socket, bool]:
         """An idle connection the server has not closed (it closes them when it stops or
-        dies, or after ``_IDLE_SECONDS``: one idle for half that is dropped here first, so a
+        dies, or after ``IDLE_SECONDS``: one idle for half that is dropped here first, so a
         request never meets that close), else a new one; ``SocketGone`` if none can be made.
         The flag says whether the connection was used before."""
         with self._lock:
             if self._owner != os.getpid():  # a forked child: never share the parent's
                 self._idle, self._owner, self._frames = [], os.getpid(), {}
             sock, used = self._idle.pop() if self._idle else (None, 0.0)
-        if sock is not None and time.monotonic() - used > _IDLE_SECONDS / 2:
+        if sock is not None and time.monotonic() - used > IDLE_SECONDS / 2:
             self._discard(sock)
             sock = None
         if sock is not None:
@@ -482,8 +314,8 @@ class LocalChannel:
         closed_before = (ConnectionResetError, BrokenPipeError) if reused else ()
         frames = self._frames.get(sock)
         try:
-            _send_frame(sock, parts, end, frames, 0)
-            data = _recv_frame(sock, end, self._label, frames, 1)
+            send_frame(sock, parts, end, frames, 0)
+            data = recv_frame(sock, end, self._label, frames, 1)
             if data is None:
                 raise ConnectionResetError("connection closed before the reply")
         except closed_before as err:
@@ -525,7 +357,7 @@ def _checked_path(endpoint: dict[str, Any]) -> str:
     if uid != os.getuid():
         raise ValueError(f"the server runs as uid {uid!r}, this process as {os.getuid()}")
     if (not os.path.isabs(path) or os.path.normpath(path) != path or "\0" in path
-            or len(os.fsencode(path)) > _MAX_PATH):
+            or len(os.fsencode(path)) > MAX_PATH):
         raise ValueError(f"{path!r} is not an absolute, normal socket path")
     folder = os.lstat(os.path.dirname(path))
     if (not stat.S_ISDIR(folder.st_mode) or folder.st_uid != os.getuid()
