@@ -27,11 +27,11 @@ written), what for, and which stratax module relies on it:
   -> ``keras.call_stack``
 - ``py_dataset_adapter.OrderedEnqueuer`` (made and run): a ``PyDataset``'s ``workers`` and
   ``use_multiprocessing`` honoured, its batches read by Keras' own thread or process pool in
-  the order stratax gives. -> ``keras.feed``
+  the order stratax gives. -> ``keras.feed_sources``
 - ``array_slicing.train_validation_split``: ``validation_split`` cut exactly as Keras cuts it.
   -> ``keras.feed``
 - ``data_adapter_utils.class_weight_to_sample_weights``: ``class_weight`` exactly as Keras
-  weighs it. -> ``keras.feed``
+  weighs it. -> ``keras.feed``, ``keras.feed_sources``
 - ``data_adapter_utils.check_data_cardinality``: arrays of different lengths refused with
   Keras' own message. -> ``keras.feed``
 - ``rng_utils.get_random_seed``: the seed of ``keras.utils.set_random_seed`` (no public
@@ -88,7 +88,7 @@ written), what for, and which stratax module relies on it:
 - ``jax._src.ffi.FfiEffect`` (read) and ``Jaxpr.replace`` / ``JaxprEqn.replace`` (called): a
   traced ``strategy.run`` program rewritten so that its one shared-memory all-reduce is not
   side-effecting, which lets JAX dispatch the program from its C++ fast path.
-  -> ``runtime.shm_collectives``
+  -> ``runtime.shm_calls``
 - ``jax._src.xla_bridge.backends_are_initialized``: whether JAX started (the CPU device count
   is then fixed). -> ``startup``, ``runtime.devices``
 - ``jax._src.distributed.global_state.client``: which processes the coordination service still
