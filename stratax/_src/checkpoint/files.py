@@ -17,6 +17,7 @@ import io
 import json
 import logging
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -199,3 +200,34 @@ def atomic_target(path: str | os.PathLike[str], write: bool) -> Iterator[str]:
             shutil.rmtree(tmp, ignore_errors=True)
         else:
             Path(tmp).unlink(missing_ok=True)
+
+
+def read_latest(root: Path, version_name: re.Pattern[str], marker: str,
+                must_exist: bool = False) -> str | None:
+    """The version name ``root/latest`` holds (``None`` without that file): a checkpoint
+    directory's commit pointer, read so that it can only name a version inside ``root``.
+
+    Args:
+      version_name: the versions' names, the number in its first group (``ckpt-(\\d+)``).
+      marker: the file a complete version holds (named in the error).
+      must_exist: the named version must also be a directory.
+
+    Raises:
+      ValueError: ``latest`` holds anything else (a path elsewhere, a corrupt name); the
+        message names the file, the newest complete version and the fix.
+    """
+    latest = root / "latest"
+    try:
+        name = latest.read_text(errors="replace").strip()
+    except FileNotFoundError:
+        return None
+    if version_name.fullmatch(name) and (not must_exist or (root / name).is_dir()):
+        return name
+    complete = sorted((int(m.group(1)), entry.name) for entry in root.iterdir()
+                      if (m := version_name.fullmatch(entry.name)) and (entry / marker).exists())
+    form = version_name.pattern.replace(r"(\d+)", "<n>")
+    raise ValueError(
+        f"{latest} holds {name[:80]!r}, not the name of a checkpoint version in {root} "
+        f"({form}): the file is corrupt. Write the name of the newest complete version there "
+        f"({complete[-1][1] if complete else 'none'}), or remove the directory to start "
+        "afresh.")

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from stratax._src.checkpoint import entries as entries_lib
-from stratax._src.checkpoint.files import fsync_directory, write_atomically
+from stratax._src.checkpoint.files import fsync_directory, read_latest, write_atomically
 
 FORMAT, VERSION = "stratax-sharded", 1
 LATEST, MANIFEST = "latest", "manifest.json"
@@ -161,22 +161,7 @@ def _committed(root: Path) -> str | None:
     Raises:
       ValueError: ``latest`` holds anything but the name of an existing ``v<n>`` directory.
     """
-    latest = root / LATEST
-    if not latest.exists():
-        return None
-    name = latest.read_text(errors="replace").strip()
-    if not VERSION_NAME.fullmatch(name) or not (root / name).is_dir():
-        raise ValueError(f"{latest} holds {name[:80]!r}, not the name of a checkpoint version "
-                         f"in {root} (v<n>): the file is corrupt. Write it with the name of "
-                         f"the newest complete version there ({_complete(root) or 'none'}), "
-                         "or remove the directory to start afresh.")
-    return name
-
-
-def _complete(root: Path) -> str | None:
-    versions = sorted((int(m.group(1)), e.name) for e in root.iterdir()
-                      if (m := VERSION_NAME.fullmatch(e.name)) and (e / MANIFEST).exists())
-    return versions[-1][1] if versions else None
+    return read_latest(root, VERSION_NAME, MANIFEST, must_exist=True)
 
 
 def sources(parts: list[dict[str, Any]], start: int, rows: int) -> list[list[Any]]:

@@ -39,13 +39,14 @@ from stratax._src.checkpoint import sharded_state
 from stratax._src.checkpoint.files import (
     fsync_directory,
     hold_directory,
+    read_latest,
     remove_stale,
     remove_stale_temporaries,
     write_atomically,
 )
 
 _LATEST = "latest"
-_VERSION = re.compile(r"ckpt-\d+")  # the only names ``latest`` may hold
+_VERSION = re.compile(r"ckpt-(\d+)")  # the only names ``latest`` may hold
 
 
 def save(directory: str | os.PathLike[str], arrays: Mapping[str, np.ndarray],
@@ -184,20 +185,10 @@ def latest_version(directory: str | os.PathLike[str]) -> Path | None:
         (never a path elsewhere); the message names the file and the fix.
     """
     root = Path(directory)
-    try:
-        name = (root / _LATEST).read_text(errors="replace").strip()
-    except FileNotFoundError:
+    name = read_latest(root, _VERSION, "meta.json")
+    if name is None or not (root / name / "meta.json").exists():
         return None
-    if not _VERSION.fullmatch(name):
-        complete = sorted((int(v.name.split("-")[1]), v.name) for v in root.glob("ckpt-*")
-                          if _VERSION.fullmatch(v.name) and (v / "meta.json").exists())
-        raise ValueError(
-            f"{root / _LATEST} holds {name[:80]!r}, not the name of a checkpoint version in "
-            f"{root} (ckpt-<n>): the file is corrupt. Write the name of the newest complete "
-            f"version there ({complete[-1][1] if complete else 'none'}), or remove the "
-            "directory to start afresh.")
-    version = root / name
-    return version if (version / "meta.json").exists() else None
+    return root / name
 
 
 def load(directory: str | os.PathLike[str]

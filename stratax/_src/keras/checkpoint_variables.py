@@ -53,6 +53,7 @@ def save_variables(path: str | os.PathLike, variables: Sequence[Any],
     key, slots_of = keras_optimizer_state(optimizer, variables)
     entries, arrays = [], {}
     state = [*variables, *(optimizer.variables if optimizer is not None else ())]
+    iterations = int(np.asarray(optimizer.iterations.numpy())) if optimizer else 0
     with model_parallel.whole_values(state, f"sx.checkpoint.save_variables({str(path)!r})"):
         for i, var in enumerate(variables):
             value = np.asarray(var.numpy())
@@ -60,7 +61,6 @@ def save_variables(path: str | os.PathLike, variables: Sequence[Any],
             slots = slots_of(var)
             for name, slot in slots.items():
                 arrays[f"slot/{i}/{name}"] = np.asarray(slot.numpy())
-            iterations = int(np.asarray(optimizer.iterations.numpy())) if optimizer else 0
             entries.append({"name": var.path, "shape": list(value.shape),
                             "dtype": value.dtype.name, "optimizer": key if optimizer else None,
                             "slots": sorted(slots), "iterations": [
