@@ -253,44 +253,30 @@ def setup(process_id: int, num_processes: int, timeout_seconds: float,
     affinities = [{int(c) for c in _get(client, f"{_KEY}/cpus/{p}", timeout_ms,
                                          task_name(p)).split(",")}
                   for p in range(num_processes) if identities[p].split("/")[1] == machine]
+    failure, gloo_reason = _outcome(layout, verdicts, required, chosen, task_name)
     # Process 0 hosts the coordination service: it acts on the verdicts (and may raise and
     # exit) only once every other process has read them. The others need the service no more
     # on an error, so they act at once. (A barrier here lost a race: process 0 could leave it
     # and exit before a peer's own barrier call had returned, which then failed.) For the same
     # reason a peer's acknowledgement may fail after it arrived: process 0 read it and exited
     # before the reply came back. The verdicts are read by then, so the peer acts on them.
+    # A peer with an error writes it before acknowledging: once process 0 exits, the end of
+    # its service may abort the peer before its traceback is printed.
+    if failure is not None and process_id != 0:
+        logger.error("%s", failure)
+        sys.stderr.flush()
     try:
         client.key_value_set(f"{_KEY}/read/{process_id}", "1")
     except Exception:  # XlaRuntimeError: the service is gone
-        if process_id == 0 or (not layout and all(text == "ok" for text in verdicts.values())):
+        if process_id == 0 or (failure is None and gloo_reason is None):
             raise
     if process_id == 0:
         for p in range(1, num_processes):
             _get(client, f"{_KEY}/read/{p}", timeout_ms, task_name(p))
-    if layout:
-        if required:
-            raise ValueError(f"{chosen.asked} cannot be used: {layout}. "
-                             f"{chosen.undo_sentence} (gloo) for this job.")
-        return _use_gloo(layout)
-    for p, text in verdicts.items():
-        if text.startswith("error:"):
-            if required:
-                raise ValueError(
-                    f"{chosen.asked} cannot be used: {task_name(p)} {text[6:]}. "
-                    f"{chosen.undo_sentence} (gloo) for this job.")
-            return _use_gloo(f"{task_name(p)} {text[6:]}")
-    for p, text in verdicts.items():
-        if text.startswith("nobuild:"):
-            if required:
-                raise shm_build.ExtensionBuildError(
-                    f"{chosen.asked} cannot be used: {task_name(p)} could not build the "
-                    f"shared-memory all-reduce: {text[8:]}\nFix that, or {chosen.undo} to fall "
-                    "back to gloo.")
-            # A warning, in one line: the user expected the faster transport and can fix this.
-            logger.warning("CPU collectives: gloo (auto: %s could not build the shared-memory "
-                           "all-reduce: %s; STRATAX_CPU_COLLECTIVES=shm shows the whole error, "
-                           "=gloo silences this)", task_name(p), text[8:].splitlines()[0])
-            return False
+    if failure is not None:
+        raise failure
+    if gloo_reason is not None:
+        return _use_gloo(gloo_reason) if gloo_reason else False
     problem = _join_segment(client, process_id, hosts, timeout_seconds, timeout_ms,
                             task_name, spin_seconds(own_cores(affinities)), chosen)
     if problem:
@@ -315,6 +301,38 @@ def _use_gloo(reason: str) -> bool:
     logger.info("CPU collectives: gloo (auto: no shared-memory all-reduce because %s; "
                 "STRATAX_CPU_COLLECTIVES=gloo silences this)", reason)
     return False
+
+
+def _outcome(layout: str, verdicts: dict[int, str], required: bool, chosen: Setting,
+             task_name: Any) -> tuple[Exception | None, str | None]:
+    """What every process does with the verdicts: ``(error to raise, None)`` where ``shm`` was
+    required and cannot be had; ``(None, why)`` to fall back to gloo (``""``: already said, as
+    a warning); ``(None, None)`` to go on with the shared segment."""
+    if layout:
+        if required:
+            return ValueError(f"{chosen.asked} cannot be used: {layout}. "
+                              f"{chosen.undo_sentence} (gloo) for this job."), None
+        return None, layout
+    for p, text in verdicts.items():
+        if text.startswith("error:"):
+            if required:
+                return ValueError(
+                    f"{chosen.asked} cannot be used: {task_name(p)} {text[6:]}. "
+                    f"{chosen.undo_sentence} (gloo) for this job."), None
+            return None, f"{task_name(p)} {text[6:]}"
+    for p, text in verdicts.items():
+        if text.startswith("nobuild:"):
+            if required:
+                return shm_build.ExtensionBuildError(
+                    f"{chosen.asked} cannot be used: {task_name(p)} could not build the "
+                    f"shared-memory all-reduce: {text[8:]}\nFix that, or {chosen.undo} to fall "
+                    "back to gloo."), None
+            # A warning, in one line: the user expected the faster transport and can fix this.
+            logger.warning("CPU collectives: gloo (auto: %s could not build the shared-memory "
+                           "all-reduce: %s; STRATAX_CPU_COLLECTIVES=shm shows the whole error, "
+                           "=gloo silences this)", task_name(p), text[8:].splitlines()[0])
+            return None, ""
+    return None, None
 
 
 def _get(client: Any, key: str, timeout_ms: int, peer: str) -> str:
