@@ -96,16 +96,16 @@ def test_a_batch_split_error_is_the_groups_and_picks_a_count_that_splits_it(tmp_
         "                     f'multiple of {n}, e.g. `model.fit(..., batch_size=15)`.')\n"
         "open(os.path.join(sys.argv[1], os.environ['STRATAX_PROCESS_ID']), 'w').close()\n")
     fixed = _launch([program, tmp_path], tmp_path, nproc_per_node=3, max_restarts=2,
-                    timeout=60)
+                    timeout=180)
     assert fixed.exit_code == 1 and fixed.restarts == 0, fixed.summary
     assert ('the workers fail with "Global batch size 16 does not split over 3 replicas" and '
             "a restart would fail the same way") in fixed.summary, fixed.summary
     elastic = _launch([program, tmp_path], tmp_path, nproc_per_node=3, min_nproc_per_node=1,
-                      max_restarts=0, timeout=60)
+                      max_restarts=0, timeout=180)
     assert elastic.ok and elastic.restarts == 1 and elastic.workers == 2, elastic.summary
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.isdigit()) == ["0", "1"]
     narrow = _launch([program, tmp_path], tmp_path, nproc_per_node=3, min_nproc_per_node=3,
-                     max_restarts=2, timeout=60)
+                     max_restarts=2, timeout=180)
     assert narrow.exit_code == 1 and narrow.restarts == 0, narrow.summary
     assert "no number of workers between the minimum" in narrow.summary, narrow.summary
 
@@ -125,7 +125,7 @@ def test_the_group_stops_when_fewer_than_the_minimum_would_remain(tmp_path):
     program.write_text("import os, sys\nsys.exit(3 if os.environ['STRATAX_LOCAL_RANK'] == '1' "
                        "else 0)\n")
     result = _launch([program], tmp_path, nproc_per_node=2, min_nproc_per_node=2,
-                     max_restarts=1, timeout=60)
+                     max_restarts=1, timeout=180)
     assert result.exit_code == 3 and result.restarts == 1 and result.workers == 2, result.summary
     assert [f.local_rank for f in result.failures] == [1, 1], result.summary
 
