@@ -119,12 +119,10 @@ def main():
 
 
 def _apply_seconds(strategy):
-    total = 0.0
-    for var in strategy.variables:
-        for p in var.placements:
-            reply = strategy._ps.clients[p.ps].call("stats", {"names": [p.key]})
-            total += reply.meta["stats"][p.key]["apply_seconds"]
-    return total
+    """Seconds the parameter servers spent applying updates to every shard of every variable
+    (their ``apply_seconds`` counters, from ``strategy.shard_stats``)."""
+    return sum(stats["apply_seconds"] for var in strategy.variables
+               for stats in strategy.shard_stats(var))
 
 
 if __name__ == "__main__":

@@ -342,8 +342,8 @@ def test_a_slow_write_does_not_stall_training_in_the_background(tmp_path, monkey
     """In the background the steps go on while a backup is written (the next save and the end
     of fit wait for it); with ``save_in_background=False`` the step that saves waits for it.
     Checked by the order of events, not by a clock: the background write holds until step 6
-    has ended, which it would never see if the steps waited for it; how long a step takes
-    beside a slow write is measured by ``python -m benchmarks.internals.timing_bounds``."""
+    has ended, which it would never see if the steps waited for it; how long a step stalls
+    for a save is measured by ``python -m benchmarks.workloads.checkpoint``."""
     import threading
 
     real_save = versions.save

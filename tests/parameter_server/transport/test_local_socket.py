@@ -61,8 +61,8 @@ def test_server_error_is_a_remote_error_and_the_connection_stays(client):
 
 
 def test_timeout_drops_the_connection_so_no_late_reply_is_read(echo_handler):
-    """The call gives up while the server still holds its reply (no clock is asserted: how
-    long the give-up takes is measured by ``python -m benchmarks.internals.timing_bounds``)."""
+    """The call gives up while the server still holds its reply (no clock is asserted: the
+    order of events is the promise)."""
     held, released, replied = threading.Event(), threading.Event(), threading.Event()
 
     def handler(frame: wire.Frame) -> bytes:
