@@ -148,3 +148,27 @@ def test_start_up_paths_import_neither_jax_nor_keras(statement):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=60, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+TESTS = ROOT / "tests"
+
+
+def test_the_tests_mirror_the_package():
+    """Every folder of ``stratax/_src`` that is a package has a test folder of the same path
+    holding tests, and no test file repeats its folder's name (``tests/parameter_server/
+    test_ps_cluster.py``) unless it tests the module of that name (``cluster/cluster_spec.py``):
+    a newcomer finds a module's tests where the module sits."""
+    source = PACKAGE / "_src"
+    packages = sorted(p.parent.relative_to(source) for p in source.rglob("__init__.py")
+                      if p.parent != source)
+    untested = [str(p) for p in packages if not list((TESTS / p).glob("test_*.py"))]
+    assert not untested, f"package folders without tests/<same path>/test_*.py: {untested}"
+    redundant = []
+    for test in TESTS.rglob("test_*.py"):
+        folder = test.parent.name
+        initials = "".join(word[0] for word in folder.split("_"))
+        prefixes = {f"test_{folder}_"} | ({f"test_{initials}_"} if "_" in folder else set())
+        module = PACKAGE / "_src" / test.parent.relative_to(TESTS) / f"{test.stem[5:]}.py"
+        if any(test.name.startswith(p) for p in prefixes) and not module.exists():
+            redundant.append(str(test.relative_to(TESTS)))
+    assert not redundant, f"test files that repeat their folder's name: {redundant}"
