@@ -172,3 +172,16 @@ def test_the_tests_mirror_the_package():
         if any(test.name.startswith(p) for p in prefixes) and not module.exists():
             redundant.append(str(test.relative_to(TESTS)))
     assert not redundant, f"test files that repeat their folder's name: {redundant}"
+
+
+# The one module that touches Keras' and JAX's internals, kept whole on purpose: its list of
+# what it patches and why reads as one page (see its docstring).
+WHOLE_ON_PURPOSE = {"stratax/_src/seam.py"}
+
+
+def test_every_module_stays_under_400_lines():
+    """A module has one job; past 400 lines it has usually grown a second (split it along the
+    jobs, as ARCHITECTURE.md's table of modules shows)."""
+    long = {str(p.relative_to(ROOT)): n for p in PACKAGE.rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > 400}
+    assert set(long) == WHOLE_ON_PURPOSE, f"modules over 400 lines: {long}"

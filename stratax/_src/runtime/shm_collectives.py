@@ -308,18 +308,13 @@ def _outcome(layout: str, verdicts: dict[int, str], required: bool, chosen: Sett
     """What every process does with the verdicts: ``(error to raise, None)`` where ``shm`` was
     required and cannot be had; ``(None, why)`` to fall back to gloo (``""``: already said, as
     a warning); ``(None, None)`` to go on with the shared segment."""
-    if layout:
+    problem = layout or next((f"{task_name(p)} {text[6:]}" for p, text in verdicts.items()
+                              if text.startswith("error:")), "")
+    if problem:
         if required:
-            return ValueError(f"{chosen.asked} cannot be used: {layout}. "
+            return ValueError(f"{chosen.asked} cannot be used: {problem}. "
                               f"{chosen.undo_sentence} (gloo) for this job."), None
-        return None, layout
-    for p, text in verdicts.items():
-        if text.startswith("error:"):
-            if required:
-                return ValueError(
-                    f"{chosen.asked} cannot be used: {task_name(p)} {text[6:]}. "
-                    f"{chosen.undo_sentence} (gloo) for this job."), None
-            return None, f"{task_name(p)} {text[6:]}"
+        return None, problem
     for p, text in verdicts.items():
         if text.startswith("nobuild:"):
             if required:
