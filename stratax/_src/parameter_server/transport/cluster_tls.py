@@ -27,7 +27,8 @@ import grpc
 
 TARGET_NAME = "stratax-cluster"
 _SALT = b"stratax parameter-server cluster authority v1"
-# scrypt's cost: 16 MiB and ~50 ms once per process, and per offline guess of the token.
+# scrypt's cost: 16 MiB of memory and a fraction of a second, once per process and per offline
+# guess of the token.
 _SCRYPT = {"n": 1 << 14, "r": 8, "p": 1}
 _FOREVER = datetime.datetime(2200, 1, 1, tzinfo=datetime.UTC)
 
