@@ -18,7 +18,7 @@ from stratax._src.launch.arguments import (
 )
 from stratax._src.launch.child_env import WorkerSpec, build_worker_specs, tf_config_json
 from stratax._src.launch.config import Address, LaunchConfig, LaunchError, parse_address
-from stratax._src.launch.launcher import launch
+from stratax._src.launch.entry import launch
 from stratax._src.launch.outcome import EXIT_TIMEOUT, LaunchResult, TaskFailure
 
 __all__ = [
