@@ -142,8 +142,8 @@ def test_an_elastic_job_loses_a_host_for_good_goes_on_and_grows_back(
     def start(host, *extra):
         log = tmp_path / f"launcher_{host}_{len(procs)}.log"
         command = [*two_hosts.exec_prefix(host), sys.executable, "-m", "stratax._src.launch",
-                   "--nnodes", "1:2", "--rdzv-endpoint", endpoint, "--rdzv-last-call", "3",
-                   "--rdzv-heartbeat-timeout", "3", "--max-restarts", "2",
+                   "--nnodes", "1:2", "--rdzv-endpoint", endpoint, "--rdzv-last-call", "2",
+                   "--rdzv-heartbeat-timeout", "4", "--max-restarts", "2",
                    "--grace-period", "1", "--timeout", "200", "--coordinator-wait", "60",
                    *extra, *program]
         with open(log, "w") as out:
