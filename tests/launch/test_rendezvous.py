@@ -104,20 +104,41 @@ def test_a_node_that_arrives_while_a_round_runs_starts_the_next_up_to_max():
 
 
 def test_failed_rounds_count_against_max_restarts_and_done_nodes_finish_the_job():
-    rounds, _, _ = _rounds(minimum=1, maximum=2, max_restarts=1)
+    rounds, _, lines = _rounds(minimum=1, maximum=2, max_restarts=1)
     _join(rounds, "a", local=True)
     _join(rounds, "b")
     assert rounds.fail("b", 0, "worker 1 exited with code 3")["state"] == "join"
     assert rounds.fail("a", 0, "stale: round 0 is over")["state"] == "join"  # not counted
     _join(rounds, "a", local=True)
-    _join(rounds, "b")
+    _join(rounds, "b")  # all of round 0 is back: its failure was a restart
+    assert rounds.failures == 1 and lines[-2].endswith("restart 1 of 1"), lines
     assert rounds.finish("a", 1)["state"] == "running"
     assert rounds.finish("b", 1) == {"state": "finished",
                                      "reason": "round 1's 2 node(s) finished"}
-    stopping, _, _ = _rounds(minimum=1, maximum=1, max_restarts=0)
+    stopping, _, _ = _rounds(minimum=1, maximum=2, max_restarts=1)
     _join(stopping, "a")
-    stopped = stopping.fail("a", 0, "worker 0 exited with code 3")
-    assert stopped["state"] == "stopped" and "over --max-restarts 0" in stopped["reason"]
+    _join(stopping, "b")
+    for round_ in (0, 1):
+        stopping.fail("a", round_, "worker 0 exited with code 3")
+        _join(stopping, "a")
+        last = _join(stopping, "b")
+    assert last["state"] == "stopped" and "2 failed round(s), over --max-restarts 1" in (
+        last["reason"]), last
+
+
+def test_a_round_that_failed_because_a_node_was_lost_is_no_restart():
+    rounds, clock, lines = _rounds(minimum=1, maximum=2, max_restarts=0)
+    _join(rounds, "a", local=True)
+    _join(rounds, "b")
+    rounds.fail("a", 0, "worker 0: WorkerUnavailableError")  # b's host went
+    clock.now += 3.0
+    rounds.sync("b")  # b's agent is alive (its workers are stopping)
+    _join(rounds, "a", local=True)
+    clock.now += 2.5
+    assert rounds.sync("a")["state"] == "forming"  # past the last call, b may rejoin
+    clock.now += 3.0  # b, silent for 5.5 s, is dropped: a closes the round alone
+    assert rounds.sync("a")["state"] == "running" and rounds.failures == 0
+    assert "no restart counted, 1 of its node(s) left" in lines[-2], lines
 
 
 @pytest.fixture

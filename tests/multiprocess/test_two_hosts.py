@@ -128,9 +128,10 @@ def _wait_for(path, seconds, *procs):
 
 def test_an_elastic_job_loses_a_host_for_good_goes_on_and_grows_back(
         two_hosts, tmp_path, uninterrupted_backup_weights):
-    """``--nnodes 1:2`` on both namespaces: host B's every process is killed (-9) while its
-    worker stalls the step; A trains on alone from the backup; a new launcher on B makes the
-    job grow back to 2 at once. The end equals the uninterrupted run."""
+    """``--nnodes 1:2 --max-restarts 0`` on both namespaces: host B's every process is killed
+    (-9) while its worker stalls the step; A trains on alone from the backup (a lost node is
+    no restart); a new launcher on B makes the job grow back to 2 at once. The end equals the
+    uninterrupted run."""
     endpoint = f"{two_hosts.addresses[0]}:{free_ports(1)[0]}"
     env = worker_env(PYTHONPATH=os.pathsep.join([str(PROGRAMS), str(ROOT)]),
                      STRATAX_CPU_COLLECTIVES="gloo", STRATAX_PS_TOKEN=secrets.token_hex(16))
@@ -143,7 +144,7 @@ def test_an_elastic_job_loses_a_host_for_good_goes_on_and_grows_back(
         log = tmp_path / f"launcher_{host}_{len(procs)}.log"
         command = [*two_hosts.exec_prefix(host), sys.executable, "-m", "stratax._src.launch",
                    "--nnodes", "1:2", "--rdzv-endpoint", endpoint, "--rdzv-last-call", "2",
-                   "--rdzv-heartbeat-timeout", "4", "--max-restarts", "2",
+                   "--rdzv-heartbeat-timeout", "4", "--max-restarts", "0",
                    "--grace-period", "1", "--timeout", "200", "--coordinator-wait", "60",
                    *extra, *program]
         with open(log, "w") as out:

@@ -17,10 +17,11 @@ The rules are those of torchrun's dynamic rendezvous (c10d backend), kept small:
 - Every agent calls the store at least each heartbeat interval. A node silent for
   ``heartbeat_timeout`` seconds is dropped; if it was in the running round, the round ends and
   the others form the next one, as long as MIN remain (else they wait for nodes to join).
-- A node whose workers failed ends the round; such failed rounds count against
-  ``max_restarts`` (torchrun counts them the same way, a lost node's included), membership
-  changes do not. Past it, the job stops. When every node of the running round reports its
-  workers done, the job is finished.
+- A node whose workers failed ends the round. The failed round counts against
+  ``max_restarts`` when all its nodes join the next round; if one of them was lost meanwhile,
+  the failure was its loss (the peers' collectives broke), a membership change, which does not
+  count (torchrun counts both). Past ``max_restarts`` the job stops. When every node of the
+  running round reports its workers done, the job is finished.
 """
 
 from __future__ import annotations
@@ -80,6 +81,8 @@ class Rounds:
         self._deadline: float | None = None
         self._seq = 0
         self._order: list[str] = []  # the last closed round's ranks
+        # Why the last round failed, and its nodes, until the next round closes.
+        self._failed: tuple[str, set[str]] | None = None
 
     # --- the operations agents call ---------------------------------------------------------
 
@@ -120,20 +123,14 @@ class Rounds:
         return self.state(node)
 
     def fail(self, node: str, round_: int, message: str) -> dict[str, Any]:
-        """``node``'s workers failed in ``round_``: that round ends (one restart), or the job
-        stops past ``max_restarts``."""
+        """``node``'s workers failed in ``round_``: that round ends. Whether it was a restart
+        is known when the next round closes (``_close``)."""
         self.sync(node)
         if self.outcome is None and self.complete and round_ == self.round and node in self.ranks:
-            self.failures += 1
             name = self.known[node].name if node in self.known else node
-            if self.failures > self.max_restarts:
-                self.outcome = {"state": "stopped", "reason": (
-                    f"the workers of {name} failed in round {round_} ({message}); that is "
-                    f"{self.failures} failed round(s), over --max-restarts {self.max_restarts}")}
-                self._log(self.outcome["reason"])
-            else:
-                self._open(f"the workers of {name} failed ({message}; restart {self.failures} "
-                           f"of {self.max_restarts})")
+            self._failed = (f"the workers of {name} failed in round {round_} ({message})",
+                            set(self.ranks))
+            self._open(f"the workers of {name} failed ({message})")
         return self.state(node)
 
     def finish(self, node: str, round_: int) -> dict[str, Any]:
@@ -210,6 +207,21 @@ class Rounds:
         self._log(f"round {self.round} opens: {why}")
 
     def _close(self) -> None:
+        if self._failed is not None:
+            why, nodes = self._failed
+            self._failed = None
+            lost = nodes - self.participants.keys()
+            if lost:
+                self._log(f"{why}: no restart counted, {len(lost)} of its node(s) left")
+            else:
+                self.failures += 1
+                if self.failures > self.max_restarts:
+                    self.outcome = {"state": "stopped", "reason": (
+                        f"{why}; that is {self.failures} failed round(s), over "
+                        f"--max-restarts {self.max_restarts}")}
+                    self._log(self.outcome["reason"])
+                    return
+                self._log(f"{why}: restart {self.failures} of {self.max_restarts}")
         old = {node: rank for rank, node in enumerate(self._order)}
         self.ranks = sorted(self.participants, key=lambda n: (
             not self.participants[n].local, old.get(n, len(old)), self.participants[n].seq))
