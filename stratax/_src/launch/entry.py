@@ -84,9 +84,13 @@ def launch(
         A :class:`LaunchResult`; worker failures do not raise.
 
     Raises:
-        ValueError, TypeError: a bad argument (named in the message), or ``cmd[0]`` not found.
+        ValueError, TypeError: a bad argument (named in the message), ``cmd[0]`` not found, or
+            ``rdzv_endpoint`` without the cluster token.
         LaunchError: the coordinator port is taken on node 0, or a node with ``node_rank > 0``
-            cannot reach the coordinator within ``coordinator_wait`` seconds.
+            cannot reach the coordinator within ``coordinator_wait`` seconds; with
+            ``rdzv_endpoint``: the store cannot be reached (at the start within
+            ``coordinator_wait``, later within ``rdzv_heartbeat_timeout``), or no round of
+            ``min_nnodes`` nodes formed within ``coordinator_wait``.
     """
     if isinstance(cmd, str) or not cmd or not all(isinstance(part, str) for part in cmd):
         raise TypeError(

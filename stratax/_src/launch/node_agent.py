@@ -71,7 +71,8 @@ class NodeAgent(_Launcher):
             return self._rounds(client, started)
         finally:
             if store is not None:
-                self._linger(store)
+                if store.rounds.outcome is not None:
+                    self._linger(store)
                 store.close()
             else:
                 client.close()
@@ -187,8 +188,9 @@ class NodeAgent(_Launcher):
         ok = reply["state"] == "finished"
         own = failures[-1] if failures else None
         exit_code = 0 if ok else (own.returncode if own and own.returncode > 0 else 1)
-        summary = (f"stratax launch: the job {reply['state']}: {reply['reason']}; this node "
-                   f"took part in {len({f.restart_count for f in failures})} failed round(s).")
+        rounds = len({f.restart_count for f in failures})
+        summary = (f"stratax launch: the job {reply['state']}: {reply['reason']}"
+                   + (f"; this node's workers failed in {rounds} round(s)." if rounds else "."))
         outputs = None
         if self._capture:
             workers = group.workers if group is not None else []

@@ -86,7 +86,7 @@ class RendezvousStore:
     ``call`` is the in-process agent's way in (its node ranks first, see ``Rounds``).
 
     Raises:
-      OSError: ``address`` cannot be bound (in use, or not an address of this host).
+      LaunchError: ``address`` cannot be bound (in use, or not an address of this host).
     """
 
     def __init__(self, rounds: Rounds, address: Address, token: str) -> None:
@@ -108,7 +108,9 @@ class RendezvousStore:
             port = 0
         if port == 0:
             self._executor.shutdown(wait=False)
-            raise OSError(f"the rendezvous store cannot listen on {address}")
+            raise LaunchError(f"The rendezvous store cannot listen on {address} (the port was "
+                          "taken meanwhile); pick another port for --rdzv-endpoint on every "
+                          "node")
         self._server.start()
 
     def call(self, message: dict[str, Any]) -> dict[str, Any]:
