@@ -108,9 +108,9 @@ class RendezvousStore:
             port = 0
         if port == 0:
             self._executor.shutdown(wait=False)
-            raise LaunchError(f"The rendezvous store cannot listen on {address} (the port was "
-                          "taken meanwhile); pick another port for --rdzv-endpoint on every "
-                          "node")
+            raise LaunchError(f"The rendezvous store cannot listen on {address} (the port "
+                              "was taken meanwhile); pick another port for --rdzv-endpoint on "
+                              "every node.")
         self._server.start()
 
     def call(self, message: dict[str, Any]) -> dict[str, Any]:
