@@ -126,6 +126,16 @@ def _wait_for(path, seconds, *procs):
         time.sleep(0.2)
 
 
+def _kill_every_process(bed, host):
+    """SIGKILLs every process in namespace ``host``; returns their pids."""
+    pids = subprocess.run(["ip", "netns", "pids", bed.names[host]], capture_output=True,
+                          text=True, timeout=20).stdout.split()
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(pid), signal.SIGKILL)
+    return pids
+
+
 def test_an_elastic_job_loses_a_host_for_good_goes_on_and_grows_back(
         two_hosts, tmp_path, uninterrupted_backup_weights):
     """``--nnodes 1:2 --max-restarts 0`` on both namespaces: host B's every process is killed
@@ -159,22 +169,17 @@ def test_an_elastic_job_loses_a_host_for_good_goes_on_and_grows_back(
         b = start(1, "--run-dir", str(tmp_path / "run_b"))
         a = start(0, "--run-dir", str(tmp_path / "run"))
         _wait_for(tmp_path / "paused_0", 150, a, b)
-        pids = subprocess.run(["ip", "netns", "pids", two_hosts.names[1]], capture_output=True,
-                              text=True, timeout=20).stdout.split()
-        assert str(b[0].pid) in pids, pids
-        for pid in pids:  # host B is gone: its launcher and its workers at once
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(pid), signal.SIGKILL)
+        assert str(b[0].pid) in _kill_every_process(two_hosts, 1)  # host B is gone
         b[0].wait(timeout=20)
         _wait_for(tmp_path / "paused_1", 150, a)
         b = start(1, "--run-dir", str(tmp_path / "run_b"))
         for proc, log in (a, b):
             assert proc.wait(timeout=200) == 0, log.read_text()[-4000:]
-    finally:
+    finally:  # the launchers and their workers (each in its own session)
+        for host in (0, 1):
+            _kill_every_process(two_hosts, host)
         for proc, _ in procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+            proc.wait(timeout=20)
     text = a[1].read_text()
     assert "this node hosts the rendezvous store" in text, text[-4000:]
     assert re.search(r"round 1 opens: .*(is lost|failed)", text), text[-4000:]

@@ -149,7 +149,7 @@ class RendezvousClient:
             str(address), cluster_tls.channel_credentials(token),
             options=[*_OPTIONS, ("grpc.ssl_target_name_override", cluster_tls.TARGET_NAME),
                      ("grpc.initial_reconnect_backoff_ms", 200),
-                     ("grpc.max_reconnect_backoff_ms", 1000)])
+                     ("grpc.max_reconnect_backoff_ms", 500)])
         self._call = self._channel.unary_unary(_METHOD)
 
     def call(self, message: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
