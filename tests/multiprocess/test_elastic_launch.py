@@ -141,7 +141,7 @@ def test_bad_elastic_ranges_name_the_value(text, message):
 
 
 def test_an_elastic_group_is_one_node():
-    with pytest.raises(ValueError, match="shrinks on one node only"):
+    with pytest.raises(ValueError, match="worker by worker on one node only"):
         LaunchConfig(nproc_per_node=2, min_nproc_per_node=1, nnodes=2, coordinator="h:1")
 
 

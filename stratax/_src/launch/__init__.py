@@ -3,7 +3,9 @@
 It starts ``nproc_per_node`` workers with the environment a MultiWorkerMirroredStrategy reads
 (``STRATAX_*`` and, on one node, ``TF_CONFIG``), prefixes their output with ``[worker i]``,
 tears the group down when one fails, restarts it up to ``max_restarts`` times, and enforces an
-optional wall-clock timeout.
+optional wall-clock timeout. Across hosts, ``--nnodes MIN:MAX --rdzv-endpoint HOST:PORT`` makes
+the nodes elastic through a rendezvous store in one launcher (``rounds``, ``rendezvous``,
+``node_agent``).
 
 Entry points: :func:`launch` (programmatic), :func:`add_launch_arguments` and
 :func:`run_launch` (for the ``stratax`` CLI), and ``python -m stratax._src.launch``.
@@ -18,7 +20,7 @@ from stratax._src.launch.arguments import (
 )
 from stratax._src.launch.child_env import WorkerSpec, build_worker_specs, tf_config_json
 from stratax._src.launch.config import Address, LaunchConfig, LaunchError, parse_address
-from stratax._src.launch.launcher import launch
+from stratax._src.launch.entry import launch
 from stratax._src.launch.outcome import EXIT_TIMEOUT, LaunchResult, TaskFailure
 
 __all__ = [

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from stratax._src.core import env as env_names
 from stratax._src.launch.config import LaunchError, parse_nproc
-from stratax._src.launch.launcher import launch
+from stratax._src.launch.entry import launch
 from stratax._src.observe.arguments import add_dashboard_arguments, dashboard_from_args
 
 EXIT_USAGE = 2  # argparse's code for a bad command line
@@ -23,7 +23,8 @@ EXIT_USAGE = 2  # argparse's code for a bad command line
 def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
     """Adds the ``stratax launch`` flags and the program positionals to ``parser``.
 
-    Usage: ``[--nproc-per-node N|MIN:MAX] [--nnodes M --node-rank R --coordinator host:port]
+    Usage: ``[--nproc-per-node N|MIN:MAX] [--nnodes M --node-rank R --coordinator host:port |
+    --nnodes MIN:MAX --rdzv-endpoint host:port]
     [--max-restarts K] [--timeout S] [--log-dir DIR] [-m] program [args...]``. Everything after
     the program belongs to it; ``--`` may separate launcher flags from the program.
     """
@@ -32,13 +33,28 @@ def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
                         help="worker processes on this node (default: 1); MIN:MAX is elastic: "
                              "a worker that fails past --max-restarts is dropped and the group "
                              "goes on with the rest from its last backup, down to MIN")
-    parser.add_argument("--nnodes", type=int, default=1, metavar="M",
-                        help="nodes in the job, one launcher per node (default: 1)")
+    parser.add_argument("--nnodes", default=1, metavar="M|MIN:MAX", action=_NodeRange,
+                        help="nodes in the job, one launcher per node (default: 1); MIN:MAX "
+                             "(with --rdzv-endpoint) is elastic: a lost node is dropped and "
+                             "an arriving one admitted at a new round, from the last backup")
     parser.add_argument("--node-rank", "--node_rank", type=int, default=0, metavar="R",
                         help="index of this node, 0..M-1; node 0 hosts the coordinator")
     parser.add_argument("--coordinator", default=None, metavar="HOST:PORT",
                         help="jax.distributed coordinator address (global rank 0). Default on "
-                             "one node: 127.0.0.1 and a free port; required with --nnodes > 1")
+                             "one node: 127.0.0.1 and a free port; required with --nnodes > 1 "
+                             "(an elastic job's rounds pick their own)")
+    parser.add_argument("--rdzv-endpoint", "--rdzv_endpoint", default=None,
+                        metavar="HOST:PORT",
+                        help="rendezvous store of an elastic job across hosts: an address of "
+                             "one node, whose launcher hosts the store; the same on every node, "
+                             "with the same STRATAX_PS_TOKEN")
+    parser.add_argument("--rdzv-last-call", type=float, default=3.0, metavar="SECONDS",
+                        help="a round with at least MIN nodes waits this long for more "
+                             "(default: 3)")
+    parser.add_argument("--rdzv-heartbeat-timeout", type=float, default=15.0,
+                        metavar="SECONDS",
+                        help="a node silent this long is dropped and a new round starts "
+                             "(default: 15)")
     parser.add_argument("--max-restarts", "--max_restarts", type=int, default=0, metavar="K",
                         help="restart the whole group up to K times after a worker fails; "
                              "with --ps, a failed worker or ps task is restarted alone (up to "
@@ -50,7 +66,8 @@ def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
                              "(default: 5)")
     parser.add_argument("--coordinator-wait", type=float, default=120.0, metavar="SECONDS",
                         help="how long a node with --node-rank > 0 retries reaching the "
-                             "coordinator before giving up (default: 120)")
+                             "coordinator (with --rdzv-endpoint: the store, and a round of MIN "
+                             "nodes) before giving up (default: 120)")
     parser.add_argument("--log-dir", default=None, metavar="DIR",
                         help="also append each task's output to DIR/<task>.log (worker_1.log; "
                              "chief_0.log, ps_2.log under --workers/--ps)")
@@ -78,6 +95,18 @@ class _WorkerRange(argparse.Action):
         except ValueError as err:
             raise argparse.ArgumentError(self, str(err)) from None
         namespace.nproc_per_node, namespace.min_nproc_per_node = maximum, minimum
+
+
+class _NodeRange(argparse.Action):
+    """``--nnodes N`` or ``MIN:MAX``: sets ``nnodes`` (the maximum) and ``min_nnodes``."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: object, option_string: str | None = None) -> None:
+        try:
+            minimum, maximum = parse_nproc(str(values), "--nnodes")
+        except ValueError as err:
+            raise argparse.ArgumentError(self, str(err)) from None
+        namespace.nnodes, namespace.min_nnodes = maximum, minimum
 
 
 def python_command(program: str, args: Sequence[str] = (), *, module: bool = False) -> list[str]:
@@ -136,8 +165,12 @@ def _run_launch(args: argparse.Namespace, run_dir: str | None) -> int:
             min_nproc_per_node=getattr(args, "min_nproc_per_node", None),
             env=extra_env,
             nnodes=args.nnodes,
+            min_nnodes=getattr(args, "min_nnodes", None),
             node_rank=args.node_rank,
             coordinator=args.coordinator,
+            rdzv_endpoint=args.rdzv_endpoint,
+            rdzv_last_call=args.rdzv_last_call,
+            rdzv_heartbeat_timeout=args.rdzv_heartbeat_timeout,
             max_restarts=args.max_restarts,
             timeout=args.timeout,
             grace_period=args.grace_period,

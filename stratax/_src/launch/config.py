@@ -72,6 +72,11 @@ class LaunchConfig:
     grace_period: float = 5.0
     coordinator_wait: float = 120.0
     log_dir: str | None = None
+    # Elastic across hosts (``--nnodes MIN:MAX`` with ``--rdzv-endpoint``): see ``rounds``.
+    min_nnodes: int | None = None
+    rdzv_endpoint: str | None = None
+    rdzv_last_call: float = 3.0
+    rdzv_heartbeat_timeout: float = 15.0
 
     def __post_init__(self) -> None:
         _check_int("nproc_per_node", self.nproc_per_node, minimum=1,
@@ -84,11 +89,13 @@ class LaunchConfig:
                 raise ValueError(
                     f"--nproc-per-node {self.min_nproc_per_node}:{self.nproc_per_node}: the "
                     "minimum is above the maximum; write MIN:MAX, e.g. 1:2.")
-            if self.nnodes > 1:
+            if self.nnodes > 1 or self.rdzv_endpoint is not None:
                 raise ValueError(
                     f"--nproc-per-node {self.min_nproc_per_node}:{self.nproc_per_node} with "
-                    f"--nnodes {self.nnodes}: an elastic group shrinks on one node only; across "
-                    "hosts, restart the job with fewer nodes (it resumes from its backup).")
+                    f"--nnodes {self.nnodes}: a group shrinks worker by worker on one node "
+                    "only; across hosts, give a fixed --nproc-per-node and make the nodes "
+                    "elastic instead (--nnodes MIN:MAX --rdzv-endpoint HOST:PORT).")
+        self._check_rendezvous()
         _check_int("node_rank", self.node_rank, minimum=0, fix="number nodes from 0")
         if self.node_rank >= self.nnodes:
             raise ValueError(
@@ -99,7 +106,7 @@ class LaunchConfig:
                    fix="use --max-restarts 0 to never restart")
         if self.coordinator is not None:
             parse_address(self.coordinator)
-        elif self.nnodes > 1:
+        elif self.nnodes > 1 and self.rdzv_endpoint is None:
             raise ValueError(
                 f"nnodes={self.nnodes} needs --coordinator host:port, the address of node 0 "
                 f"that every node can reach (e.g. --coordinator 10.0.0.1:29500)."
@@ -114,6 +121,36 @@ class LaunchConfig:
             raise ValueError(
                 f"log_dir {self.log_dir!r} exists and is not a directory; pass a directory path."
             )
+
+    def _check_rendezvous(self) -> None:
+        nodes = f"{self.min_nnodes}:{self.nnodes}" if self.min_nnodes is not None \
+            else str(self.nnodes)
+        if self.min_nnodes is not None:
+            _check_int("min_nnodes", self.min_nnodes, minimum=1,
+                       fix="keep at least one node, e.g. --nnodes 1:2")
+            if self.min_nnodes > self.nnodes:
+                raise ValueError(f"--nnodes {nodes}: the minimum is above the maximum; write "
+                                 "MIN:MAX, e.g. --nnodes 1:2.")
+            if self.rdzv_endpoint is None:
+                raise ValueError(
+                    f"--nnodes {nodes} needs --rdzv-endpoint HOST:PORT, an address of one of "
+                    "the nodes that all of them reach (its launcher hosts the rendezvous "
+                    "store), e.g. --rdzv-endpoint 10.0.0.1:29400, on every node.")
+        if self.rdzv_endpoint is None:
+            return
+        parse_address(self.rdzv_endpoint, "--rdzv-endpoint")
+        if self.coordinator is not None:
+            raise ValueError(
+                f"--coordinator {self.coordinator} with --rdzv-endpoint: each round of the "
+                "rendezvous picks its own coordinator (rank 0's host, a fresh port); drop "
+                "--coordinator.")
+        if self.node_rank != 0:
+            raise ValueError(
+                f"--node-rank {self.node_rank} with --rdzv-endpoint: the rendezvous assigns "
+                "node ranks at each round; drop --node-rank.")
+        _check_seconds("rdzv_last_call", self.rdzv_last_call, allow_zero=True)
+        _check_seconds("rdzv_heartbeat_timeout", self.rdzv_heartbeat_timeout,
+                       allow_zero=False)
 
     @property
     def num_processes(self) -> int:
@@ -130,9 +167,9 @@ class LaunchConfig:
         return self.node_rank * self.nproc_per_node + local_rank
 
 
-def parse_nproc(text: str | int) -> tuple[int | None, int]:
-    """``(minimum, maximum)`` workers from ``--nproc-per-node``: ``N`` (minimum ``None``: not
-    elastic) or torchrun's elastic ``MIN:MAX``.
+def parse_nproc(text: str | int, flag: str = "--nproc-per-node") -> tuple[int | None, int]:
+    """``(minimum, maximum)`` from ``--nproc-per-node`` or ``--nnodes``: ``N`` (minimum
+    ``None``: not elastic) or torchrun's elastic ``MIN:MAX``.
 
     Example:
         >>> parse_nproc("1:2")
@@ -140,7 +177,7 @@ def parse_nproc(text: str | int) -> tuple[int | None, int]:
     """
     parts = str(text).split(":")
     if len(parts) > 2 or not all(part.isdigit() for part in parts):
-        raise ValueError(f"--nproc-per-node must be N or MIN:MAX (e.g. 2 or 1:2), got {text!r}.")
+        raise ValueError(f"{flag} must be N or MIN:MAX (e.g. 2 or 1:2), got {text!r}.")
     return (int(parts[0]), int(parts[1])) if len(parts) == 2 else (None, int(parts[0]))
 
 

@@ -1,4 +1,4 @@
-"""``launch()``: run a command as a local group of workers, with restarts, timeout and teardown.
+"""``_Launcher``: runs a command as a local group of workers, with restarts, timeout and teardown.
 
 The policy, like torchrun's elastic agent kept small: the group lives and dies together. When
 any worker exits non-zero or dies by a signal, the others are stopped (SIGTERM, a grace period,
@@ -19,12 +19,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import os
 import signal
-import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator
 from types import FrameType
 from typing import TextIO
 
@@ -45,87 +43,6 @@ from stratax._src.observe.events import EventLog
 logger = logging.getLogger(__name__)
 
 _POLL_SECONDS = 0.1
-
-
-def launch(
-    cmd: Sequence[str],
-    nproc_per_node: int = 1,
-    *,
-    min_nproc_per_node: int | None = None,
-    nnodes: int = 1,
-    node_rank: int = 0,
-    coordinator: str | None = None,
-    max_restarts: int = 0,
-    timeout: float | None = None,
-    grace_period: float = 5.0,
-    coordinator_wait: float = 120.0,
-    log_dir: str | None = None,
-    env: Mapping[str, str] | None = None,
-    cwd: str | None = None,
-    capture_output: bool = False,
-    stream_output: bool = True,
-    handle_signals: bool = False,
-    run_dir: str | None = None,
-) -> LaunchResult:
-    """Runs ``cmd`` as ``nproc_per_node`` workers of this node and waits for the group to end.
-
-    Args:
-        cmd: the full command of every worker, e.g. ``[sys.executable, "train.py", "--lr=1"]``.
-        nproc_per_node: workers started on this node.
-        min_nproc_per_node: makes the launch elastic (torchrun's ``--nproc-per-node MIN:MAX``):
-            a worker slot that fails more than ``max_restarts`` times is dropped and the group
-            restarts with the slots left, down to this many, and takes it back at a later
-            restart (see ``membership``); ``None``: not elastic.
-        nnodes: nodes in the job; with more than one, run one launcher per node.
-        node_rank: this node's index in ``0..nnodes-1``; node 0 hosts the coordinator.
-        coordinator: ``host:port`` of the coordinator. Default on one node: ``127.0.0.1`` and a
-            free port; required when ``nnodes > 1``.
-        max_restarts: restarts of the whole group after a worker failure before giving up
-            (elastic: the failures each slot may have before it is dropped).
-        timeout: wall-clock seconds for the whole launch, restarts included; ``None`` = no limit.
-        grace_period: seconds between SIGTERM and SIGKILL when stopping workers.
-        coordinator_wait: seconds a node with ``node_rank > 0`` retries reaching the coordinator.
-        log_dir: when set, each worker's output is appended to ``log_dir/worker_<rank>.log``.
-        env: variables added to the inherited environment of every worker.
-        cwd: working directory of the workers (default: the launcher's).
-        capture_output: keep every output line in ``LaunchResult.outputs`` (rank -> lines).
-        stream_output: relay prefixed output to ``sys.stdout`` / ``sys.stderr``.
-        handle_signals: install SIGINT/SIGTERM handlers (main thread only) that stop the group
-            and end the launch with ``exit_code = 128 + signum``. ``stratax launch`` sets it.
-        run_dir: observed run: workers get ``STRATAX_RUN_DIR`` (where ``sx.observe`` and
-            ``sx.callbacks.WorkerMetrics`` write) and the launcher appends its starts, failures,
-            restarts and end to ``run_dir/events.jsonl`` (see ``stratax._src.observe.events``).
-
-    Returns:
-        A :class:`LaunchResult`; worker failures do not raise.
-
-    Raises:
-        ValueError, TypeError: a bad argument (named in the message), or ``cmd[0]`` not found.
-        LaunchError: the coordinator port is taken on node 0, or a node with ``node_rank > 0``
-            cannot reach the coordinator within ``coordinator_wait`` seconds.
-    """
-    if isinstance(cmd, str) or not cmd or not all(isinstance(part, str) for part in cmd):
-        raise TypeError(
-            f"cmd must be a non-empty list of strings such as [sys.executable, 'train.py'], "
-            f"got {cmd!r}."
-        )
-    config = LaunchConfig(
-        nproc_per_node=nproc_per_node, min_nproc_per_node=min_nproc_per_node,
-        nnodes=nnodes, node_rank=node_rank,
-        coordinator=coordinator, max_restarts=max_restarts, timeout=timeout,
-        grace_period=grace_period, coordinator_wait=coordinator_wait, log_dir=log_dir,
-    )
-    base_env = dict(os.environ)
-    base_env.update(env or {})
-    if run_dir is not None:
-        base_env[env_names.STRATAX_RUN_DIR] = os.path.abspath(run_dir)
-    runner = _Launcher(
-        list(cmd), config, base_env, cwd=cwd, capture_output=capture_output,
-        stdout=sys.stdout if stream_output else None,
-        stderr=sys.stderr if stream_output else None,
-        events=EventLog(run_dir) if run_dir is not None else None,
-    )
-    return runner.run(handle_signals)
 
 
 class _Launcher:

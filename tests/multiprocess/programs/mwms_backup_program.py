@@ -2,7 +2,9 @@
 
 Usage: python mwms_backup_program.py OUT_DIR BACKUP_DIR MODE STEP [split]
 MODE: "none" (uninterrupted), "kill9" (worker 1 is SIGKILLed at its STEP-th step of the first
-start), "sigterm" (worker 1 receives SIGTERM at that step: a preemption), a fault with "@N" to
+start), "sigterm" (worker 1 receives SIGTERM at that step: a preemption), "pause" (worker 1
+writes OUT_DIR/paused_<restart> at that step and stops training until it is killed: the test
+then removes its host, or adds one), a fault with "@N" to
 strike worker N instead ("kill9@0"), or faults joined by "+" ("kill9+sigterm"): the first on the
 first start, the second on the first restart, ...
 "split" (2 devices per worker): ``cores_per_replica=2`` and a ``layout_map`` that splits the
@@ -46,9 +48,9 @@ def train(strategy, callbacks=()):
 
 
 class Fault(keras.callbacks.Callback):
-    def __init__(self, strategy, fault, step, split):
+    def __init__(self, strategy, fault, step, split, out_dir="."):
         super().__init__()
-        self.strategy, self.step, self.split = strategy, step, split
+        self.strategy, self.step, self.split, self.out_dir = strategy, step, split, out_dir
         self.fault, _, victim = fault.partition("@")
         self.victim = int(victim or 1)
         self.seen = 0
@@ -70,6 +72,11 @@ class Fault(keras.callbacks.Callback):
             # JAX's notifier looks at its SIGTERM flag once a second: without this pause the
             # rest of this short run can end before the workers agree on a step to save at.
             time.sleep(3)
+        if self.fault == "pause":
+            restart = os.environ.get("STRATAX_RESTART_COUNT", "0")
+            with open(os.path.join(self.out_dir, f"paused_{restart}"), "w") as marker:
+                marker.write(str(os.getpid()))
+            time.sleep(120)
 
 
 if __name__ == "__main__":
@@ -80,7 +87,8 @@ if __name__ == "__main__":
     strategy = sx.MultiWorkerMirroredStrategy(
         cores_per_replica=2 if split else None, layout_map=split_layout() if split else None,
         communication_options=sx.CommunicationOptions(timeout_seconds=30))
-    fault = Fault(strategy, faults[restart] if restart < len(faults) else "none", step, split)
+    fault = Fault(strategy, faults[restart] if restart < len(faults) else "none", step, split,
+                  out_dir)
     model = train(strategy, [sx.BackupAndRestore(backup_dir, save_freq=3), fault])
     np.savez(os.path.join(out_dir, f"weights_{strategy.worker_index}.npz"),
              *model.get_weights())
