@@ -73,6 +73,15 @@ def test_two_workers_via_launcher_equal_one_process(tmp_path):
                 # Metrics over the global batch; every worker gets all predictions.
                 np.testing.assert_allclose(saved["evaluation"], evaluation, rtol=1e-5)
                 np.testing.assert_allclose(saved["predictions"], predictions, atol=1e-5)
+    # WorkerMetrics on every worker estimates the all-reduce; on worker 0 alone it reports
+    # the rest and skips that collective (a probe there alone would leave it unmatched).
+    observed = {variant: [json.loads(line) for line in (
+        tmp_path / f"run_{variant}" / "metrics" / "worker0.jsonl").read_text().splitlines()]
+        for variant in ("arrays", "batches")}
+    assert any(r.get("collective_s", 0) > 0 for r in observed["arrays"]), observed["arrays"]
+    assert any("step_s" in r for r in observed["batches"]), observed["batches"]
+    assert not any("collective_s" in r for r in observed["batches"]), observed["batches"]
+    assert not (tmp_path / "run_batches" / "metrics" / "worker1.jsonl").exists()
 
 
 @pytest.mark.slow  # the two-worker test above is the CI check of the launcher's group

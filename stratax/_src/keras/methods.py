@@ -52,6 +52,7 @@ def model_method(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
             kwargs = runner.prepare(name, _bind(original, args, kwargs))
             if name == "fit":
                 kwargs["callbacks"] = worker_metrics.with_default_reporter(kwargs.get("callbacks"))
+                worker_metrics.agree_on_probe(kwargs["callbacks"], strategy)
             args = ()
             x = kwargs.get("x")
             call.feed = x if isinstance(x, GlobalFeed) else None

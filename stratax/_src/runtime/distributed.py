@@ -216,24 +216,43 @@ def gathered_hosts(timeout_seconds: float) -> list[str]:
     Raises:
         CollectiveTimeoutError: a process did not publish its host within ``timeout_seconds``.
     """
-    layout = runtime.layout
-    if layout is None or layout.num_processes == 1:
-        raise RuntimeError("gathered_hosts needs a joined group of several processes.")
+    return gathered(_HOSTS_KEY, timeout_seconds, "its host")
+
+
+def published_and_gathered(prefix: str, value: str, timeout_seconds: float,
+                           what: str) -> list[str]:
+    """``value`` written under ``prefix<this process' id>``, then every process' value by
+    process id: an agreement through the coordination service, not a compiled collective, so
+    it costs no step. Every process must call it with the same ``prefix``."""
     client = seam.distributed_client()
-    # One call reads what is there (every host, usually: each wrote right after joining).
-    hosts = {int(key.rsplit("/", 1)[1]): value
-             for key, value in client.key_value_dir_get(_HOSTS_KEY)}
-    for process in range(layout.num_processes):
-        if process not in hosts:
+    if client is None:
+        raise RuntimeError("published_and_gathered needs a joined group of several processes.")
+    client.key_value_set(f"{prefix}{jax.process_index()}", value)
+    return gathered(prefix, timeout_seconds, what)
+
+
+def gathered(prefix: str, timeout_seconds: float, what: str) -> list[str]:
+    """What every process wrote under ``prefix<process id>``, by process id.
+
+    Raises:
+        CollectiveTimeoutError: a process did not publish ``what`` within ``timeout_seconds``.
+    """
+    client = seam.distributed_client()
+    if client is None:
+        raise RuntimeError("gathered needs a joined group of several processes.")
+    # One call reads what is there (often every value: each wrote it before it was needed).
+    values = {int(key.rsplit("/", 1)[1]): value
+              for key, value in client.key_value_dir_get(prefix)}
+    for process in range(jax.process_count()):
+        if process not in values:
             try:
-                hosts[process] = client.blocking_key_value_get(
-                    f"{_HOSTS_KEY}{process}", max(int(timeout_seconds * 1000), 1))
+                values[process] = client.blocking_key_value_get(
+                    f"{prefix}{process}", max(int(timeout_seconds * 1000), 1))
             except Exception as error:  # XLA's runtime error for a deadline
                 raise CollectiveTimeoutError(
-                    f"{task_name(process)} did not publish its host within {timeout_seconds:g} "
-                    f"s of joining ({error}); check that it is still running."
-                ) from error
-    return [hosts[process] for process in range(layout.num_processes)]
+                    f"{task_name(process)} did not publish {what} within {timeout_seconds:g} s "
+                    f"({error}); check that it is still running.") from error
+    return [values[process] for process in range(jax.process_count())]
 
 
 def _report_join_timeout(layout: ProcessLayout, timeout: int) -> None:

@@ -19,11 +19,16 @@ How each number is measured (all on the worker's own clock, no extra collective 
   ``fit``: every worker runs ``strategy.run`` of an ``all_reduce(SUM)`` of a float32 buffer of
   the model's trainable size (one gradient), once to compile, then ``probe_repeats`` times; the
   median is reported as the per-step all-reduce time (reported as ``collective_s``, marked by
-  ``collective_estimated=1``). Skipped with one replica (no all-reduce).
+  ``collective_estimated=1``). Skipped with one replica (no all-reduce), and where not every
+  process of the job observes the ``fit`` (a ``WorkerMetrics`` on the chief only, or
+  ``--dashboard`` on some nodes): the probe is a collective, so the processes agree on it first
+  through the coordination service (``agree_on_probe``), which costs no step.
 """
 
 from __future__ import annotations
 
+import itertools
+import logging
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -40,7 +45,12 @@ from stratax._src.keras.binding import model_strategy
 from stratax._src.keras.steps.device_rows import RowBatch
 from stratax._src.observe.record import MetricsWriter, writer_for
 from stratax._src.observe.run_dir import PathLike, resolve_run_dir
+from stratax._src.runtime import distributed
 from stratax._src.strategies.base import Strategy
+from stratax._src.strategies.multi_worker import DEFAULT_TIMEOUT_SECONDS
+
+logger = logging.getLogger(__name__)
+_FITS = itertools.count()  # this process' multi-process fit calls: the agreement's key
 
 
 class _Window:
@@ -130,6 +140,8 @@ class WorkerMetrics(keras.callbacks.Callback):
         self._last_logs: Any = None
         self._synchronous = False
         self._rows_by_shape: dict[tuple[type, tuple[int, ...]], float] = {}
+        # Whether every process of a multi-process fit probes too (``agree_on_probe``).
+        self.probe_everywhere = False
 
     # ------------------------------------------------------------------ keras hooks
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
@@ -139,7 +151,8 @@ class WorkerMetrics(keras.callbacks.Callback):
         # input wait, not by its step time (observe.reader.find_straggler).
         self._synchronous = isinstance(strategy, Strategy) and strategy.num_replicas_in_sync > 1
         self._rows_by_shape.clear()
-        if strategy is not None and strategy.num_replicas_in_sync > 1 and self.probe_repeats:
+        if strategy is not None and strategy.num_replicas_in_sync > 1 and self.probe_repeats \
+                and (self._processes == 1 or self.probe_everywhere):
             self.collective_s = probe_all_reduce(strategy, _trainable_size(self.model),
                                                  self.probe_repeats)
         self._original = self.model.train_function
@@ -282,3 +295,33 @@ def with_default_reporter(callbacks: Any) -> Any:
         callbacks.append(WorkerMetrics())
         return callbacks
     return [*given, WorkerMetrics()]
+
+
+def agree_on_probe(callbacks: Any, strategy: Any) -> None:
+    """Lets this ``fit``'s ``WorkerMetrics`` probe the all-reduce only where every process of a
+    multi-process strategy has one that probes (the probe is a collective: a process without it
+    would leave the others' unmatched). Every process of the job calls it at the start of
+    ``fit``, with or without a reporter of its own.
+
+    Raises:
+        CollectiveTimeoutError: a process did not start this ``fit`` within the strategy's
+            communication timeout.
+    """
+    if not (isinstance(strategy, Strategy) and strategy.num_processes > 1
+            and strategy.num_replicas_in_sync > 1):
+        return
+    given = callbacks.callbacks if isinstance(callbacks, keras.callbacks.CallbackList) \
+        else callbacks or []
+    reporters = [c for c in given if isinstance(c, WorkerMetrics) and c.probe_repeats]
+    options = getattr(strategy, "communication_options", None)
+    wants = distributed.published_and_gathered(
+        f"stratax/worker_metrics/fit{next(_FITS)}/", "1" if reporters else "0",
+        options.effective_timeout if options is not None else DEFAULT_TIMEOUT_SECONDS,
+        "the start of its fit")
+    everywhere = all(want == "1" for want in wants)
+    for reporter in reporters:
+        reporter.probe_everywhere = everywhere
+    if reporters and not everywhere:
+        logger.info("WorkerMetrics: no all-reduce estimate (collective_s) in this fit: processes "
+                    "%s do not observe it; observe every worker, or none, to have it",
+                    [p for p, want in enumerate(wants) if want != "1"])
