@@ -130,9 +130,21 @@ def launch_program(args, env=None, **kwargs):
 
 
 @pytest.fixture(scope="session")
+def one_process_backup_weights():
+    """The final weights of ``mwms_backup_program.py``'s training without a fault, in this
+    process on one device: the reference of the tests that resume that program on another
+    number of workers (a sum over other replicas: float rounding), once per session."""
+    import mwms_backup_program
+
+    import stratax as sx
+
+    return mwms_backup_program.train(sx.MirroredStrategy(["cpu:0"])).get_weights()
+
+
+@pytest.fixture(scope="session")
 def uninterrupted_backup_weights(tmp_path_factory):
     """The final weights of ``mwms_backup_program.py`` on 2 workers without a fault: the
-    reference of every test that interrupts that program, run once per session."""
+    reference of a test that resumes that program on as many workers, bit for bit."""
     out = tmp_path_factory.mktemp("uninterrupted")
     with pytest.MonkeyPatch.context() as patch:
         for name in NOT_INHERITED:

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.timeout(300)
 
 
 def test_a_slot_lost_then_back_shrinks_and_regrows_the_group_to_the_uninterrupted_weights(
-        tmp_path, uninterrupted_backup_weights):
+        tmp_path, one_process_backup_weights):
     out = tmp_path / "lost"
     out.mkdir()
     lost = _launch(["mwms_backup_program.py", out, out / "backup", "kill9+kill9+kill9@0", 5],
@@ -38,7 +38,7 @@ def test_a_slot_lost_then_back_shrinks_and_regrows_the_group_to_the_uninterrupte
     # has another order, float rounding.
     for worker in (0, 1):
         assert_same_weights(load_weights(out / f"weights_{worker}.npz"),
-                            uninterrupted_backup_weights, tol=1e-6)
+                            one_process_backup_weights, tol=1e-6)
     events = [json.loads(line)
               for line in (out / "run" / "events.jsonl").read_text().splitlines()]
     restarts = [e for e in events if e["kind"] == "restart"]
@@ -48,18 +48,20 @@ def test_a_slot_lost_then_back_shrinks_and_regrows_the_group_to_the_uninterrupte
     assert [len(e["pids"]) for e in events if e["kind"] == "start"] == [2, 2, 1, 2], events
 
 
-def test_one_backup_resumed_by_two_three_one_three_and_two_workers_ends_uninterrupted(
+def test_a_backup_resumed_by_three_workers_then_by_one_ends_uninterrupted(
         tmp_path, monkeypatch):
     """The guarantee behind an elastic launch, in real processes: one backup directory carried
-    through launches of 2, 3, 1, 3 and 2 workers, each but the last killed (worker 0, kill -9,
-    once its backups are committed) a few steps after it resumed, ends at the weights of one
-    uninterrupted process. With the 2 -> 1 -> 2 run above, every ordered pair of 1, 2 and 3
-    workers resumes another's backup; the global batch of 24 splits over each."""
+    through launches of 2, 3 and 1 workers, the first two killed (worker 0, kill -9, once its
+    backups are committed) a few steps after they resumed, ends at the weights of one
+    uninterrupted process. With the 2 -> 1 -> 2 run above, 1, 2 and 3 workers each resume a
+    backup another count wrote, and each count's backup is resumed by another;
+    ``tests/keras/callbacks/test_backup_resume_counts.py`` runs every ordered pair in one
+    process. The global batch of 24 splits over each count."""
     reference = mwms_backup_program.train(sx.MirroredStrategy(["cpu:0"]), batch=24).get_weights()
     for name in NOT_INHERITED:  # the workers have one device each, not this process' eight
         monkeypatch.delenv(name, raising=False)
     backup, resumed_at = tmp_path / "backup", []
-    for workers, kill_at in [(2, 5), (3, 7), (1, 8), (3, 10), (2, None)]:  # 39 steps in all
+    for workers, kill_at in [(2, 5), (3, 10), (1, None)]:  # 39 steps in all
         result = _launch(["mwms_backup_program.py", tmp_path, backup,
                           "kill9w@0" if kill_at else "none", kill_at or 0, "batch=24"],
                          tmp_path, nproc_per_node=workers, max_restarts=0, timeout=240)
@@ -67,11 +69,9 @@ def test_one_backup_resumed_by_two_three_one_three_and_two_workers_ends_uninterr
         starts = {line.split()[-1] for line in result.outputs[0] if "start iterations" in line}
         resumed_at.append(int(starts.pop()))
     # Each launch resumed from the last backup (every 3 steps) of the launch before it, which
-    # was killed once its writes were committed: at global steps 5, 10, 17 and 25 of 39.
-    assert resumed_at == [0, 3, 9, 15, 24], resumed_at
-    for worker in (0, 1):
-        assert_same_weights(load_weights(tmp_path / f"weights_{worker}.npz"), reference,
-                            tol=1e-5)
+    # was killed once its writes were committed: at global steps 5 and 13 of 39.
+    assert resumed_at == [0, 3, 12], resumed_at
+    assert_same_weights(load_weights(tmp_path / "weights_0.npz"), reference, tol=1e-5)
 
 
 def test_an_emulated_tpu_pod_that_loses_a_host_for_good_goes_on_as_one_host(tmp_path):

@@ -137,7 +137,7 @@ def _kill_every_process(bed, host):
 
 
 def test_an_elastic_job_loses_a_host_for_good_goes_on_and_grows_back(
-        two_hosts, tmp_path, uninterrupted_backup_weights):
+        two_hosts, tmp_path, one_process_backup_weights):
     """``--nnodes 1:2 --max-restarts 0`` on both namespaces: host B's every process is killed
     (-9) while its worker stalls the step; A trains on alone from the backup (a lost node is
     no restart); a new launcher on B makes the job grow back to 2 at once. The end equals the
@@ -192,4 +192,4 @@ def test_an_elastic_job_loses_a_host_for_good_goes_on_and_grows_back(
     # Backups written by 2, then 1, then 2 workers: float rounding.
     for worker in (0, 1):
         assert_same_weights(load_weights(tmp_path / f"weights_{worker}.npz"),
-                            uninterrupted_backup_weights, tol=1e-6)
+                            one_process_backup_weights, tol=1e-6)
