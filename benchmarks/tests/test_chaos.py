@@ -148,6 +148,7 @@ def test_the_summary_groups_trials_by_fault():
             for r in rows] == [("ps0", 1, 1, 0, 5), ("worker0", 2, 1, 2, 20)]
 
 
+@pytest.mark.slow  # the chief of the table run below, killed the same way, is the default case
 def test_a_killed_parameter_server_chief_resumes_from_its_backup_exactly(tmp_path):
     reference = chaos.reference_weights("ps-sync", tmp_path)
     trial = chaos.run_trial(chaos.Trial("ps-sync", "chief0", "kill", 18), tmp_path, reference)

@@ -62,8 +62,9 @@ class LaunchResult:
     """How a launched group ended.
 
     ``exit_code`` is what ``stratax launch`` exits with: 0 when every worker exited 0; the first
-    failing worker's exit code (or 128 + signal number) after the last allowed restart; 124 on
-    ``timeout``; 128 + signum when the launcher itself was interrupted.
+    failing worker's exit code (or 128 + signal number) after the last allowed restart; 1 when
+    it stops on a global batch that does not split over the replicas; 124 on ``timeout``;
+    128 + signum when the launcher itself was interrupted.
 
     Example:
         >>> result = launch([sys.executable, "train.py"], nproc_per_node=2)  # doctest: +SKIP
@@ -114,6 +115,9 @@ def ending(workers: int, restart: int, failures: list[TaskFailure], config: Laun
         text = failure_text(failure, config, restart)
         if split is not None and members is not None:
             text = f"{batch_split_stop(split, members)}\n{text}"
+            # Every worker raised that error (exit 1); the one named may have been stopped by
+            # the teardown while it exited, which says nothing about the error.
+            exit_code = 1
     else:
         exit_code = 0
         text = f"all {workers} worker(s) exited with code 0 ({restart} restart(s))."
