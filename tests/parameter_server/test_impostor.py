@@ -6,7 +6,9 @@ used to bring it the cluster's token in clear gRPC metadata).
 The impostor is first a raw TCP listener that records every byte the cluster's client sends,
 then a gRPC server of another key (one that would serve whatever reached it). Asserted: the
 bytes carry neither the token nor the chief's session nor any request (no HTTP/2 in clear, no
-frame), the client refuses the impostor, and it reaches the real task once it is back.
+frame), the client refuses the impostor, and it reaches the real task once it is back. Over
+gRPC, over the same-host socket (found over TLS) and over the sealed TCP port (whose
+connections need a ticket from a TLS call first).
 """
 
 import socket
@@ -72,7 +74,7 @@ def _start_ps(spec):
     return sx.Server(spec, job_name="ps", task_index=0, chief_timeout_seconds=60)
 
 
-@pytest.mark.parametrize("transport", ["grpc", "auto"])
+@pytest.mark.parametrize("transport", ["grpc", "auto", "tcp"])
 def test_an_impostor_on_a_dead_tasks_port_gets_nothing_and_is_refused(monkeypatch, transport):
     monkeypatch.setenv("STRATAX_PS_TOKEN", _TOKEN)
     spec = cluster_addresses({"ps": 1, "worker": 1})
@@ -84,7 +86,7 @@ def test_an_impostor_on_a_dead_tasks_port_gets_nothing_and_is_refused(monkeypatc
         session = ChiefSession([chief], timeout=10)
         session.claim()
         chief.call("create", {"names": ["w"]}, [np.arange(4, dtype=np.float32)])
-        assert chief.transport == ("grpc" if transport == "grpc" else "unix")
+        assert chief.transport == {"grpc": "grpc", "auto": "unix", "tcp": "tcp"}[transport]
         server.stop()                                  # the task dies; its port is free
 
         recorder = _Recorder(port)

@@ -69,12 +69,14 @@ config = Options([
            "'auto' shards fit's optimizer update over the processes where it computes the "
            "same update (ZeRO stage 1); 'off' keeps it replicated."),
     Option("ps_transport", env.STRATAX_PS_TRANSPORT,
-           Choice(("auto", "socket", "grpc"),
+           Choice(("auto", "socket", "tcp", "grpc"),
                   "a parameter-server transport ('auto': a Unix socket and shared memory to "
-                  "servers on the same host, gRPC to the others; 'socket': the same without "
-                  "shared memory; 'grpc': always gRPC)"), "auto",
+                  "servers on the same host, sealed TCP to the others; 'socket': the same "
+                  "without shared memory; 'tcp': sealed TCP to every server; 'grpc': always "
+                  "gRPC)"), "auto",
            "Parameter-server calls: 'auto' (a Unix socket with shared memory to servers on the "
-           "same host, gRPC to others), 'socket' (without shared memory) or 'grpc'."),
+           "same host, sealed TCP to others), 'socket' (without shared memory), 'tcp' (sealed "
+           "TCP to all) or 'grpc'."),
     Option("ps_snapshot_dir", env.STRATAX_PS_SNAPSHOT_DIR,
            Directory("where each parameter server writes its snapshots"), _BY_USE,
            "Directory where each parameter server writes ps<index>.npz and reloads it on "

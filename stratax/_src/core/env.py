@@ -179,8 +179,9 @@ STRATAX_PS_CHIEF_TIMEOUT_SECONDS = "STRATAX_PS_CHIEF_TIMEOUT_SECONDS"
 STRATAX_PS_MAX_FRAME_MIB = "STRATAX_PS_MAX_FRAME_MIB"
 STRATAX_PS_MAX_CONNECTIONS = "STRATAX_PS_MAX_CONNECTIONS"
 # Parameter-server transport: "auto" (default: a Unix socket with shared memory to servers on
-# the same host, gRPC to the others), "socket" (the same without shared memory) or "grpc"
-# (always gRPC); see docs/parameter_server.md, Transport and security.
+# the same host, sealed TCP to the others), "socket" (the same without shared memory), "tcp"
+# (sealed TCP to every server) or "grpc" (always gRPC); see docs/parameter_server.md,
+# Transport and security.
 STRATAX_PS_TRANSPORT = "STRATAX_PS_TRANSPORT"
 
 # STRATAX_CPU_COLLECTIVES=shm/auto (docs/transport.md): where the compiled shared-memory all-reduce

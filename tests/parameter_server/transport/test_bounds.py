@@ -23,7 +23,7 @@ from cluster_helpers import cluster_addresses
 import stratax as sx
 from stratax._src.parameter_server.tasks.ownership import ChiefSession
 from stratax._src.parameter_server.transport import (
-    local_listener,
+    frame_listener,
     local_socket,
     rpc,
     rpc_server,
@@ -72,8 +72,8 @@ def served_ps(monkeypatch):
     """A ps task (``_start_ps``) with short read deadlines and a cap of ``_CAP``
     connections."""
     monkeypatch.setenv("STRATAX_PS_MAX_CONNECTIONS", str(_CAP))
-    monkeypatch.setattr(local_listener, "_FIRST_SECONDS", 1.0)
-    monkeypatch.setattr(local_listener, "_STALL_SECONDS", 1.0)
+    monkeypatch.setattr(frame_listener, "FIRST_SECONDS", 1.0)
+    monkeypatch.setattr(frame_listener, "STALL_SECONDS", 1.0)
     monkeypatch.setattr(rpc_server, "_HANDSHAKE_MS", 1000)
     server, chief = _start_ps()
     yield server, chief

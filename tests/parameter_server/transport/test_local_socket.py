@@ -190,21 +190,27 @@ def test_killed_server_is_named_within_the_timeout_then_a_restart_is_reached():
             shutil.rmtree(os.path.dirname(killed), ignore_errors=True)
 
 
-def test_an_endpoint_that_fails_a_check_keeps_the_calls_on_grpc(monkeypatch, echo_handler):
+def test_an_endpoint_that_fails_a_check_keeps_the_calls_off_the_socket(monkeypatch,
+                                                                        echo_handler):
+    """With a token the calls then go to the sealed port, and without one offered, over gRPC."""
     server = RpcServer("ps 0", "127.0.0.1", 0, echo_handler, token="s3cret", max_workers=2)
     server.start()
     real = server.local.endpoint()
     try:
-        for lie in ({**real, "host": "elsewhere/other"}, {**real, "pid": real["pid"] + 1},
-                    {**real, "uid": real["uid"] + 1}, {**real, "path": "/etc/passwd"},
-                    {**real, "path": None}):
-            monkeypatch.setattr(server.local, "endpoint", lambda lie=lie: lie)
-            client = rpc.RpcClient("ps 0", f"127.0.0.1:{server.port}", timeout=5, token="s3cret")
-            try:
-                assert client.call("echo", {"x": 5}).meta["x"] == 5
-                assert client.transport == "grpc", lie
-            finally:
-                client.close()
+        for sealed_port in (True, False):
+            if not sealed_port:
+                monkeypatch.setattr(server, "sealed", None)
+            for lie in ({**real, "host": "elsewhere/other"}, {**real, "pid": real["pid"] + 1},
+                        {**real, "uid": real["uid"] + 1}, {**real, "path": "/etc/passwd"},
+                        {**real, "path": None}):
+                monkeypatch.setattr(server.local, "endpoint", lambda lie=lie: dict(lie))
+                client = rpc.RpcClient("ps 0", f"127.0.0.1:{server.port}", timeout=5,
+                                       token="s3cret")
+                try:
+                    assert client.call("echo", {"x": 5}).meta["x"] == 5
+                    assert client.transport == ("tcp" if sealed_port else "grpc"), lie
+                finally:
+                    client.close()
     finally:
         server.stop(0)
 
@@ -281,6 +287,7 @@ def test_a_process_of_another_uid_is_refused(echo_server, caplog):
 
 
 def test_transport_mode():
-    assert local_socket.transport_mode("grpc") == "grpc"
-    with pytest.raises(ValueError, match=r"transport='tcp'"):
-        local_socket.transport_mode("tcp")
+    assert [local_socket.transport_mode(m) for m in ("grpc", "tcp")] == ["grpc", "tcp"]
+    with pytest.raises(ValueError, match=r"transport='udp' is not a parameter-server transport; "
+                                         r"use 'auto' .* 'tcp' \(sealed TCP to every server\)"):
+        local_socket.transport_mode("udp")

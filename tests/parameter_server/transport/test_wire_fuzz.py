@@ -5,7 +5,8 @@ a row-sparse variable with optimizers and a ledger. Each case mutates a valid re
 bytes flipped, random bytes, wrong version, bad header length, wrong dtypes and shapes,
 oversized lengths, bad metadata, trailing or missing payload); every ``GRPC_EVERY``-th case is
 sent over gRPC, the next one over the server's local socket (one connection, length-prefixed
-frames: the socket's framing keeps in step after every malformed frame), the others go
+frames: the socket's framing keeps in step after every malformed frame), the next over its
+sealed TCP port (one connection, keyed by a ticket: likewise in step), the others go
 straight to the running server's dispatch (what both transports call once the call is
 authorised), which keeps the test within seconds. Every
 reply must be a well-formed frame; a rejected frame must leave the server exactly as it was:
@@ -25,7 +26,7 @@ import numpy as np
 import pytest
 
 from stratax._src.parameter_server.tasks.ps import ParameterServer
-from stratax._src.parameter_server.transport import cluster_tls, local_socket, rpc, wire
+from stratax._src.parameter_server.transport import cluster_tls, local_socket, rpc, sealed, wire
 from stratax._src.parameter_server.transport.rpc_server import RpcServer
 
 pytestmark = pytest.mark.timeout(120)
@@ -185,6 +186,10 @@ def test_ten_thousand_malformed_frames_change_nothing(live_server):
     start = time.monotonic()
     local = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     local.connect(server.local.path)
+    ticket = wire.decode(channel.unary_unary("/stratax.Service/Ticket")(b"", timeout=10)).meta
+    remote = socket.create_connection(("127.0.0.1", server.sealed.port), timeout=10)
+    remote.sendall(bytes.fromhex(ticket["id"]))
+    sealer = sealed.Sealer(bytes.fromhex(ticket["to_server"]), bytes.fromhex(ticket["to_client"]))
     for case in range(CASES):
         data = _mutate(case, rng)
         if case % GRPC_EVERY == 0:
@@ -192,6 +197,9 @@ def test_ten_thousand_malformed_frames_change_nothing(live_server):
         elif case % GRPC_EVERY == 1:
             local.sendall(len(data).to_bytes(8, "little") + data)
             reply = wire.decode(local_socket.recv_frame(local, time.monotonic() + 10, "ps"))
+        elif case % GRPC_EVERY == 2:
+            sealer.send_frame(remote, [data], time.monotonic() + 10)
+            reply = wire.decode(sealer.recv_frame(remote, time.monotonic() + 10, "ps", 1 << 30))
         else:
             reply = wire.decode(server._dispatch(data))
         if reply.meta["ok"]:
@@ -207,10 +215,11 @@ def test_ten_thousand_malformed_frames_change_nothing(live_server):
             assert _state(service) == _state(reference), f"state differs after case {case}"
     elapsed = time.monotonic() - start
     local.close()
+    remote.close()
     assert _state(service) == _state(reference)
     assert call(wire.encode({"method": "ping"}), timeout=10)  # still serving
     print(f"\nwire fuzz: {CASES} frames ({CASES // GRPC_EVERY} over gRPC, as many over the "
-          f"local socket) in {elapsed:.1f} s: "
+          f"local socket and over the sealed port) in {elapsed:.1f} s: "
           f"{outcomes}")
     assert outcomes["malformed"] > CASES // 2 and outcomes["refused"] > 0
 

@@ -26,9 +26,9 @@ uid from ``SO_PEERCRED``); anything else keeps the call on gRPC.
 Bounds (a buggy or hostile client of the same uid must not exhaust the task): a frame larger
 than ``ps_max_frame_mib`` (``STRATAX_PS_MAX_FRAME_MIB``) is answered with the wire's error and
 the connection closed, and a frame's buffer is committed only as its bytes arrive (an
-announced length costs no memory); a connection gets ``local_listener._FIRST_SECONDS`` for its
+announced length costs no memory); a connection gets ``frame_listener.FIRST_SECONDS`` for its
 first bytes, ``IDLE_SECONDS`` between requests (clients drop their idle connections at half
-that) and ``local_listener._STALL_SECONDS`` between two pieces of a frame or of its reply; at most
+that) and ``frame_listener.STALL_SECONDS`` between two pieces of a frame or of its reply; at most
 ``ps_max_connections`` (``STRATAX_PS_MAX_CONNECTIONS``) connections, one thread each, are served
 at once, and more are closed at once (the refusals logged at most once per 10 s).
 """
@@ -36,12 +36,10 @@ at once, and more are closed at once (the refusals logged at most once per 10 s)
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import socket
 import stat
 import struct
-import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -50,21 +48,17 @@ import numpy as np
 
 from stratax._src.core import env
 from stratax._src.core.config import config
-from stratax._src.core.errors import WorkerUnavailableError
 from stratax._src.parameter_server.transport import shared_frames, wire
+from stratax._src.parameter_server.transport.channel import FrameChannel
 from stratax._src.parameter_server.transport.shared_frames import SharedFrames
 
-logger = logging.getLogger(__name__)
-
-TRANSPORTS = ("auto", "socket", "grpc")
+TRANSPORTS = ("auto", "socket", "tcp", "grpc")
 SUPPORTED = hasattr(socket, "AF_UNIX") and hasattr(socket, "SO_PEERCRED")
 _LENGTH = struct.Struct("<Q")
 _CRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 MAX_PATH = 107  # sun_path holds 108 bytes with the terminating NUL
 _IOV = 512  # buffers per sendmsg (Linux' IOV_MAX is 1024)
 _BUFFER_BYTES = 4 << 20  # socket buffers asked for (the kernel caps them at its maximum)
-# A server's idle deadline between requests (the module docstring); clients drop theirs at half.
-IDLE_SECONDS = 300.0
 
 
 class FrameRefused(ConnectionError):
@@ -84,8 +78,9 @@ def transport_mode(value: str | None = None) -> str:
     if mode not in TRANSPORTS:
         raise ValueError(
             f"{source}={mode!r} is not a parameter-server transport; use 'auto' (a Unix socket "
-            "and shared memory to servers on the same host, gRPC to the others), 'socket' (the "
-            "same without shared memory) or 'grpc' (always gRPC).")
+            "and shared memory to servers on the same host, sealed TCP to the others), 'socket' "
+            "(the same without shared memory), 'tcp' (sealed TCP to every server) or 'grpc' "
+            "(always gRPC).")
     return mode
 
 
@@ -110,7 +105,8 @@ def peer_credentials(sock: socket.socket) -> tuple[int, int]:
     return pid, uid
 
 
-def _remaining(end: float | None) -> float | None:
+def time_left(end: float | None) -> float | None:
+    """Seconds until ``end`` (None: no deadline); ``TimeoutError`` once it has passed."""
     if end is None:
         return None
     left = end - time.monotonic()
@@ -119,8 +115,8 @@ def _remaining(end: float | None) -> float | None:
     return left
 
 
-def _recv_exact(sock: socket.socket, view: memoryview, end: float | None,
-                stall: float | None = None) -> bool:
+def recv_exact(sock: socket.socket, view: memoryview, end: float | None,
+               stall: float | None = None) -> bool:
     """Fills ``view`` from ``sock`` by ``end``, or (``end`` None) with at most ``stall``
     seconds between two pieces; False on a clean end of stream before the first byte."""
     got = 0
@@ -128,7 +124,7 @@ def _recv_exact(sock: socket.socket, view: memoryview, end: float | None,
         sock.settimeout(stall)
     while got < len(view):
         if end is not None:
-            sock.settimeout(_remaining(end))
+            sock.settimeout(time_left(end))
         n = sock.recv_into(view[got:])
         if n == 0:
             if got == 0:
@@ -153,7 +149,7 @@ def recv_frame(sock: socket.socket, end: float | None, peer: str,
         hold it; nothing was allocated for it.
     """
     word = bytearray(head) + bytearray(_LENGTH.size - len(head))
-    if not _recv_exact(sock, memoryview(word)[len(head):], end) and not head:
+    if not recv_exact(sock, memoryview(word)[len(head):], end) and not head:
         return None
     (length,) = _LENGTH.unpack(word)
     in_buffer = bool(length & shared_frames.IN_BUFFER)
@@ -170,7 +166,7 @@ def recv_frame(sock: socket.socket, end: float | None, peer: str,
     # Uninitialised memory: pages are committed as the bytes arrive, so a length announced
     # and never sent costs nothing (a zeroed bytearray would commit all of it at once).
     data = memoryview(np.empty(length, np.uint8))
-    if not _recv_exact(sock, data, None if stall is not None else end, stall) and length:
+    if not recv_exact(sock, data, None if stall is not None else end, stall) and length:
         raise ConnectionError("connection closed before the frame's body")
     return data
 
@@ -184,14 +180,14 @@ def send_frame(sock: socket.socket, parts: Sequence[Any], end: float | None,
     if length is not None:
         parts = [_LENGTH.pack(shared_frames.IN_BUFFER | length)]
         if end is not None:
-            sock.settimeout(_remaining(end))
+            sock.settimeout(time_left(end))
         sock.sendall(parts[0])
         return
     views = [memoryview(p).cast("B") for p in parts]
     views = [memoryview(_LENGTH.pack(sum(len(v) for v in views))), *(v for v in views if len(v))]
     while views:
         if end is not None:
-            sock.settimeout(_remaining(end))
+            sock.settimeout(time_left(end))
         sent = sock.sendmsg(views[:_IOV])
         while sent:
             if sent >= len(views[0]):
@@ -202,19 +198,14 @@ def send_frame(sock: socket.socket, parts: Sequence[Any], end: float | None,
 
 
 def tune(sock: socket.socket) -> None:
+    """Asks for large socket buffers: a megabyte frame in few system calls."""
     for option in (socket.SO_SNDBUF, socket.SO_RCVBUF):
         with contextlib.suppress(OSError):
             sock.setsockopt(socket.SOL_SOCKET, option, _BUFFER_BYTES)
 
 
-class SocketGone(ConnectionError):
-    """No connection to the local socket could be made, so nothing of the request was sent:
-    the caller may ask the server (over gRPC) where it listens now and send it there."""
-
-
-class LocalChannel:
-    """The client side: connections to one server's socket (an idle one is reused, a busy one
-    is never shared, so concurrent calls from several threads each get their own).
+class LocalChannel(FrameChannel):
+    """The client side: connections to one server's socket (see ``FrameChannel``).
 
     Built only from an endpoint that passes every check (see the module docstring); raises
     ``OSError`` or ``ValueError`` otherwise, and the caller stays on gRPC. With ``shared``
@@ -224,13 +215,9 @@ class LocalChannel:
 
     def __init__(self, name: str, address: str, endpoint: dict[str, Any],
                  timeout: float, shared: bool = True) -> None:
-        self._label = f"{name} at {address}"
         self.path = _checked_path(endpoint)
+        super().__init__(f"{name} at {address}", self.path)
         self._pid = endpoint["pid"]
-        self._lock = threading.Lock()
-        self._idle: list[tuple[socket.socket, float]] = []  # with when each was last used
-        self._closed = False
-        self._owner = os.getpid()
         self._shared = shared and shared_frames.SUPPORTED
         self._frames: dict[socket.socket, SharedFrames] = {}  # each connection's buffer
         self._idle.append((self._connect(time.monotonic() + timeout), time.monotonic()))
@@ -238,7 +225,7 @@ class LocalChannel:
     def _connect(self, end: float) -> socket.socket:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            sock.settimeout(_remaining(end))
+            sock.settimeout(time_left(end))
             sock.connect(self.path)
             pid, uid = peer_credentials(sock)
             if (pid, uid) != (self._pid, os.getuid()):
@@ -255,94 +242,22 @@ class LocalChannel:
                 self._frames[sock] = frames
         return sock
 
-    def _discard(self, sock: socket.socket) -> None:
-        """Closes a connection and unmaps its buffer."""
+    def _send(self, sock: socket.socket, parts: Sequence[Any], end: float) -> None:
+        send_frame(sock, parts, end, self._frames.get(sock), 0)
+
+    def _recv(self, sock: socket.socket, end: float) -> memoryview | bytearray | None:
+        return recv_frame(sock, end, self._label, self._frames.get(sock), 1)
+
+    def _forget(self, sock: socket.socket) -> None:
+        """Unmaps the connection's shared buffer."""
         with self._lock:
             frames = self._frames.pop(sock, None)
-        sock.close()
         if frames is not None:
             frames.close()
 
-    def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            idle, self._idle = self._idle, []
-        for sock, _ in idle:
-            self._discard(sock)
-
-    def _take(self, end: float) -> tuple[socket.socket, bool]:
-        """An idle connection the server has not closed (it closes them when it stops or
-        dies, or after ``IDLE_SECONDS``: one idle for half that is dropped here first, so a
-        request never meets that close), else a new one; ``SocketGone`` if none can be made.
-        The flag says whether the connection was used before."""
-        with self._lock:
-            if self._owner != os.getpid():  # a forked child: never share the parent's
-                self._idle, self._owner, self._frames = [], os.getpid(), {}
-            sock, used = self._idle.pop() if self._idle else (None, 0.0)
-        if sock is not None and time.monotonic() - used > IDLE_SECONDS / 2:
-            self._discard(sock)
-            sock = None
-        if sock is not None:
-            sock.settimeout(0)
-            try:
-                sock.recv(1, socket.MSG_PEEK)  # b"": closed; bytes: out of turn, drop it too
-            except BlockingIOError:
-                return sock, True
-            except OSError:
-                pass
-            self._discard(sock)
-        try:
-            return self._connect(end), False
-        except OSError as err:
-            raise SocketGone(f"{self._label} failed to connect to its local socket "
-                             f"{self.path} ({type(err).__name__}: {err}: unreachable or "
-                             "died); check that the task is running.") from None
-
-    def call(self, parts: Sequence[Any], method: str,
-             timeout: float) -> memoryview | bytearray:
-        """Sends one request frame and returns the reply frame's bytes.
-
-        Raises:
-          SocketGone: no connection could be made (nothing was sent).
-          WorkerUnavailableError: no reply within ``timeout`` seconds, or the connection was
-            reset or closed (the connection is dropped: a late reply is never read by
-            another call).
-        """
-        end = time.monotonic() + timeout
-        sock, reused = self._take(end)
-        # A reused connection the server closed before it read the request: sent again below.
-        closed_before = (ConnectionResetError, BrokenPipeError) if reused else ()
-        frames = self._frames.get(sock)
-        try:
-            send_frame(sock, parts, end, frames, 0)
-            data = recv_frame(sock, end, self._label, frames, 1)
-            if data is None:
-                raise ConnectionResetError("connection closed before the reply")
-        except closed_before as err:
-            # The server had closed this idle connection (after refusing a frame, or its idle
-            # deadline) before it read the request: the request was not served; send it once
-            # more on a new connection, as HTTP clients do on a kept-alive connection.
-            logger.debug("%s: reused connection closed (%s); sending %r again", self._label,
-                         err, method)
-            self._discard(sock)
-            return self.call(parts, method, max(end - time.monotonic(), 0.0))
-        except TimeoutError:
-            self._discard(sock)
-            raise WorkerUnavailableError(
-                f"{self._label} did not answer {method!r} within {timeout:g} s (local socket "
-                f"{self.path}); check that the task is running.") from None
-        except OSError as err:
-            self._discard(sock)
-            raise WorkerUnavailableError(
-                f"{self._label} failed {method!r} ({type(err).__name__}: {err}; local socket "
-                f"{self.path}: unreachable or died); check that the task is running.") from None
-        with self._lock:
-            closed = self._closed
-            if not closed:
-                self._idle.append((sock, time.monotonic()))
-        if closed:
-            self._discard(sock)
-        return data
+    def _reset_after_fork(self) -> None:
+        super()._reset_after_fork()
+        self._frames = {}
 
 
 def _checked_path(endpoint: dict[str, Any]) -> str:

@@ -6,7 +6,7 @@ which stream faster than one unary message: docs/design/performance.md). No prot
 the bytes are ``wire`` frames, whose ``meta["method"]`` names the operation.
 
 Security (loopback is no trust boundary: any local user can reach a loopback port). A call is
-trusted in one of two ways, and nothing else reaches a handler:
+trusted in one of three ways, and nothing else reaches a handler:
 
 - over gRPC, with mutual TLS keyed by the cluster's shared token (``STRATAX_PS_TOKEN`` or the
   file named by ``STRATAX_PS_TOKEN_FILE``; ``stratax launch`` makes one per run): each side
@@ -16,7 +16,10 @@ trusted in one of two ways, and nothing else reaches a handler:
   over gRPC at all, and a client without one sends none (whoever listens at the port gets no
   request); binding anything but loopback requires a token;
 - over the server's Unix socket (``local_socket``), from a process of the server's own uid
-  (checked with ``SO_PEERCRED``; such a process could read the token anyway).
+  (checked with ``SO_PEERCRED``; such a process could read the token anyway);
+- over the server's sealed TCP port (``sealed``), on a connection that presents a ticket the
+  server issued in a ``Ticket`` call over that TLS, every byte after it sealed with the
+  ticket's keys.
 
 The one gRPC method that needs no trust is ``Local``: where the socket is (over TLS when the
 server has a token). A peer without the token fails the TLS handshake before any request; on a
@@ -36,6 +39,12 @@ both sides share (frames, tokens, options).
 Same host: a client asks ``Local`` and, on the same host (and uid), sends its frames over the
 socket (same frames, same handler, same errors and deadlines; frames up to 4 MiB in a buffer
 shared under the socket, see ``shared_frames``), unless ``STRATAX_PS_TRANSPORT=grpc``.
+
+Other hosts: with a token, ``Local`` also names the server's sealed TCP port, and the client
+sends the same frames there, sealed with AES-GCM under keys from a ``Ticket`` call over TLS
+(``sealed``: the cipher's own cost per byte, where gRPC's TLS costs several times that); gRPC
+carries the calls only where that port cannot be reached (or with
+``STRATAX_PS_TRANSPORT=grpc``).
 """
 
 from __future__ import annotations
@@ -44,6 +53,7 @@ import ctypes
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -51,7 +61,8 @@ import grpc
 
 from stratax._src.core import env
 from stratax._src.core.errors import StrataxError, WorkerUnavailableError
-from stratax._src.parameter_server.transport import cluster_tls, local_socket, wire
+from stratax._src.parameter_server.transport import cluster_tls, local_socket, sealed, wire
+from stratax._src.parameter_server.transport.channel import FrameChannel, SocketGone
 
 logger = logging.getLogger(__name__)
 
@@ -160,17 +171,19 @@ def frame_chunks(parts: list[bytes | memoryview]) -> Iterator[bytes]:
 class RpcClient:
     """Calls one server; every call has a deadline and names the server when it fails.
 
-    The first call asks the server over gRPC for its local socket; if the server is on this
-    host (and the socket passes ``local_socket``'s checks) every call goes there, else over
-    gRPC. A call that fails as unavailable drops the socket, and the next call asks again (a
-    restarted server has a new socket).
+    The first call asks the server over gRPC for its local socket and sealed port; if the
+    server is on this host (and the socket passes ``local_socket``'s checks) every call goes
+    to the socket, else (with a token) to the sealed port (``sealed``), else over gRPC. A call
+    that fails as unavailable drops the connection, and the next call asks again (a restarted
+    server has a new socket and port).
 
     Args:
       name: The peer's task name for errors, e.g. ``"ps 0"``.
       address: ``host:port``.
       timeout: Default deadline of a call in seconds.
-      transport: ``"auto"``, ``"socket"`` (the local socket without shared memory) or
-        ``"grpc"`` (default: ``STRATAX_PS_TRANSPORT``, else ``"auto"``).
+      transport: ``"auto"``, ``"socket"`` (the local socket without shared memory),
+        ``"tcp"`` (the sealed TCP port even on this host) or ``"grpc"`` (default:
+        ``STRATAX_PS_TRANSPORT``, else ``"auto"``).
 
     Example:
       >>> client = RpcClient("ps 0", "127.0.0.1:2222", timeout=10)   # doctest: +SKIP
@@ -184,9 +197,7 @@ class RpcClient:
         self.timeout = timeout
         self.session: str | None = None  # the chief's session id, sent with every call
         self._token = token if token is not None else read_token()
-        mode = local_socket.transport_mode(transport)
-        self._auto = mode != "grpc" and local_socket.SUPPORTED
-        self._shared = mode == "auto"  # shared memory under the local socket
+        self._mode = local_socket.transport_mode(transport)
         if self._token:
             self._channel = grpc.secure_channel(
                 address, cluster_tls.channel_credentials(self._token),
@@ -197,15 +208,20 @@ class RpcClient:
         self._unary = self._channel.unary_unary("/stratax.Service/Call")
         self._stream = self._channel.stream_stream("/stratax.Service/Stream")
         self._endpoint = self._channel.unary_unary("/stratax.Service/Local")
+        self._tickets = self._channel.unary_unary("/stratax.Service/Ticket")
         self._local_lock = threading.Lock()
-        self._local: local_socket.LocalChannel | None = None
-        self._grpc_only = not self._auto  # until a failure makes it ask again
-        self._no_local = "" if self._auto else f"transport {mode!r}"  # why calls go over gRPC
+        self._local: FrameChannel | None = None
+        self._grpc_only = self._mode == "grpc"  # until a failure makes it ask again
+        self._no_local = f"transport {self._mode!r}" if self._grpc_only else ""  # why gRPC
 
     @property
     def transport(self) -> str:
-        """``"unix"`` while calls go over the server's local socket, else ``"grpc"``."""
-        return "unix" if self._local is not None else "grpc"
+        """``"unix"`` while calls go over the server's local socket, ``"tcp"`` over its sealed
+        TCP port (``sealed``), else ``"grpc"``."""
+        local = self._local
+        if local is None:
+            return "grpc"
+        return "tcp" if isinstance(local, sealed.SealedChannel) else "unix"
 
     def close(self) -> None:
         self._forget_local()
@@ -245,7 +261,7 @@ class RpcClient:
                 try:
                     data = local.call(parts, method, deadline)
                     break
-                except local_socket.SocketGone as err:  # restarted? ask it where it listens
+                except SocketGone as err:  # restarted? ask it where it listens
                     self._forget_local()
                     if attempt == 2:
                         raise WorkerUnavailableError(str(err)) from None
@@ -298,9 +314,9 @@ class RpcClient:
                 f"{self.name} at {self.address} {what}; check that the task is running."
             ) from None
 
-    def _local_channel(self, method: str,
-                       deadline: float) -> local_socket.LocalChannel | None:
-        """The server's local socket, asked for over gRPC on first use; None: use gRPC."""
+    def _local_channel(self, method: str, deadline: float) -> FrameChannel | None:
+        """The server's local socket or sealed port, asked for over gRPC on first use; None:
+        use gRPC."""
         if self._grpc_only:
             return None
         with self._local_lock:
@@ -309,25 +325,50 @@ class RpcClient:
             try:
                 data = self._grpc(method, deadline, lambda: self._endpoint(
                     b"", timeout=deadline), discovery=True)
-                endpoint = wire.decode(data).meta
-                self._local = local_socket.LocalChannel(self.name, self.address, endpoint,
-                                                        deadline, self._shared)
+                self._local = self._framed(wire.decode(data).meta, deadline)
             except (grpc.RpcError, wire.WireError, ValueError, OSError) as err:
-                logger.info("%s at %s: calls go over gRPC (no usable local socket: %s)",
-                            self.name, self.address, err)
+                logger.info("%s at %s: calls go over gRPC (no usable local socket or sealed "
+                            "port: %s)", self.name, self.address, err)
                 self._no_local = str(err)
                 self._grpc_only = True
                 return None
-            logger.info("%s at %s: calls go over the local socket %s", self.name, self.address,
-                        self._local.path)
+            logger.info("%s at %s: calls go over %s", self.name, self.address,
+                        self._local.where)
             return self._local
+
+    def _framed(self, endpoint: dict[str, Any], deadline: float) -> FrameChannel:
+        """The local socket where the server is on this host (and the mode allows it), else
+        its sealed port where a token is set; ``ValueError`` or ``OSError`` saying why not."""
+        why = "transport 'tcp'"
+        if self._mode != "tcp":
+            if not local_socket.SUPPORTED:
+                why = "this system has no Unix socket credentials"
+            else:
+                try:
+                    return local_socket.LocalChannel(self.name, self.address, endpoint, deadline,
+                                                     self._mode == "auto")
+                except (ValueError, OSError) as err:
+                    why = str(err)
+        port = endpoint.get("sealed_port")
+        if not self._token:
+            raise ValueError(why)
+        if type(port) is not int:
+            raise ValueError(f"{why}; and it offers no sealed port")
+        host = self.address.rsplit(":", 1)[0].strip("[]")
+        return sealed.SealedChannel(self.name, self.address, host, port, self._ticket, deadline)
+
+    def _ticket(self, end: float) -> dict[str, Any]:
+        """A ticket for one sealed connection, from the server over TLS (``sealed``)."""
+        left = max(end - time.monotonic(), 0.001)
+        return wire.decode(self._grpc("ticket", left, lambda: self._tickets(
+            b"", timeout=left))).meta
 
     def _forget_local(self) -> None:
         with self._local_lock:
             if self._local is not None:
                 self._local.close()
                 self._local = None
-            self._grpc_only = not self._auto
+            self._grpc_only = self._mode == "grpc"
 
     def wait_ready(self, timeout: float) -> None:
         """Waits until the server answers ``ping``; raises ``WorkerUnavailableError`` after

@@ -1,6 +1,7 @@
 """The server side of the parameter-server transport (``rpc``): ``RpcServer`` serves one handler
-over gRPC (``Call``, ``Stream``, ``Local``) and, on the same host, over ``local_listener``'s
-socket, with the trust rules and bounds ``rpc``'s docstring lists.
+over gRPC (``Call``, ``Stream``, ``Local``, ``Ticket``), on the same host over
+``local_listener``'s socket and, with a token, over ``sealed_listener``'s port, with the trust
+rules and bounds ``rpc``'s docstring lists.
 """
 
 from __future__ import annotations
@@ -18,7 +19,14 @@ import grpc
 from stratax._src.core import env
 from stratax._src.core.addresses import is_loopback
 from stratax._src.core.config import config
-from stratax._src.parameter_server.transport import cluster_tls, local_listener, local_socket, wire
+from stratax._src.parameter_server.transport import (
+    cluster_tls,
+    local_listener,
+    local_socket,
+    sealed,
+    sealed_listener,
+    wire,
+)
 from stratax._src.parameter_server.transport.refusals import Refusals
 from stratax._src.parameter_server.transport.rpc import (
     GRPC_OPTIONS,
@@ -46,7 +54,8 @@ class RpcServer:
     def __init__(self, name: str, host: str, port: int, handler: Handler,
                  token: str | None = None, max_workers: int = 8,
                  transport: str | None = None) -> None:
-        use_local = local_socket.transport_mode(transport) != "grpc" and local_socket.SUPPORTED
+        framed = local_socket.transport_mode(transport) != "grpc"
+        use_local = framed and local_socket.SUPPORTED
         if token is None:
             token = read_token()
         if not is_loopback(host) and not token:
@@ -71,6 +80,7 @@ class RpcServer:
             "Call": grpc.unary_unary_rpc_method_handler(self._call),
             "Stream": grpc.stream_stream_rpc_method_handler(self._stream),
             "Local": grpc.unary_unary_rpc_method_handler(self._local_endpoint),
+            "Ticket": grpc.unary_unary_rpc_method_handler(self._ticket),
         }
         self._server.add_generic_rpc_handlers(
             (grpc.method_handlers_generic_handler("stratax.Service", methods),))
@@ -98,6 +108,16 @@ class RpcServer:
             except OSError as err:
                 why_not = str(err)
                 logger.warning("%s serves gRPC only: no local socket (%s)", name, err)
+        self.sealed: sealed_listener.SealedListener | None = None
+        self._tickets = sealed.Tickets()
+        if framed and token:
+            try:
+                self.sealed = sealed_listener.SealedListener(
+                    name, host, self._tickets, self._dispatch,
+                    lambda message: error_response(message, "wire"))
+            except OSError as err:
+                logger.warning("%s serves other hosts over gRPC only: no sealed port (%s)",
+                               name, err)
         if self.local is None and not token:
             self._server.stop(None)
             self._executor.shutdown(wait=False)
@@ -110,14 +130,16 @@ class RpcServer:
 
     def start(self) -> None:
         self._server.start()
-        if self.local is not None:
-            self.local.start()
+        for listener in (self.local, self.sealed):
+            if listener is not None:
+                listener.start()
 
     def stop(self, grace: float | None = 1.0) -> None:
         """Stops serving (in-flight calls get ``grace`` seconds) and ends the handler threads."""
         stopping = self._server.stop(grace)
-        if self.local is not None:
-            self.local.stop(grace)
+        for listener in (self.local, self.sealed):
+            if listener is not None:
+                listener.stop(grace)
         stopping.wait()
         self._executor.shutdown(wait=True)
         self.stopped.set()
@@ -167,7 +189,16 @@ class RpcServer:
                                   error_type=type(err).__name__)
 
     def _local_endpoint(self, request: bytes, context: grpc.ServicerContext) -> bytes:
-        return response(self.local.endpoint() if self.local is not None else {"path": None})
+        endpoint = self.local.endpoint() if self.local is not None else {"path": None}
+        if self.sealed is not None:  # only with a token: this reply then went over TLS
+            endpoint["sealed_port"] = self.sealed.port
+        return response(endpoint)
+
+    def _ticket(self, request: bytes, context: grpc.ServicerContext) -> bytes:
+        """A ticket for one sealed connection (``sealed``); reached only over TLS (``_Gate``)."""
+        if self.sealed is None:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"{self.name} has no sealed port")
+        return response(self._tickets.issue())
 
     def _call(self, request: bytes, context: grpc.ServicerContext) -> bytes:
         return self._dispatch(request)
