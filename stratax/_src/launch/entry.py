@@ -1,7 +1,7 @@
 """``launch()``: the launcher's programmatic entry point (``stratax launch`` calls it too).
 
 It checks the settings (``LaunchConfig``) and runs them: a group of workers on this node
-(``launcher._Launcher``), or, with ``rdzv_endpoint``, this node's agent of an elastic job across
+(``launcher.Launcher``), or, with ``rdzv_endpoint``, this node's agent of an elastic job across
 hosts (``node_agent.NodeAgent``).
 """
 
@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 
 from stratax._src.core import env as env_names
 from stratax._src.launch.config import LaunchConfig
-from stratax._src.launch.launcher import _Launcher
+from stratax._src.launch.launcher import Launcher
 from stratax._src.launch.outcome import LaunchResult
 from stratax._src.observe.events import EventLog
 
@@ -109,7 +109,7 @@ def launch(
     base_env.update(env or {})
     if run_dir is not None:
         base_env[env_names.STRATAX_RUN_DIR] = os.path.abspath(run_dir)
-    kind = _Launcher
+    kind = Launcher
     if rdzv_endpoint is not None:
         # Imported here: it brings gRPC (~0.2 s), which a launch on one node does not need.
         from stratax._src.launch.node_agent import NodeAgent

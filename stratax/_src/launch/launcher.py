@@ -1,4 +1,4 @@
-"""``_Launcher``: runs a command as a local group of workers, with restarts, timeout and teardown.
+"""``Launcher``: runs a command as a local group of workers, with restarts, timeout and teardown.
 
 The policy, like torchrun's elastic agent kept small: the group lives and dies together. When
 any worker exits non-zero or dies by a signal, the others are stopped (SIGTERM, a grace period,
@@ -45,7 +45,7 @@ logger = logging.getLogger(__name__)
 _POLL_SECONDS = 0.1
 
 
-class _Launcher:
+class Launcher:
     """State of one ``launch()`` call: the current group, and signals received."""
 
     def __init__(self, cmd: list[str], config: LaunchConfig, base_env: dict[str, str], *,

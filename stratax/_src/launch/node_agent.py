@@ -25,7 +25,7 @@ from typing import Any
 from stratax._src.core import env as env_names
 from stratax._src.launch.child_env import build_worker_specs
 from stratax._src.launch.config import LaunchError, parse_address
-from stratax._src.launch.launcher import _Launcher
+from stratax._src.launch.launcher import Launcher
 from stratax._src.launch.network import reserve_free_ports
 from stratax._src.launch.outcome import LaunchResult, TaskFailure, failure_of
 from stratax._src.launch.rendezvous import (
@@ -41,7 +41,7 @@ from stratax._src.parameter_server.transport.rpc import read_token
 _LINGER_SECONDS = 10.0  # the store waits this long at most for the agents to learn the end
 
 
-class NodeAgent(_Launcher):
+class NodeAgent(Launcher):
     """``launch()`` of one node of an elastic job across hosts."""
 
     def _run(self, started: float) -> LaunchResult:

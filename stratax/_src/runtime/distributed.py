@@ -29,7 +29,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import jax
 
@@ -224,11 +224,16 @@ def published_and_gathered(prefix: str, value: str, timeout_seconds: float,
     """``value`` written under ``prefix<this process' id>``, then every process' value by
     process id: an agreement through the coordination service, not a compiled collective, so
     it costs no step. Every process must call it with the same ``prefix``."""
+    _client("published_and_gathered").key_value_set(f"{prefix}{jax.process_index()}", value)
+    return gathered(prefix, timeout_seconds, what)
+
+
+def _client(caller: str) -> Any:
+    """The coordination service's client; ``RuntimeError`` outside a joined group."""
     client = seam.distributed_client()
     if client is None:
-        raise RuntimeError("published_and_gathered needs a joined group of several processes.")
-    client.key_value_set(f"{prefix}{jax.process_index()}", value)
-    return gathered(prefix, timeout_seconds, what)
+        raise RuntimeError(f"{caller} needs a joined group of several processes.")
+    return client
 
 
 def gathered(prefix: str, timeout_seconds: float, what: str) -> list[str]:
@@ -237,9 +242,7 @@ def gathered(prefix: str, timeout_seconds: float, what: str) -> list[str]:
     Raises:
         CollectiveTimeoutError: a process did not publish ``what`` within ``timeout_seconds``.
     """
-    client = seam.distributed_client()
-    if client is None:
-        raise RuntimeError("gathered needs a joined group of several processes.")
+    client = _client("gathered")
     # One call reads what is there (often every value: each wrote it before it was needed).
     values = {int(key.rsplit("/", 1)[1]): value
               for key, value in client.key_value_dir_get(prefix)}
