@@ -100,3 +100,30 @@ def _hygiene():
         problems.append(f"child processes leaked: {sorted(leaked_children)}")
     if problems:
         pytest.fail("; ".join(problems))
+
+
+@pytest.fixture
+def two_hosts():
+    """Two "hosts": fresh network namespaces joined by a veth pair
+    (``benchmarks/cluster/netns.py``: 10.213.x.1 <-> .2, nothing routed elsewhere), with
+    unique names; removed afterwards. Skipped, with the reason, where namespaces cannot be made
+    (it needs root for ``ip netns``)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "cluster" / "netns.py"
+    spec = importlib.util.spec_from_file_location("_stratax_netns", path)
+    netns = sys.modules.setdefault("_stratax_netns", importlib.util.module_from_spec(spec))
+    spec.loader.exec_module(netns)
+    tag = os.getpid() % 200 + 20
+    bed = netns.TestBed((f"sxa{os.getpid()}", f"sxb{os.getpid()}"),
+                        (f"10.213.{tag}.1", f"10.213.{tag}.2"))
+    try:
+        bed.up()
+    except netns.NetnsUnavailable as error:
+        pytest.skip(f"cannot make network namespaces here: {error}")
+    yield bed
+    bed.down()
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert not any(name in listed for name in bed.names), listed

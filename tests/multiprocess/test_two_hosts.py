@@ -7,7 +7,6 @@ Namespaces and links are removed in teardown.
 """
 
 import contextlib
-import importlib.util
 import json
 import os
 import re
@@ -22,27 +21,6 @@ from conftest import PROGRAMS, ROOT, assert_same_weights, free_ports, load_weigh
 from test_multi_worker import _reference
 
 pytestmark = pytest.mark.timeout(300)
-
-_spec = importlib.util.spec_from_file_location("_stratax_netns",
-                                              ROOT / "benchmarks" / "cluster" / "netns.py")
-netns = sys.modules.setdefault("_stratax_netns", importlib.util.module_from_spec(_spec))
-_spec.loader.exec_module(netns)
-
-
-@pytest.fixture
-def two_hosts():
-    """Two fresh namespaces with unique names and addresses; removed afterwards."""
-    tag = os.getpid() % 200 + 20
-    bed = netns.TestBed((f"sxa{os.getpid()}", f"sxb{os.getpid()}"),
-                        (f"10.213.{tag}.1", f"10.213.{tag}.2"))
-    try:
-        bed.up()
-    except netns.NetnsUnavailable as error:
-        pytest.skip(f"cannot make network namespaces here: {error}")
-    yield bed
-    bed.down()
-    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    assert not any(name in listed for name in bed.names), listed
 
 
 def _launch(bed, tmp_path, program, nproc_per_node, **env_vars):

@@ -3,11 +3,10 @@ and a worker in another, joined by a veth pair (``benchmarks/cluster/netns.py``)
 cluster's token, as a user runs it on two machines. By default the calls between the hosts
 take the sealed TCP port (``transport/sealed.py``), and row-sparse training over it equals
 dense SGD in one process. Needs root for ``ip netns``; skipped with the reason where namespaces
-cannot be made. Namespaces, links and processes are removed in teardown.
+cannot be made (the ``two_hosts`` fixture). Processes are killed in teardown.
 """
 
 import contextlib
-import importlib.util
 import json
 import os
 import secrets
@@ -24,23 +23,6 @@ from stratax._src.launch.network import reserve_free_ports
 pytestmark = pytest.mark.timeout(180)
 
 _ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("_stratax_netns",
-                                              _ROOT / "benchmarks" / "cluster" / "netns.py")
-netns = sys.modules.setdefault("_stratax_netns", importlib.util.module_from_spec(_spec))
-_spec.loader.exec_module(netns)
-
-
-@pytest.fixture
-def two_hosts():
-    tag = os.getpid() % 200 + 20
-    bed = netns.TestBed((f"sxpa{os.getpid()}", f"sxpb{os.getpid()}"),
-                        (f"10.214.{tag}.1", f"10.214.{tag}.2"))
-    try:
-        bed.up()
-    except netns.NetnsUnavailable as error:
-        pytest.skip(f"cannot make network namespaces here: {error}")
-    yield bed
-    bed.down()
 
 
 def test_a_cluster_across_two_hosts_trains_over_sealed_tcp(two_hosts, tmp_path):

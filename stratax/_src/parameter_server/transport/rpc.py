@@ -59,6 +59,7 @@ from typing import Any
 
 import grpc
 
+from stratax._src.cluster.cluster_spec import parse_address
 from stratax._src.core import env
 from stratax._src.core.errors import StrataxError, WorkerUnavailableError
 from stratax._src.parameter_server.transport import cluster_tls, local_socket, sealed, wire
@@ -354,7 +355,7 @@ class RpcClient:
             raise ValueError(why)
         if type(port) is not int:
             raise ValueError(f"{why}; and it offers no sealed port")
-        host = self.address.rsplit(":", 1)[0].strip("[]")
+        host, _ = parse_address(self.address, self.name)
         return sealed.SealedChannel(self.name, self.address, host, port, self._ticket, deadline)
 
     def _ticket(self, end: float) -> dict[str, Any]:

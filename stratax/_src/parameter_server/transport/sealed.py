@@ -59,6 +59,7 @@ KEY_BYTES = 1 << 36
 TICKET_SECONDS = 30.0
 CONNECT_SECONDS = 3.0  # a first connection slower than this (a firewall) keeps calls on gRPC
 _MAX_TICKETS = 1024
+_BATCH_BODY = BATCH_BYTES // (RECORD_BYTES + TAG_BYTES) * RECORD_BYTES  # body bytes per batch
 _LENGTH = struct.Struct("<Q")
 
 
@@ -98,15 +99,16 @@ class Sealer:
         total = sum(len(v) for v in views)
         if self.sent_bytes + total > KEY_BYTES:
             raise SealBroken("this connection's key is used up; connect anew")
+        records = -(-total // RECORD_BYTES)
         out, used = self._out, 0
+        sealed = _LENGTH.size + total + TAG_BYTES * (records + 1)
+        if len(out) < min(sealed, BATCH_BYTES):  # grows with the frames, up to BATCH_BYTES
+            out.extend(bytes(min(sealed, BATCH_BYTES) - len(out)))
         for record in itertools.chain([_LENGTH.pack(total)], _records(views, self._stage)):
             size = len(record) + TAG_BYTES
-            if used + size > len(out):
-                if used + size > BATCH_BYTES:  # full: send the batch, start the next one
-                    _send(sock, memoryview(out)[:used], end, stall)
-                    used = 0
-                if used + size > len(out):
-                    out.extend(bytes(min(used + total + size, BATCH_BYTES) - len(out)))
+            if used + size > len(out):  # full: send the batch, start the next one
+                _send(sock, memoryview(out)[:used], end, stall)
+                used = 0
             self._seal.encrypt_into(_nonce(self._sent), record, None,
                                     memoryview(out)[used:used + size])
             self._sent += 1
@@ -138,9 +140,8 @@ class Sealer:
             raise SealBroken(f"{peer} went past what this connection's key may seal")
         data = memoryview(np.empty(length, np.uint8))  # committed as the records open
         body_end = None if stall is not None else end
-        per_batch = BATCH_BYTES // (RECORD_BYTES + TAG_BYTES) * RECORD_BYTES
-        for first in range(0, length, per_batch):
-            starts = range(first, min(first + per_batch, length), RECORD_BYTES)
+        for first in range(0, length, _BATCH_BODY):
+            starts = range(first, min(first + _BATCH_BODY, length), RECORD_BYTES)
             sizes = [min(RECORD_BYTES, length - start) for start in starts]
             sealed = sum(sizes) + TAG_BYTES * len(sizes)
             if len(self._in) < sealed:  # grows with the frames, up to BATCH_BYTES
