@@ -179,10 +179,9 @@ def serve(build: Callable[[], Server]) -> int:
 
     SIGTERM (a launcher's or Kubernetes' stop) first stops the server, which releases its port
     and removes its local socket's directory, then ends the process by the same signal, as
-    its default action would (which would leave the directory behind). SIGTERM is held back
-    while the server starts, so one that arrives then is handled the same way once it has
-    started. Called from another thread than the main one (where Python runs signal
-    handlers), it only joins.
+    its default action would (which would leave the directory behind). A SIGTERM that arrives
+    while the server starts is noted and handled the same way once it has started. Called
+    from another thread than the main one (where Python runs signal handlers), it only joins.
     """
     if threading.current_thread() is not threading.main_thread():
         server = build()
@@ -192,13 +191,17 @@ def serve(build: Callable[[], Server]) -> int:
     def terminate(signum: int, frame: Any) -> None:
         raise SystemExit(128 + signum)
 
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    # While it starts, a SIGTERM is only noted (a mask would hold it back from the main thread
+    # only: delivered to another thread, the default action would end the process at once).
+    pending: list[int] = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: pending.append(signum))
     try:
         server = build()
-        previous = signal.signal(signal.SIGTERM, terminate)
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        signal.signal(signal.SIGTERM, terminate)
     try:
+        if pending:
+            raise SystemExit(128 + pending[0])
         server.join()
     except SystemExit:
         server.stop()
